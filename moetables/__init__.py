@@ -1,0 +1,30 @@
+"""moetables: measured MoE component timings, their bundle format and exact lookups.
+
+Pure Python on numpy, scipy and pyyaml: no Django, no torch, no vLLM, so that a simulator can
+import it anywhere.
+"""
+
+from __future__ import annotations
+
+from moetables.bundle import Bundle, TableEntry, open_bundle, validate_bundle, write_bundle
+from moetables.errors import BundleError, CoverageError, QueryError
+from moetables.geometry import ExpertGeometry, MoeTarget, TokenDomain, linear_expert_map
+from moetables.lookup import ComponentTables, DeploymentTables
+
+__all__ = [
+    "Bundle",
+    "BundleError",
+    "ComponentTables",
+    "CoverageError",
+    "DeploymentTables",
+    "ExpertGeometry",
+    "MoeTarget",
+    "QueryError",
+    "TableEntry",
+    "TokenDomain",
+    "linear_expert_map",
+    "open_bundle",
+    "validate_bundle",
+    "write_bundle",
+]
+__version__ = "0.1.0"

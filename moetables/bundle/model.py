@@ -1,0 +1,117 @@
+"""The in-memory shape of a bundle: its entries (one per deployment rank) and their tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from moetables.geometry import ExpertGeometry, MoeTarget
+
+__all__ = [
+    "COLUMNS",
+    "CURRENT_SCHEMA",
+    "EXPERTS",
+    "HISTORICAL_SCHEMA",
+    "LOCAL_COMPONENTS",
+    "MODES",
+    "Bundle",
+    "ComponentTable",
+    "Layout",
+    "TableEntry",
+]
+
+CURRENT_SCHEMA = "moe-components"
+HISTORICAL_SCHEMA = "moe-components-v1"
+COLUMNS = ("component", "mode", "tokens", "activated_experts", "local_assignments", "time_us")
+EXPERTS = "experts"
+# Components timed on a rank's own rows; they carry A = M = -1 in the table.
+LOCAL_COMPONENTS = ("gate_routing", "finalize_copy", "wrapper")
+COMPONENTS = (*LOCAL_COMPONENTS[:1], EXPERTS, *LOCAL_COMPONENTS[1:])
+MODES = ("eager", "graph")
+
+Layout = Literal["current", "historical"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class TableEntry:
+    """One deployment rank's table as the bundle's metadata declares it.
+
+    ``table_path`` is relative to the bundle root, POSIX style, already checked to stay inside.
+    """
+
+    layout: Layout
+    target: MoeTarget
+    table_path: str
+    contract: dict[str, Any]
+    coverage: dict[str, Any]
+    table_sha256: str
+    components: tuple[str, ...]
+    modes: tuple[str, ...]
+    geometry: ExpertGeometry
+    contract_id: str | None = None
+
+    @property
+    def where(self) -> str:
+        """How error messages name this entry."""
+        return f"{self.table_path} [{self.target.deployment} tp{self.target.tp}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentTable:
+    """The rows of one components.csv, column-wise, in file order."""
+
+    component: npt.NDArray[np.str_]
+    mode: npt.NDArray[np.str_]
+    tokens: IntArray
+    activated_experts: IntArray
+    local_assignments: IntArray
+    time_us: FloatArray
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def select(self, component: str, mode: str) -> npt.NDArray[np.bool_]:
+        return (self.component == component) & (self.mode == mode)
+
+
+@dataclass(slots=True)
+class Bundle:
+    """An opened bundle: its root metadata and the entries it declares.
+
+    ``missing_files`` lists files the root metadata names (other profile categories, for
+    instance) that are absent: reported, never invented.
+    """
+
+    root: Path
+    layout: Layout
+    meta: dict[str, Any]
+    entries: tuple[TableEntry, ...]
+    missing_files: tuple[str, ...] = field(default=())
+
+    @property
+    def hardware(self) -> str | None:
+        value = self.meta.get("hardware")
+        return value if isinstance(value, str) else None
+
+    @property
+    def model(self) -> str | None:
+        value = self.meta.get("model")
+        return value if isinstance(value, str) else None
+
+    @property
+    def variant(self) -> str | None:
+        value = self.meta.get("variant")
+        return value if isinstance(value, str) else None
+
+    def entry_for(self, target: MoeTarget) -> TableEntry | None:
+        for entry in self.entries:
+            if entry.target.key == target.key:
+                return entry
+        return None

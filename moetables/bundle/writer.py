@@ -1,0 +1,180 @@
+"""Writing the current layout: deterministic bytes, checksums filled in, atomic replacement.
+
+The whole variant folder is staged beside its destination and swapped in by rename, so a
+reader never sees a half-written bundle and a crash leaves either the old or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import hashlib
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moetables.bundle.model import COLUMNS, COMPONENTS, CURRENT_SCHEMA
+from moetables.bundle.reader import META, open_bundle, read_meta
+from moetables.bundle.table import load_table
+from moetables.errors import BundleError
+from moetables.geometry import MoeTarget
+
+__all__ = ["Row", "TableSpec", "format_table", "write_bundle"]
+
+Row = tuple[str, str, int, int, int, float]
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """One deployment rank's measured rows with the contract and coverage that describe them.
+
+    ``coverage`` is completed by the writer with ``table_sha256``.
+    """
+
+    target: MoeTarget
+    contract: Mapping[str, Any]
+    coverage: Mapping[str, Any]
+    rows: Sequence[Row]
+
+    @property
+    def table(self) -> str:
+        """TP-relative path of the table."""
+        return f"moe_components/{self.target.deployment}/components.csv"
+
+
+def _row_order(row: Row) -> tuple[int, str, int, int, int]:
+    component, mode, tokens, active, pairs, _ = row
+    rank = COMPONENTS.index(component) if component in COMPONENTS else len(COMPONENTS)
+    return (rank, mode, tokens, active, pairs)
+
+
+def format_table(rows: Iterable[Row]) -> bytes:
+    """CSV bytes in a canonical order; times keep Python's shortest round-trip repr."""
+    lines = [",".join(COLUMNS)]
+    for component, mode, tokens, active, pairs, time_us in sorted(rows, key=_row_order):
+        if not math.isfinite(time_us) or time_us <= 0:
+            raise ValueError(f"time_us must be finite and positive, got {time_us!r}")
+        lines.append(f"{component},{mode},{int(tokens)},{int(active)},{int(pairs)},{float(time_us)!r}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _dump_yaml(data: Mapping[str, Any]) -> bytes:
+    return yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False, width=100).encode()
+
+
+@contextlib.contextmanager
+def _meta_lock(dest: Path) -> Iterator[None]:
+    """Distinct targets writing into one variant serialize their root metadata updates."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = dest.parent / f".{dest.name}.meta.lock"
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_bundle(
+    dest: str | Path,
+    header: Mapping[str, Any],
+    tables: Sequence[TableSpec],
+    *,
+    merge: bool = True,
+) -> Path:
+    """Write ``tables`` into the current-layout bundle at ``dest``.
+
+    ``header`` holds the root fields (hardware, model, variant, versions...). With ``merge``,
+    entries of other targets already at ``dest`` are kept (and any other files beside them,
+    such as an acquisition's samples.jsonl); a target written again replaces its entry. The
+    result is validated before it replaces the old bundle.
+    """
+    dest = Path(dest)
+    if not tables:
+        raise ValueError("write_bundle needs at least one table")
+    keys = [spec.target.key for spec in tables]
+    if len(set(keys)) != len(keys):
+        raise ValueError("two tables for the same deployment target")
+    for required in ("hardware", "model", "variant"):
+        if not isinstance(header.get(required), str) or not header[required]:
+            raise ValueError(f"header.{required} must be a non-empty string")
+    with _meta_lock(dest):
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            meta: dict[str, Any] = {}
+            if merge and dest.exists():
+                shutil.copytree(dest, stage, dirs_exist_ok=True, copy_function=_link_or_copy)
+                meta = read_meta(stage)
+                if meta.get("moe_components") is not None:
+                    raise BundleError(
+                        META, "holds a historical index; write new measurements to another root"
+                    )
+            for key, value in header.items():
+                if key != "per_tp":
+                    meta[key] = copy.deepcopy(value)
+            per_tp: dict[int, Any] = {int(k): v for k, v in (meta.get("per_tp") or {}).items()}
+            for spec in tables:
+                data = format_table(spec.rows)
+                path = stage / f"tp{spec.target.tp}" / spec.table
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.exists():
+                    path.unlink()  # a hard link into the old bundle must not be written through
+                path.write_bytes(data)
+                coverage = dict(copy.deepcopy(spec.coverage))
+                coverage["table_sha256"] = hashlib.sha256(data).hexdigest()
+                entry = {
+                    "target": spec.target.as_dict(),
+                    "table": spec.table,
+                    "contract": copy.deepcopy(dict(spec.contract)),
+                    "coverage": coverage,
+                }
+                owner = per_tp.setdefault(spec.target.tp, {}).setdefault(
+                    "moe_components", {"schema": CURRENT_SCHEMA, "entries": []}
+                )
+                owner["entries"] = [
+                    e for e in owner["entries"]
+                    if MoeTarget.from_dict(e["target"]).key != spec.target.key
+                ] + [entry]
+                owner["entries"].sort(key=lambda e: MoeTarget.from_dict(e["target"]).key)
+            meta["tp_degrees"] = sorted(per_tp)
+            meta["per_tp"] = {tp: per_tp[tp] for tp in sorted(per_tp)}
+            (stage / META).write_bytes(_dump_yaml(meta))
+            bundle = open_bundle(stage)
+            for entry in bundle.entries:
+                load_table(stage, entry)
+            _swap_in(stage, dest)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    return dest
+
+
+def _link_or_copy(src: str, dst: str) -> object:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def _swap_in(stage: Path, dest: Path) -> None:
+    os.chmod(stage, 0o755)
+    if not dest.exists():
+        stage.rename(dest)
+        return
+    retired = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    dest.rename(retired)
+    try:
+        stage.rename(dest)
+    except BaseException:
+        retired.rename(dest)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
