@@ -1,6 +1,20 @@
-"""Exact lookups over measured component tables (work in progress in this commit)."""
+"""Exact lookups: 1-D local curves, expert surfaces, deployment selection and caches."""
 
 from __future__ import annotations
 
-ComponentTables = None
-DeploymentTables = None
+from moetables.lookup.codes import CODE_NAMES, INVALID, OK, OUT_OF_SUPPORT
+from moetables.lookup.surface import ExpertSurface
+from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables, Query, parse_query
+
+__all__ = [
+    "CODE_NAMES",
+    "INVALID",
+    "OK",
+    "OUT_OF_SUPPORT",
+    "BatchResult",
+    "ComponentTables",
+    "DeploymentTables",
+    "ExpertSurface",
+    "Query",
+    "parse_query",
+]

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The project's run command: sets up, migrates, imports the shipped bundles, and serves the
+# registry on http://127.0.0.1:8000 (API docs at /api/docs/). Defaults need no server:
+# SQLite at var/db.sqlite3 and Celery's embedded filesystem broker under var/celery.
+# Environment: DATABASE_URL, CELERY_BROKER_URL, REDIS_URL (see config/settings.py),
+# REGISTRY_BIND (default 127.0.0.1:8000), REGISTRY_WEB_WORKERS (default 2),
+# REGISTRY_RUN_WORKER=0 to start no Celery worker beside the web server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+py=.venv/bin/python
+"$py" manage.py migrate --noinput
+"$py" manage.py import_bundle bundles
+bind=${REGISTRY_BIND:-127.0.0.1:8000}
+
+worker_pid=""
+if [ "${REGISTRY_RUN_WORKER:-1}" = "1" ]; then
+  "$py" -c 'from config.celery import ensure_broker_folders; ensure_broker_folders()' \
+    </dev/null
+  .venv/bin/celery -A config worker --pool solo --concurrency 1 --queues default \
+    --loglevel WARNING &
+  worker_pid=$!
+fi
+stop() { if [ -n "$worker_pid" ]; then kill "$worker_pid" 2>/dev/null || true; fi; }
+trap stop EXIT INT TERM
+
+echo "serving the registry on http://$bind (API docs: http://$bind/api/docs/)"
+.venv/bin/gunicorn config.wsgi \
+  --bind "$bind" --workers "${REGISTRY_WEB_WORKERS:-2}" \
+  --access-logfile - --error-logfile - --log-level warning
