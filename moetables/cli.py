@@ -100,16 +100,15 @@ def _lookup(args: argparse.Namespace, out: TextIO) -> int:
     except (BundleError, CoverageError, QueryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    source = sys.stdin if args.queries == "-" else Path(args.queries).open(encoding="utf-8")
-    with source:
-        parsed: list[Any] = []
-        for number, line in enumerate(source, start=1):
-            if not line.strip():
-                continue
-            try:
-                parsed.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                parsed.append(QueryError(f"line {number} is not JSON: {exc.msg}"))
+    text = sys.stdin.read() if args.queries == "-" else Path(args.queries).read_text("utf-8")
+    parsed: list[Any] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            parsed.append(QueryError(f"line {number} is not JSON: {exc.msg}"))
     valid = [q for q in parsed if not isinstance(q, QueryError)]
     answers = iter(deployment.answer(valid))
     for item in parsed:
@@ -134,7 +133,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument("--dp", type=int, required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--sequence-parallel", action="store_true")
-    p.add_argument("--queries", required=True, help="file of JSON objects, one per line; - for stdin")
+    p.add_argument(
+        "--queries", required=True, help="file of JSON objects, one per line; - for stdin"
+    )
     args = parser.parse_args(argv)
     handler = {"validate": _validate, "info": _info, "lookup": _lookup}[args.command]
     return handler(args, out or sys.stdout)

@@ -125,9 +125,7 @@ class MoeTarget:
             raise BundleError(where, str(exc)) from None
 
     @classmethod
-    def for_rank(
-        cls, tp: int, dp: int, rank: int, sequence_parallel: bool = False
-    ) -> MoeTarget:
+    def for_rank(cls, tp: int, dp: int, rank: int, sequence_parallel: bool = False) -> MoeTarget:
         return cls(tp=tp, dp=dp, ep=tp * dp, rank=rank, sequence_parallel=sequence_parallel)
 
     def token_domains(self, padded_counts: Sequence[int]) -> TokenDomain:
@@ -138,9 +136,13 @@ class MoeTarget:
         slices of every DP rank, TP * sum(ceil(n_i/TP)) rows.
         """
         if len(padded_counts) != self.dp:
-            raise ValueError(f"need one padded count per DP rank ({self.dp}), got {len(padded_counts)}")
+            raise ValueError(
+                f"need one padded count per DP rank ({self.dp}), got {len(padded_counts)}"
+            )
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in padded_counts):
-            raise ValueError(f"padded counts must be non-negative integers, got {list(padded_counts)}")
+            raise ValueError(
+                f"padded counts must be non-negative integers, got {list(padded_counts)}"
+            )
         own = padded_counts[self.dp_rank]
         if self.sequence_parallel:
             slices = [math.ceil(n / self.tp) for n in padded_counts]
@@ -165,7 +167,9 @@ def linear_expert_map(global_experts: int, ep: int, rank: int) -> list[int]:
     return mapping
 
 
-def balanced_local_assignments(tokens: int, top_k: int, local_experts: int, global_experts: int) -> int:
+def balanced_local_assignments(
+    tokens: int, top_k: int, local_experts: int, global_experts: int
+) -> int:
     """Local token-expert pairs of a rank when routing spreads evenly over every expert.
 
     ceil(N*k*L/E), the total the historical balanced tables store: it never falls below the
@@ -184,7 +188,9 @@ class ExpertGeometry:
 
     def __post_init__(self) -> None:
         if not (1 <= self.top_k <= self.global_experts):
-            raise ValueError(f"need 1 <= top_k <= global_experts, got k={self.top_k} E={self.global_experts}")
+            raise ValueError(
+                f"need 1 <= top_k <= global_experts, got k={self.top_k} E={self.global_experts}"
+            )
         if not (1 <= self.local_experts <= self.global_experts):
             raise ValueError(
                 f"need 1 <= local_experts <= global_experts, got L={self.local_experts} "
@@ -228,4 +234,6 @@ class ExpertGeometry:
         return low <= assignments <= high
 
     def balanced_total(self, tokens: int) -> int:
-        return balanced_local_assignments(tokens, self.top_k, self.local_experts, self.global_experts)
+        return balanced_local_assignments(
+            tokens, self.top_k, self.local_experts, self.global_experts
+        )

@@ -36,7 +36,9 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
-def _names(contract: dict[str, Any], key: str, allowed: tuple[str, ...], *, where: str) -> tuple[str, ...]:
+def _names(
+    contract: dict[str, Any], key: str, allowed: tuple[str, ...], *, where: str
+) -> tuple[str, ...]:
     values = require(contract, key, list, where=where)
     if not values or not all(isinstance(v, str) for v in values):
         raise BundleError(f"{where}.{key}", f"must be a non-empty list of names, got {values!r}")
@@ -79,7 +81,9 @@ def entry_geometry(
         )
     placement = contract.get("placement", "linear")
     if placement != "linear":
-        raise BundleError(f"{where}.placement", f"only linear placement is supported, got {placement!r}")
+        raise BundleError(
+            f"{where}.placement", f"only linear placement is supported, got {placement!r}"
+        )
     if "expert_map" in contract and contract["expert_map"] != linear_expert_map(
         experts, target.ep, target.rank
     ):

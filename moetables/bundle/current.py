@@ -27,7 +27,9 @@ def read_current_entries(root: Path, tp: int, owner: Any) -> list[TableEntry]:
     if not isinstance(owner, dict):
         raise BundleError(where, "must be a mapping with schema and entries")
     if owner.get("schema") != CURRENT_SCHEMA:
-        raise BundleError(f"{where}.schema", f"must be {CURRENT_SCHEMA!r}, got {owner.get('schema')!r}")
+        raise BundleError(
+            f"{where}.schema", f"must be {CURRENT_SCHEMA!r}, got {owner.get('schema')!r}"
+        )
     raw_entries = owner.get("entries")
     if not isinstance(raw_entries, list) or not raw_entries:
         raise BundleError(f"{where}.entries", "must be a non-empty list")
@@ -56,7 +58,9 @@ def _read_entry(root: Path, tp: int, raw: Any, *, where: str) -> TableEntry:
         raise BundleError(f"{where}.coverage", "must be a mapping")
     cwhere = f"{where}.coverage"
     if require(coverage, "complete", bool, where=cwhere) is not True:
-        raise BundleError(f"{cwhere}.complete", "is false: an incomplete acquisition is not published")
+        raise BundleError(
+            f"{cwhere}.complete", "is false: an incomplete acquisition is not published"
+        )
     rounds = require(coverage, "completed_rounds", int, where=cwhere)
     if rounds < 1:
         raise BundleError(f"{cwhere}.completed_rounds", f"must be at least 1, got {rounds}")
@@ -93,7 +97,9 @@ def _check_conditioning(contract: dict[str, Any], coverage: dict[str, Any], *, w
         )
     conditioning = require(contract, "expert_conditioning", dict, where=f"{where}.contract")
     tolerance = require(
-        conditioning, "quality_relative_tolerance", (int, float),
+        conditioning,
+        "quality_relative_tolerance",
+        (int, float),
         where=f"{where}.contract.expert_conditioning",
     )
     if change > tolerance:

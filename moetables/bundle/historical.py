@@ -101,7 +101,9 @@ def _read_entry(root: Path, tp: int, base: str, raw: Any, *, where: str) -> Tabl
         raise BundleError(f"{coverage_name}:contract_id", f"must be {identity}")
     for name, doc in ((contract_name, contract), (coverage_name, coverage)):
         if doc.get("schema") != HISTORICAL_SCHEMA:
-            raise BundleError(f"{name}:schema", f"must be {HISTORICAL_SCHEMA!r}, got {doc.get('schema')!r}")
+            raise BundleError(
+                f"{name}:schema", f"must be {HISTORICAL_SCHEMA!r}, got {doc.get('schema')!r}"
+            )
 
     geometry, components, modes = entry_geometry(contract, target, where=contract_name)
     for key, value in _METHOD.items():

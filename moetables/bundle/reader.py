@@ -19,7 +19,9 @@ __all__ = ["ValidationReport", "open_bundle", "read_meta", "validate_bundle"]
 
 META = "meta.yaml"
 # Strings in meta.yaml that name a file of the bundle (tables, indexes of other categories).
-_FILE_REF = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*\.(csv|json|jsonl|ya?ml|parquet|npz)$")
+_FILE_REF = re.compile(
+    r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*\.(csv|json|jsonl|ya?ml|parquet|npz)$"
+)
 
 
 def read_meta(root: Path) -> dict[str, Any]:
@@ -100,7 +102,8 @@ def open_bundle(path: str | Path) -> Bundle:
                 entries.extend(read_historical_entries(root, tp, record))
     if not entries:
         raise BundleError(
-            META, "declares no MoE component tables (neither per_tp[tp].moe_components nor moe_components)"
+            META,
+            "declares no MoE component tables (neither per_tp[tp].moe_components nor moe_components)",
         )
     seen: dict[tuple[int, int, int, bool], TableEntry] = {}
     for entry in entries:
@@ -113,7 +116,9 @@ def open_bundle(path: str | Path) -> Bundle:
         seen[entry.target.key] = entry
     missing = sorted(f for f in _referenced_files(meta) if not (root / f).is_file())
     layout = "historical" if all(e.layout == "historical" for e in entries) else "current"
-    return Bundle(root=root, layout=layout, meta=meta, entries=tuple(entries), missing_files=tuple(missing))
+    return Bundle(
+        root=root, layout=layout, meta=meta, entries=tuple(entries), missing_files=tuple(missing)
+    )
 
 
 @dataclass(slots=True)

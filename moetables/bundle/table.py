@@ -80,10 +80,13 @@ def parse_table(data: bytes, entry: TableEntry) -> ComponentTable:
         component, mode = fields[0].strip(), fields[1].strip()
         if component not in components:
             raise BundleError(
-                where, f"component {component!r} is not declared by the contract {sorted(components)}"
+                where,
+                f"component {component!r} is not declared by the contract {sorted(components)}",
             )
         if mode not in modes:
-            raise BundleError(where, f"mode {mode!r} is not declared by the contract {sorted(modes)}")
+            raise BundleError(
+                where, f"mode {mode!r} is not declared by the contract {sorted(modes)}"
+            )
         tokens = _int_field(fields[2], where=where, column="tokens")
         active = _int_field(fields[3], where=where, column="activated_experts")
         pairs = _int_field(fields[4], where=where, column="local_assignments")
@@ -110,13 +113,15 @@ def parse_table(data: bytes, entry: TableEntry) -> ComponentTable:
                 )
             if isinstance(expert_cap, int) and tokens > expert_cap:
                 raise BundleError(
-                    where, f"tokens {tokens} exceeds the contract's maximum_expert_tokens {expert_cap}"
+                    where,
+                    f"tokens {tokens} exceeds the contract's maximum_expert_tokens {expert_cap}",
                 )
         else:
             if active != -1 or pairs != -1:
                 raise BundleError(
-                    where, f"local component {component} must have activated_experts = "
-                    f"local_assignments = -1, got {active},{pairs}"
+                    where,
+                    f"local component {component} must have activated_experts = "
+                    f"local_assignments = -1, got {active},{pairs}",
                 )
             if isinstance(local_cap, int) and tokens > local_cap:
                 raise BundleError(
@@ -142,9 +147,7 @@ def parse_table(data: bytes, entry: TableEntry) -> ComponentTable:
     for component in entry.components:
         for mode in entry.modes:
             if (component, mode) not in present:
-                raise BundleError(
-                    name, f"declared component {component!r} has no {mode!r} rows"
-                )
+                raise BundleError(name, f"declared component {component!r} has no {mode!r} rows")
     return ComponentTable(
         component=np.array(comp_col, dtype=np.str_),
         mode=np.array(mode_col, dtype=np.str_),

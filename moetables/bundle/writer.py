@@ -62,7 +62,9 @@ def format_table(rows: Iterable[Row]) -> bytes:
     for component, mode, tokens, active, pairs, time_us in sorted(rows, key=_row_order):
         if not math.isfinite(time_us) or time_us <= 0:
             raise ValueError(f"time_us must be finite and positive, got {time_us!r}")
-        lines.append(f"{component},{mode},{int(tokens)},{int(active)},{int(pairs)},{float(time_us)!r}")
+        lines.append(
+            f"{component},{mode},{int(tokens)},{int(active)},{int(pairs)},{float(time_us)!r}"
+        )
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -124,10 +126,7 @@ def write_bundle(
             for spec in tables:
                 data = format_table(spec.rows)
                 path = stage / f"tp{spec.target.tp}" / spec.table
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if path.exists():
-                    path.unlink()  # a hard link into the old bundle must not be written through
-                path.write_bytes(data)
+                _write_fresh(path, data)
                 coverage = dict(copy.deepcopy(spec.coverage))
                 coverage["table_sha256"] = hashlib.sha256(data).hexdigest()
                 entry = {
@@ -140,13 +139,14 @@ def write_bundle(
                     "moe_components", {"schema": CURRENT_SCHEMA, "entries": []}
                 )
                 owner["entries"] = [
-                    e for e in owner["entries"]
+                    e
+                    for e in owner["entries"]
                     if MoeTarget.from_dict(e["target"]).key != spec.target.key
                 ] + [entry]
                 owner["entries"].sort(key=lambda e: MoeTarget.from_dict(e["target"]).key)
             meta["tp_degrees"] = sorted(per_tp)
             meta["per_tp"] = {tp: per_tp[tp] for tp in sorted(per_tp)}
-            (stage / META).write_bytes(_dump_yaml(meta))
+            _write_fresh(stage / META, _dump_yaml(meta))
             bundle = open_bundle(stage)
             for entry in bundle.entries:
                 load_table(stage, entry)
@@ -155,6 +155,13 @@ def write_bundle(
             shutil.rmtree(stage, ignore_errors=True)
             raise
     return dest
+
+
+def _write_fresh(path: Path, data: bytes) -> None:
+    """Write a new inode: staged files may be hard links into the bundle being replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
 
 
 def _link_or_copy(src: str, dst: str) -> object:
@@ -166,7 +173,7 @@ def _link_or_copy(src: str, dst: str) -> object:
 
 
 def _swap_in(stage: Path, dest: Path) -> None:
-    os.chmod(stage, 0o755)
+    stage.chmod(0o755)
     if not dest.exists():
         stage.rename(dest)
         return

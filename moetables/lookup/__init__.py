@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from moetables.lookup.codes import CODE_NAMES, INVALID, OK, OUT_OF_SUPPORT
 from moetables.lookup.surface import ExpertSurface
-from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables, Query, parse_query
+from moetables.lookup.tables import (
+    BatchResult,
+    ComponentTables,
+    DeploymentTables,
+    Query,
+    parse_query,
+)
 
 __all__ = [
     "CODE_NAMES",

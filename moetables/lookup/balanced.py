@@ -10,6 +10,7 @@ comparable across both readers.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,7 +31,9 @@ def _row_time(row: Sequence[tuple[int, float]], active: float, label: str) -> fl
     values = [a for a, _ in row]
     low, high = values[0], values[-1]
     if not low <= active <= high:
-        raise CoverageError(f"{label}: activated_experts {active:g} is outside measured [{low}, {high}]")
+        raise CoverageError(
+            f"{label}: activated_experts {active:g} is outside measured [{low}, {high}]"
+        )
     i = bisect.bisect_left(values, active)
     if values[i] == active:
         return row[i][1]
@@ -71,7 +74,9 @@ class BalancedExpertSurface:
             raise QueryError(f"{self.label}: invalid expert query N={tokens} A={active} M={pairs}")
         if active == 0 and pairs == 0:
             if self.remote is None:
-                raise CoverageError(f"{self.label}: this deployment has no all-remote routing support")
+                raise CoverageError(
+                    f"{self.label}: this deployment has no all-remote routing support"
+                )
             return self.remote.time(tokens)
         if not g.feasible(tokens, active, pairs):
             low, high = g.assignment_bounds(tokens, active)
@@ -80,7 +85,11 @@ class BalancedExpertSurface:
                 f"(need 1 <= A <= {g.local_experts} and {low} <= M <= {high})"
             )
         balanced = g.balanced_total(tokens)
-        if pairs != balanced or not 1 <= active <= min(g.local_experts, pairs) or pairs > tokens * active:
+        if (
+            pairs != balanced
+            or not 1 <= active <= min(g.local_experts, pairs)
+            or pairs > tokens * active
+        ):
             raise CoverageError(
                 f"{self.label}: this historical table covers balanced assignment totals only "
                 f"(M = ceil(N*k*L/E) = {balanced} at N={tokens}); got M={pairs}"
@@ -119,7 +128,7 @@ class BalancedExpertSurface:
                     offer((abs(b_act - a_act), 0, -1, a_act, b_act), (1 - f) * a_t + f * b_t)
         for side, (own, other) in enumerate(((low, high), (high, low))):
             mass = 1 - f if side == 0 else f
-            for (a_act, a_t), (b_act, b_t) in zip(own, own[1:], strict=False):
+            for (a_act, a_t), (b_act, b_t) in itertools.pairwise(own):
                 for c_act, c_t in other:
                     effective = (active - (1 - mass) * c_act) / mass
                     if not a_act - _EPS <= effective <= b_act + _EPS:
@@ -133,11 +142,16 @@ class BalancedExpertSurface:
         return None if best is None else best[1]
 
     def batch(
-        self, tokens: npt.NDArray[np.int64], active: npt.NDArray[np.int64], pairs: npt.NDArray[np.int64]
+        self,
+        tokens: npt.NDArray[np.int64],
+        active: npt.NDArray[np.int64],
+        pairs: npt.NDArray[np.int64],
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8]]:
         values = np.full(tokens.shape[0], np.nan)
         codes = np.full(tokens.shape[0], OK, dtype=np.int8)
-        for i, (n, a, m) in enumerate(zip(tokens.tolist(), active.tolist(), pairs.tolist(), strict=True)):
+        for i, (n, a, m) in enumerate(
+            zip(tokens.tolist(), active.tolist(), pairs.tolist(), strict=True)
+        ):
             try:
                 values[i] = self.time(n, a, m)
             except QueryError:

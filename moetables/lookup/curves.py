@@ -20,7 +20,9 @@ class LocalCurve:
 
     __slots__ = ("_exact", "label", "times", "tokens")
 
-    def __init__(self, tokens: npt.NDArray[np.int64], times: npt.NDArray[np.float64], label: str) -> None:
+    def __init__(
+        self, tokens: npt.NDArray[np.int64], times: npt.NDArray[np.float64], label: str
+    ) -> None:
         order = np.argsort(tokens, kind="stable")
         self.tokens = tokens[order].astype(np.float64)
         self.times = times[order]
@@ -37,10 +39,14 @@ class LocalCurve:
             return exact
         low, high = self.support
         if not low <= tokens <= high:
-            raise CoverageError(f"{self.label}: tokens {tokens} is outside measured [{low}, {high}]")
+            raise CoverageError(
+                f"{self.label}: tokens {tokens} is outside measured [{low}, {high}]"
+            )
         return float(np.interp(tokens, self.tokens, self.times))
 
-    def batch(self, tokens: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8]]:
+    def batch(
+        self, tokens: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8]]:
         x = tokens.astype(np.float64)
         codes = np.full(x.shape, OK, dtype=np.int8)
         codes[(x < self.tokens[0]) | (x > self.tokens[-1])] = OUT_OF_SUPPORT

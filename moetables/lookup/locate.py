@@ -57,7 +57,9 @@ class SimplexLocator:
         self.offset: FloatArray = corners[:, -1, :].copy()
         self.lo = vertices.min(axis=0)
         self.span = np.where(vertices.max(axis=0) > self.lo, vertices.max(axis=0) - self.lo, 1.0)
-        self.per_axis = min(256 if d == 2 else 40, max(2, round((cells_per_vertex * n) ** (1.0 / d))))
+        self.per_axis = min(
+            256 if d == 2 else 40, max(2, round((cells_per_vertex * n) ** (1.0 / d)))
+        )
         # Each cell starts its walks from the simplex holding its centre (found by walking
         # there from a simplex touching the nearest vertex), so most queries take one step.
         centres = self._cell_centres()
@@ -156,13 +158,17 @@ class SimplexLocator:
             weights[inside] = w / w.sum(axis=1, keepdims=True)
         return found, weights
 
-    def locate_one(self, point: tuple[float, ...]) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+    def locate_one(
+        self, point: tuple[float, ...]
+    ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
         """Vertex indices and weights of the simplex holding ``point``, or None outside."""
         d = self.dim
         flat_index = 0
         for axis in range(d - 1, -1, -1):
             rel = (point[axis] - float(self.lo[axis])) / float(self.span[axis]) * self.per_axis
-            flat_index = flat_index * self.per_axis + min(self.per_axis - 1, max(0, math.floor(rel)))
+            flat_index = flat_index * self.per_axis + min(
+                self.per_axis - 1, max(0, math.floor(rel))
+            )
         cur = self._py_cell_start[flat_index]
         for _ in range(_MAX_STEPS):
             t, r, degenerate = self._py_frames[cur]

@@ -134,7 +134,9 @@ class ExpertSurface:
             return values, codes
         n, a, m = tokens[rows], active[rows], pairs[rows]
         measurable = (n < self._limit) & (a < self._limit) & (m < self._limit)
-        keys = _key(np.where(measurable, n, 0), np.where(measurable, a, 0), np.where(measurable, m, 0))
+        keys = _key(
+            np.where(measurable, n, 0), np.where(measurable, a, 0), np.where(measurable, m, 0)
+        )
         slot = np.clip(np.searchsorted(self._keys, keys), 0, len(self._keys) - 1)
         exact = measurable & (self._keys[slot] == keys)
         values[rows[exact]] = self._key_times[slot[exact]]
@@ -142,17 +144,23 @@ class ExpertSurface:
         if not rest.any():
             return values, codes
         rows, n, a, m = rows[rest], n[rest], a[rest], m[rest]
-        got, ok = self._interpolate(n.astype(np.float64), a.astype(np.float64), m.astype(np.float64))
+        got, ok = self._interpolate(
+            n.astype(np.float64), a.astype(np.float64), m.astype(np.float64)
+        )
         values[rows[ok]] = got[ok]
         codes[rows[~ok]] = OUT_OF_SUPPORT
         return values, codes
 
-    def _interpolate(self, n: FloatArray, a: FloatArray, m: FloatArray) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+    def _interpolate(
+        self, n: FloatArray, a: FloatArray, m: FloatArray
+    ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
         centred = self._transform(n, a, m) - self._mean
         reduced = centred @ self._basis.T
         # A query off the measured affine subspace (possible only if the plan fixed an axis)
         # has no enclosing simplex.
-        residual = np.abs(centred - reduced @ self._basis).max(axis=1) if len(centred) else np.zeros(0)
+        residual = (
+            np.abs(centred - reduced @ self._basis).max(axis=1) if len(centred) else np.zeros(0)
+        )
         on_plane = residual <= 1e-9 * max(self._scale, 1.0)
         values = np.full(len(n), np.nan)
         ok = np.zeros(len(n), dtype=bool)
@@ -190,11 +198,15 @@ class ExpertSurface:
         exact = self._exact.get((tokens, active, pairs))
         if exact is not None:
             return exact
-        values, ok = self._interpolate(
-            np.array([tokens], dtype=np.float64),
-            np.array([active], dtype=np.float64),
-            np.array([pairs], dtype=np.float64),
-        ) if self._locator is None else self._interpolate_one(tokens, active, pairs)
+        values, ok = (
+            self._interpolate(
+                np.array([tokens], dtype=np.float64),
+                np.array([active], dtype=np.float64),
+                np.array([pairs], dtype=np.float64),
+            )
+            if self._locator is None
+            else self._interpolate_one(tokens, active, pairs)
+        )
         if not ok[0]:
             raise CoverageError(
                 f"{self.label}: N={tokens} A={active} M={pairs} is outside the measured support "
@@ -211,7 +223,10 @@ class ExpertSurface:
         mean = self._mean
         c = (x[0] - mean[0], x[1] - mean[1], x[2] - mean[2])
         basis = self._basis
-        y = tuple(float(basis[i, 0] * c[0] + basis[i, 1] * c[1] + basis[i, 2] * c[2]) for i in range(len(basis)))
+        y = tuple(
+            float(basis[i, 0] * c[0] + basis[i, 1] * c[1] + basis[i, 2] * c[2])
+            for i in range(len(basis))
+        )
         back = [sum(y[i] * float(basis[i, j]) for i in range(len(y))) for j in range(3)]
         if max(abs(c[j] - back[j]) for j in range(3)) > 1e-9 * max(self._scale, 1.0):
             return np.array([np.nan]), np.array([False])
@@ -220,4 +235,6 @@ class ExpertSurface:
             return np.array([np.nan]), np.array([False])
         vertices, weights = located
         times = self._times
-        return np.array([sum(w * float(times[v]) for v, w in zip(vertices, weights, strict=True))]), np.array([True])
+        return np.array(
+            [sum(w * float(times[v]) for v, w in zip(vertices, weights, strict=True))]
+        ), np.array([True])

@@ -55,8 +55,16 @@ def parse_query(raw: Any) -> Query:
         raise QueryError("component and mode must be strings")
     tokens = _int(raw, "tokens")
     if component == EXPERTS:
-        return Query(component, mode, tokens, _int(raw, "activated_experts"), _int(raw, "local_assignments"))
-    return Query(component, mode, tokens, _int(raw, "activated_experts", -1), _int(raw, "local_assignments", -1))
+        return Query(
+            component, mode, tokens, _int(raw, "activated_experts"), _int(raw, "local_assignments")
+        )
+    return Query(
+        component,
+        mode,
+        tokens,
+        _int(raw, "activated_experts", -1),
+        _int(raw, "local_assignments", -1),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,15 +93,22 @@ class DeploymentTables:
                     )
                 elif entry.layout == "historical":
                     self._experts[(component, mode)] = BalancedExpertSurface(
-                        table.tokens[rows], table.activated_experts[rows],
-                        table.local_assignments[rows], table.time_us[rows],
-                        entry.geometry, label=label,
+                        table.tokens[rows],
+                        table.activated_experts[rows],
+                        table.local_assignments[rows],
+                        table.time_us[rows],
+                        entry.geometry,
+                        label=label,
                     )
                 else:
                     self._experts[(component, mode)] = ExpertSurface(
-                        table.tokens[rows], table.activated_experts[rows],
-                        table.local_assignments[rows], table.time_us[rows],
-                        entry.geometry, label=label, coordinates=coordinates,
+                        table.tokens[rows],
+                        table.activated_experts[rows],
+                        table.local_assignments[rows],
+                        table.time_us[rows],
+                        entry.geometry,
+                        label=label,
+                        coordinates=coordinates,
                     )
         self.components = entry.components
         self.modes = entry.modes
@@ -102,9 +117,13 @@ class DeploymentTables:
 
     def _known(self, component: str, mode: str) -> None:
         if component not in self.components:
-            raise QueryError(f"unknown component {component!r}; this table has {list(self.components)}")
+            raise QueryError(
+                f"unknown component {component!r}; this table has {list(self.components)}"
+            )
         if mode not in self.modes:
-            raise QueryError(f"mode {mode!r} is not measured here; this table has {list(self.modes)}")
+            raise QueryError(
+                f"mode {mode!r} is not measured here; this table has {list(self.modes)}"
+            )
 
     def _time_us(
         self,
@@ -117,7 +136,9 @@ class DeploymentTables:
         """Microseconds for one query; QueryError if malformed, CoverageError if unmeasured."""
         self._known(component, mode)
         if component == EXPERTS:
-            return self._experts[(component, mode)].time(tokens, activated_experts, local_assignments)
+            return self._experts[(component, mode)].time(
+                tokens, activated_experts, local_assignments
+            )
         if activated_experts != -1 or local_assignments != -1:
             raise QueryError(f"{component} is a local component: give no expert coordinates")
         if tokens < 1:
@@ -164,24 +185,34 @@ class DeploymentTables:
                 continue
             groups.setdefault((query.component, query.mode), []).append((i, query))
         for (component, mode), items in groups.items():
-            result = self.batch(
-                component,
-                [q.tokens for _, q in items],
-                [q.activated_experts for _, q in items],
-                [q.local_assignments for _, q in items],
-                mode=mode,
-            ) if component == EXPERTS else self.batch(component, [q.tokens for _, q in items], mode=mode)
+            result = (
+                self.batch(
+                    component,
+                    [q.tokens for _, q in items],
+                    [q.activated_experts for _, q in items],
+                    [q.local_assignments for _, q in items],
+                    mode=mode,
+                )
+                if component == EXPERTS
+                else self.batch(component, [q.tokens for _, q in items], mode=mode)
+            )
             for (i, query), value, code in zip(items, result.time_us, result.code, strict=True):
                 if code == OK:
                     answers[i] = {"time_us": float(value)}
                 else:
                     answers[i] = self._refusal(query, int(code))
-        return [a if a is not None else {"error": "invalid", "message": "unanswered"} for a in answers]
+        return [
+            a if a is not None else {"error": "invalid", "message": "unanswered"} for a in answers
+        ]
 
     def _refusal(self, query: Query, code: int) -> dict[str, Any]:
         try:
             self._time_us(
-                query.component, query.tokens, query.activated_experts, query.local_assignments, query.mode
+                query.component,
+                query.tokens,
+                query.activated_experts,
+                query.local_assignments,
+                query.mode,
             )
         except QueryError as exc:
             return {"error": "invalid", "message": str(exc)}

@@ -1,0 +1,92 @@
+"""python -m moetables validate | info | lookup, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "moetables", *args],
+        cwd=REPO,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_it_validates_the_shared_bundle_and_notes_what_is_absent(shared_copy: Path) -> None:
+    done = run("validate", str(shared_copy))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 deployment tables, 1028 rows" in done.stdout
+    assert "tp1/skew_fit.csv, which is not in this bundle" in done.stdout
+
+
+def test_it_exits_1_with_each_problem_named(shared_copy: Path) -> None:
+    for table in shared_copy.glob("tp1/moe_components/*/components.csv"):
+        table.write_bytes(table.read_bytes() + b"\r\n")
+    done = run("validate", str(shared_copy))
+    assert done.returncode == 1
+    assert done.stdout.count("table checksum mismatch") == 2
+
+
+def test_it_describes_support_as_json(current_bundle: Path) -> None:
+    done = run("info", str(current_bundle))
+    info = json.loads(done.stdout)
+    assert info["valid"] and info["layout"] == "current" and info["hardware"] == "TESTGPU"
+    dp2 = [d for d in info["deployments"] if d["target"]["dp"] == 2]
+    assert dp2[0]["support"]["tokens"] == [1, 64]
+    assert dp2[0]["components"] == ["gate_routing", "experts", "finalize_copy"]
+
+
+def test_it_answers_one_line_per_query_in_order(shared_copy: Path, tmp_path: Path) -> None:
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        '{"component": "experts", "tokens": 3, "activated_experts": 6, "local_assignments": 12}\n'
+        "{broken\n"
+        '{"component": "gate_routing", "tokens": 99999}\n'
+        '{"component": "gate_routing", "mode": "graph", "tokens": 1}\n'
+    )
+    done = run(
+        "lookup",
+        str(shared_copy),
+        "--tp",
+        "1",
+        "--dp",
+        "2",
+        "--rank",
+        "0",
+        "--queries",
+        str(queries),
+    )
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert answers[0] == {"time_us": 55.358999999999995}
+    assert answers[1]["error"] == "invalid"
+    assert answers[2]["error"] == "out_of_support"
+    assert answers[3]["time_us"] > 0
+
+
+def test_it_fails_clearly_for_an_uncovered_deployment(shared_copy: Path) -> None:
+    done = run(
+        "lookup",
+        str(shared_copy),
+        "--tp",
+        "1",
+        "--dp",
+        "1",
+        "--rank",
+        "0",
+        "--queries",
+        "-",
+        stdin="",
+    )
+    assert done.returncode == 1
+    assert "no table for TP1/DP1/EP1 rank 0" in done.stderr
