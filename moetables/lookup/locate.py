@@ -10,6 +10,7 @@ the point lies beyond a supporting plane of the convex hull: it is outside, and 
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -30,7 +31,7 @@ _MAX_STEPS = 4096
 class SimplexLocator:
     """A Delaunay triangulation of ``vertices`` (n x d, d >= 2) with a walking point locator."""
 
-    def __init__(self, vertices: FloatArray, *, cells_per_vertex: int = 16) -> None:
+    def __init__(self, vertices: FloatArray, *, cells_per_vertex: int = 128) -> None:
         n, d = vertices.shape
         if d < 2 or n < d + 1:
             raise ValueError(f"need at least {d + 1} points in {d} >= 2 dimensions, got {n}")
@@ -41,7 +42,12 @@ class SimplexLocator:
         # answer moves by less than the table's own rounding, and exact rows never come here.
         lo, hi = vertices.min(axis=0), vertices.max(axis=0)
         jitter = np.random.default_rng(0x5EED).uniform(-1.0, 1.0, vertices.shape)
-        vertices = vertices + jitter * (1e-7 * np.where(hi > lo, hi - lo, 1.0))
+        # Each axis is scaled to [0, 1] first: barycentric weights do not change under this
+        # affine map, but Delaunay's choice of simplices does, and unit axes keep them from
+        # becoming needles along the longest axis (tokens and pairs reach thousands, A tens).
+        span = np.where(hi > lo, hi - lo, 1.0)
+        vertices = (vertices - lo) / span + jitter * 1e-7
+        self.scale_lo, self.scale_span = lo, span
         self.vertices = vertices
         tri = Delaunay(vertices)
         self.simplices: IntArray = tri.simplices.astype(np.int64)
@@ -55,10 +61,12 @@ class SimplexLocator:
         safe = np.where(self.flat[:, None, None], np.eye(d), edges)
         self.transform: FloatArray = np.where(self.flat[:, None, None], 0.0, np.linalg.inv(safe))
         self.offset: FloatArray = corners[:, -1, :].copy()
-        self.lo = vertices.min(axis=0)
-        self.span = np.where(vertices.max(axis=0) > self.lo, vertices.max(axis=0) - self.lo, 1.0)
+        # The hint grid is uniform in each axis's empirical distribution of vertices, so cells
+        # are fine where measured points are dense (geometric grids crowd small N).
+        self.knots = [np.unique(vertices[:, a]) for a in range(d)]
+        self.ranks = [np.linspace(0.0, 1.0, len(k)) for k in self.knots]
         self.per_axis = min(
-            256 if d == 2 else 40, max(2, round((cells_per_vertex * n) ** (1.0 / d)))
+            512 if d == 2 else 64, max(2, round((cells_per_vertex * n) ** (1.0 / d)))
         )
         # Each cell starts its walks from the simplex holding its centre (found by walking
         # there from a simplex touching the nearest vertex), so most queries take one step.
@@ -73,22 +81,31 @@ class SimplexLocator:
             for t, r, f in zip(self.transform, self.offset, self.flat, strict=True)
         ]
         self._py_cell_start = [int(s) for s in self.cell_start]
+        self._py_knots = [k.tolist() for k in self.knots]
+
+    def _warp(self, axis: int, x: FloatArray) -> FloatArray:
+        knots = self.knots[axis]
+        if len(knots) == 1:
+            return np.zeros_like(x)
+        return np.interp(x, knots, self.ranks[axis])
 
     def _cell_centres(self) -> FloatArray:
+        u = (np.arange(self.per_axis) + 0.5) / self.per_axis
         axes = [
-            self.lo[a] + (np.arange(self.per_axis) + 0.5) / self.per_axis * self.span[a]
+            np.interp(u, self.ranks[a], self.knots[a])
+            if len(self.knots[a]) > 1
+            else np.full(self.per_axis, self.knots[a][0])
             for a in range(self.dim)
         ]
         mesh = np.meshgrid(*axes, indexing="ij")
         # Flattened so that cell index = sum(c_a * per_axis**a): axis 0 varies fastest.
-        return np.stack([m.transpose().ravel() for m in mesh][::-1], axis=1)[:, ::-1]
+        return np.stack([m.transpose().ravel() for m in mesh], axis=1)
 
     def _cell_of(self, points: FloatArray) -> IntArray:
-        rel = (points - self.lo) / self.span * self.per_axis
-        coords = np.clip(np.floor(rel), 0, self.per_axis - 1).astype(np.int64)
         flat = np.zeros(len(points), dtype=np.int64)
         for axis in range(self.dim - 1, -1, -1):
-            flat = flat * self.per_axis + coords[:, axis]
+            c = np.floor(self._warp(axis, points[:, axis]) * self.per_axis).astype(np.int64)
+            flat = flat * self.per_axis + np.clip(c, 0, self.per_axis - 1)
         return flat
 
     def _barycentric(self, points: FloatArray, simplex: IntArray) -> FloatArray:
@@ -150,6 +167,7 @@ class SimplexLocator:
 
     def locate(self, points: FloatArray) -> tuple[IntArray, FloatArray]:
         """Simplex index (-1 outside) and d+1 barycentric weights (>= 0, summing to 1)."""
+        points = (points - self.scale_lo) / self.scale_span
         found = self._walk(points, self.cell_start[self._cell_of(points)])
         weights = np.zeros((len(points), self.dim + 1), dtype=np.float64)
         inside = found >= 0
@@ -162,13 +180,24 @@ class SimplexLocator:
         self, point: tuple[float, ...]
     ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
         """Vertex indices and weights of the simplex holding ``point``, or None outside."""
+        point = tuple(
+            (point[a] - float(self.scale_lo[a])) / float(self.scale_span[a])
+            for a in range(self.dim)
+        )
         d = self.dim
         flat_index = 0
         for axis in range(d - 1, -1, -1):
-            rel = (point[axis] - float(self.lo[axis])) / float(self.span[axis]) * self.per_axis
-            flat_index = flat_index * self.per_axis + min(
-                self.per_axis - 1, max(0, math.floor(rel))
-            )
+            knots = self._py_knots[axis]
+            x = point[axis]
+            i = bisect.bisect_right(knots, x)
+            if i <= 0 or len(knots) == 1:
+                u = 0.0
+            elif i >= len(knots):
+                u = 1.0
+            else:
+                u = (i - 1 + (x - knots[i - 1]) / (knots[i] - knots[i - 1])) / (len(knots) - 1)
+            c = min(self.per_axis - 1, max(0, math.floor(u * self.per_axis)))
+            flat_index = flat_index * self.per_axis + c
         cur = self._py_cell_start[flat_index]
         for _ in range(_MAX_STEPS):
             t, r, degenerate = self._py_frames[cur]

@@ -52,7 +52,7 @@ class ExpertSurface:
         geometry: ExpertGeometry,
         *,
         label: str,
-        coordinates: Coordinates = "log",
+        coordinates: Coordinates = "raw",
     ) -> None:
         self.geometry = geometry
         self.label = label
@@ -87,6 +87,8 @@ class ExpertSurface:
         if len(points) > 1:
             _, sv, vt = np.linalg.svd(centred, full_matrices=False)
             rank = int(np.sum(sv > _RANK_TOL * max(sv[0], 1e-300)))
+            if rank == 3:
+                vt = np.eye(3)  # nothing to remove: keep the measured axes as they are
         else:
             vt, rank = np.eye(3), 0
         self._basis: FloatArray = vt[:rank]

@@ -76,7 +76,7 @@ class BatchResult:
 class DeploymentTables:
     """The loaded, validated table of one deployment rank with its curves and surfaces."""
 
-    def __init__(self, root: Path, entry: TableEntry, *, coordinates: Coordinates = "log") -> None:
+    def __init__(self, root: Path, entry: TableEntry, *, coordinates: Coordinates = "raw") -> None:
         self.entry = entry
         self.target = entry.target
         table = load_table(root, entry)
@@ -227,7 +227,7 @@ class ComponentTables:
     as do deployments the bundle does not cover; a corrupt table raises every time (R43).
     """
 
-    def __init__(self, bundle: str | Path | Bundle, *, coordinates: Coordinates = "log") -> None:
+    def __init__(self, bundle: str | Path | Bundle, *, coordinates: Coordinates = "raw") -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else open_bundle(bundle)
         self.coordinates: Coordinates = coordinates
         self._loaded: dict[tuple[int, int, int, bool], DeploymentTables] = {}

@@ -34,6 +34,11 @@ if not SHARED.is_dir():
 TimeFn = Callable[[int, int, int], float]
 
 
+def raw_affine(n: int, a: int, m: int) -> float:
+    """Affine in raw N/A/M: the default (raw) triangulation reproduces it exactly."""
+    return 5.0 + 0.3 * n + 2.0 * a + 0.05 * m
+
+
 def log_affine(n: int, a: int, m: int) -> float:
     """Affine in log coordinates: log-space interpolation reproduces it exactly."""
     return 5.0 + 3.0 * math.log(n) + 2.0 * math.log(a) + 0.5 * math.log(m)
@@ -60,7 +65,7 @@ def make_spec(
     experts: int = 16,
     top_k: int = 4,
     tokens: list[int] | None = None,
-    time_fn: TimeFn = log_affine,
+    time_fn: TimeFn = raw_affine,
 ) -> TableSpec:
     tokens = tokens or [1, 2, 4, 8, 16, 32, 64]
     geometry = ExpertGeometry.for_target(experts, top_k, target)

@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moetables.bundle import write_bundle
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.geometry import ExpertGeometry, MoeTarget
 from moetables.lookup import INVALID, OK, OUT_OF_SUPPORT, ComponentTables
 from moetables.lookup.surface import ExpertSurface
-from tests.moetables.conftest import expert_points, log_affine
+from tests.moetables.conftest import expert_points, log_affine, make_spec, raw_affine
 
 HIST = "tp1/moe_components/1bab816900f45218fbe1a37b885878164202f9e55f26772cc7390736e0b9b535"
 
@@ -34,7 +35,7 @@ def test_it_returns_every_stored_row_verbatim(current_bundle: Path) -> None:  # 
         assert batch.code[0] == OK and batch.time_us[0] == float(t)
 
 
-def test_it_interpolates_a_log_affine_surface_exactly_inside(current_bundle: Path) -> None:  # R40
+def test_it_interpolates_a_raw_affine_surface_exactly_inside(current_bundle: Path) -> None:  # R40
     deployment = ComponentTables(current_bundle).deployment(1, 2, 0)
     g = deployment.entry.geometry
     checked = 0
@@ -48,9 +49,18 @@ def test_it_interpolates_a_log_affine_surface_exactly_inside(current_bundle: Pat
                     value = deployment.time_us("experts", n, a, m)
                 except CoverageError:
                     continue  # outside the hull of this coarse grid: refused, never guessed
-                assert value == pytest.approx(log_affine(n, a, m), rel=1e-6)
+                assert value == pytest.approx(raw_affine(n, a, m), rel=1e-6)
                 checked += 1
     assert checked > 20
+
+
+def test_it_can_triangulate_in_log_coordinates(tmp_path: Path) -> None:
+    spec = make_spec(MoeTarget.for_rank(1, 2, 0), time_fn=log_affine)
+    write_bundle(tmp_path / "b", {"hardware": "T", "model": "t/m", "variant": "bf16"}, [spec])
+    deployment = ComponentTables(tmp_path / "b", coordinates="log").deployment(1, 2, 0)
+    assert deployment.time_us("experts", 12, 3, 30) == pytest.approx(
+        log_affine(12, 3, 30), rel=1e-6
+    )
 
 
 def test_it_refuses_queries_beyond_measured_tokens(current_bundle: Path) -> None:  # R40
@@ -83,7 +93,7 @@ def test_it_removes_the_dependent_axis_at_ep1(current_bundle: Path) -> None:  # 
     surface = deployment._experts[("experts", "eager")]
     assert isinstance(surface, ExpertSurface) and surface.dimension == 2
     # M = N*k exactly on the measured plane, between grid rows
-    assert deployment.time_us("experts", 5, 4, 20) == pytest.approx(log_affine(5, 4, 20), rel=1e-6)
+    assert deployment.time_us("experts", 5, 4, 20) == pytest.approx(raw_affine(5, 4, 20), rel=1e-6)
 
 
 def test_it_caches_absent_deployments_but_not_corrupt_ones(current_bundle: Path) -> None:  # R43
@@ -116,7 +126,7 @@ def test_it_answers_mixed_query_lists_in_order(current_bundle: Path) -> None:
         ]
     )
     assert answers[0] == {"time_us": 2.01}
-    assert answers[1] == {"time_us": log_affine(2, 1, 2)}
+    assert answers[1] == {"time_us": raw_affine(2, 1, 2)}
     assert [a.get("error") for a in answers[2:]] == [
         "invalid",
         "invalid",
