@@ -60,7 +60,7 @@ def synthetic_bundle(dest: Path) -> tuple[Path, ExpertGeometry]:
         rows.append(("gate_routing", "eager", n, -1, -1, 5.0 + n * 0.002))
         rows.append(("finalize_copy", "eager", n, -1, -1, 1.0 + n * 0.0005))
         rows.append(("experts", "eager", n, 0, 0, 10.0 + n * 0.01))
-        for a in sorted(set(geometric(g.local_experts, 2.0)) | {g.top_k}):
+        for a in sorted(set(geometric(g.local_experts, math.sqrt(2))) | {g.top_k}):
             low, high = g.assignment_bounds(n, a)
             if low > high:
                 continue

@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 from scipy.spatial import Delaunay, cKDTree
 
-__all__ = ["SimplexLocator"]
+__all__ = ["HintMap", "SimplexLocator"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+# A pair of inverse maps (forward, inverse) of point coordinates into the space where the
+# start-hint grid is laid out; only hints depend on it, never answers.
+HintMap = tuple[
+    Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
+    Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
+]
 
 # Barycentric weights this far below zero still count as inside (the perturbation below and
 # rounding on shared faces); they are clipped to zero before use, so the answer stays a convex combination.
@@ -31,7 +39,13 @@ _MAX_STEPS = 4096
 class SimplexLocator:
     """A Delaunay triangulation of ``vertices`` (n x d, d >= 2) with a walking point locator."""
 
-    def __init__(self, vertices: FloatArray, *, cells_per_vertex: int = 128) -> None:
+    def __init__(
+        self,
+        vertices: FloatArray,
+        *,
+        cells_per_vertex: int = 128,
+        hint_map: HintMap | None = None,
+    ) -> None:
         n, d = vertices.shape
         if d < 2 or n < d + 1:
             raise ValueError(f"need at least {d + 1} points in {d} >= 2 dimensions, got {n}")
@@ -46,7 +60,8 @@ class SimplexLocator:
         # affine map, but Delaunay's choice of simplices does, and unit axes keep them from
         # becoming needles along the longest axis (tokens and pairs reach thousands, A tens).
         span = np.where(hi > lo, hi - lo, 1.0)
-        vertices = (vertices - lo) / span + jitter * 1e-7
+        exact = (vertices - lo) / span
+        vertices = exact + jitter * 1e-7
         self.scale_lo, self.scale_span = lo, span
         self.vertices = vertices
         tri = Delaunay(vertices)
@@ -54,16 +69,32 @@ class SimplexLocator:
         self.neighbors: IntArray = tri.neighbors.astype(np.int64)
         # Barycentric frames computed here in one batched inverse: scipy's own
         # ``transform`` property builds them one simplex at a time (over a second here).
-        corners = vertices[self.simplices]
+        # Weights come from the measured (unperturbed) corners wherever those span a proper
+        # simplex, so affine data is reproduced to rounding; only simplices that are flat
+        # without the perturbation keep their perturbed frame.
+        corners = exact[self.simplices]
+        jittered = vertices[self.simplices]
+        edges = np.transpose(corners[:, :-1, :] - corners[:, -1:, :], (0, 2, 1))
+        proper = np.abs(np.linalg.det(edges)) > 1e-9
+        corners = np.where(proper[:, None, None], corners, jittered)
         edges = np.transpose(corners[:, :-1, :] - corners[:, -1:, :], (0, 2, 1))
         det = np.linalg.det(edges)
         self.flat = ~(np.abs(det) > 1e-300)
         safe = np.where(self.flat[:, None, None], np.eye(d), edges)
         self.transform: FloatArray = np.where(self.flat[:, None, None], 0.0, np.linalg.inv(safe))
         self.offset: FloatArray = corners[:, -1, :].copy()
-        # The hint grid is uniform in each axis's empirical distribution of vertices, so cells
-        # are fine where measured points are dense (geometric grids crowd small N).
-        self.knots = [np.unique(vertices[:, a]) for a in range(d)]
+        # b = T x + c, packed per simplex so one gather fetches a whole frame.
+        shift = -np.einsum("sij,sj->si", self.transform, self.offset)
+        self.frames: FloatArray = np.concatenate(
+            [self.transform.reshape(len(self.transform), d * d), shift], axis=1
+        )
+        forward, inverse = hint_map or (lambda x: x, lambda x: x)
+        self._hint_forward = lambda x: forward(x * span + lo)
+        self._hint_inverse = lambda h: (inverse(h) - lo) / span
+        # The hint grid is uniform in each axis's empirical distribution of vertices (in hint
+        # space), so cells are fine where measured points are dense.
+        hinted = self._hint_forward(vertices)
+        self.knots = [np.unique(hinted[:, a]) for a in range(d)]
         self.ranks = [np.linspace(0.0, 1.0, len(k)) for k in self.knots]
         self.per_axis = min(
             512 if d == 2 else 64, max(2, round((cells_per_vertex * n) ** (1.0 / d)))
@@ -76,10 +107,8 @@ class SimplexLocator:
         self.cell_start: IntArray = self._walk(centres, near, hint_only=True)
         self._py_simplices = [tuple(int(v) for v in s) for s in self.simplices]
         self._py_neighbors = [tuple(int(v) for v in s) for s in self.neighbors]
-        self._py_frames = [
-            (tuple(map(float, t.ravel())), tuple(map(float, r)), bool(f))
-            for t, r, f in zip(self.transform, self.offset, self.flat, strict=True)
-        ]
+        self._py_frames = [tuple(map(float, f)) for f in self.frames]
+        self._py_flat = self.flat.tolist()
         self._py_cell_start = [int(s) for s in self.cell_start]
         self._py_knots = [k.tolist() for k in self.knots]
 
@@ -99,9 +128,10 @@ class SimplexLocator:
         ]
         mesh = np.meshgrid(*axes, indexing="ij")
         # Flattened so that cell index = sum(c_a * per_axis**a): axis 0 varies fastest.
-        return np.stack([m.transpose().ravel() for m in mesh], axis=1)
+        return self._hint_inverse(np.stack([m.transpose().ravel() for m in mesh], axis=1))
 
     def _cell_of(self, points: FloatArray) -> IntArray:
+        points = self._hint_forward(points)
         flat = np.zeros(len(points), dtype=np.int64)
         for axis in range(self.dim - 1, -1, -1):
             c = np.floor(self._warp(axis, points[:, axis]) * self.per_axis).astype(np.int64)
@@ -110,17 +140,17 @@ class SimplexLocator:
 
     def _barycentric(self, points: FloatArray, simplex: IntArray) -> FloatArray:
         d = self.dim
-        t = self.transform[simplex]
-        rel = points - self.offset[simplex]
-        # Explicit d x d products: einsum on tiny inner dimensions is several times slower.
+        f = self.frames[simplex]
         out = np.empty((len(points), d + 1), dtype=np.float64)
-        out[:, d] = 1.0
+        last = np.ones(len(points), dtype=np.float64)
+        # Explicit d x d products: einsum on tiny inner dimensions is several times slower.
         for i in range(d):
-            acc = t[:, i, 0] * rel[:, 0]
+            acc = f[:, d * d + i] + f[:, i * d] * points[:, 0]
             for j in range(1, d):
-                acc += t[:, i, j] * rel[:, j]
+                acc += f[:, i * d + j] * points[:, j]
             out[:, i] = acc
-            out[:, d] -= acc
+            last -= acc
+        out[:, d] = last
         return out
 
     def _walk(self, points: FloatArray, current: IntArray, *, hint_only: bool = False) -> IntArray:
@@ -180,45 +210,52 @@ class SimplexLocator:
         self, point: tuple[float, ...]
     ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
         """Vertex indices and weights of the simplex holding ``point``, or None outside."""
-        point = tuple(
-            (point[a] - float(self.scale_lo[a])) / float(self.scale_span[a])
-            for a in range(self.dim)
-        )
         d = self.dim
+        lo, span = self.scale_lo, self.scale_span
+        x = [(point[a] - float(lo[a])) / float(span[a]) for a in range(d)]
+        hinted = self._hint_forward(np.array([x]))[0].tolist()
         flat_index = 0
         for axis in range(d - 1, -1, -1):
             knots = self._py_knots[axis]
-            x = point[axis]
-            i = bisect.bisect_right(knots, x)
+            h = hinted[axis]
+            i = bisect.bisect_right(knots, h)
             if i <= 0 or len(knots) == 1:
                 u = 0.0
             elif i >= len(knots):
                 u = 1.0
             else:
-                u = (i - 1 + (x - knots[i - 1]) / (knots[i] - knots[i - 1])) / (len(knots) - 1)
+                u = (i - 1 + (h - knots[i - 1]) / (knots[i] - knots[i - 1])) / (len(knots) - 1)
             c = min(self.per_axis - 1, max(0, math.floor(u * self.per_axis)))
             flat_index = flat_index * self.per_axis + c
         cur = self._py_cell_start[flat_index]
+        frames, neighbors, flat = self._py_frames, self._py_neighbors, self._py_flat
         for _ in range(_MAX_STEPS):
-            t, r, degenerate = self._py_frames[cur]
-            if degenerate:
-                cur = self._py_neighbors[cur][0]
+            if flat[cur]:
+                cur = neighbors[cur][0]
                 if cur < 0:
                     break
                 continue
-            rel_pt = [point[i] - r[i] for i in range(d)]
-            w = [sum(t[i * d + j] * rel_pt[j] for j in range(d)) for i in range(d)]
+            f = frames[cur]
+            if d == 3:
+                x0, x1, x2 = x
+                w = [
+                    f[9] + f[0] * x0 + f[1] * x1 + f[2] * x2,
+                    f[10] + f[3] * x0 + f[4] * x1 + f[5] * x2,
+                    f[11] + f[6] * x0 + f[7] * x1 + f[8] * x2,
+                ]
+            else:
+                w = [f[d * d + i] + sum(f[i * d + j] * x[j] for j in range(d)) for i in range(d)]
             w.append(1.0 - sum(w))
             worst = min(range(d + 1), key=w.__getitem__)
             if w[worst] >= -_INSIDE_TOL:
-                clipped = [max(0.0, v) for v in w]
+                clipped = [v if v > 0.0 else 0.0 for v in w]
                 total = sum(clipped)
                 return self._py_simplices[cur], tuple(v / total for v in clipped)
-            cur = self._py_neighbors[cur][worst]
+            cur = neighbors[cur][worst]
             if cur < 0:
                 return None
-        found = self._brute(np.array([point], dtype=np.float64))[0]
+        found = self._brute(np.array([x], dtype=np.float64))[0]
         if found < 0:
             return None
-        w_arr = np.clip(self._barycentric(np.array([point]), np.array([found]))[0], 0.0, None)
+        w_arr = np.clip(self._barycentric(np.array([x]), np.array([found]))[0], 0.0, None)
         return self._py_simplices[found], tuple(float(v) for v in w_arr / w_arr.sum())

@@ -14,6 +14,7 @@ leave-one-out errors of both choices are in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -23,7 +24,7 @@ from moetables.errors import CoverageError, QueryError
 from moetables.geometry import ExpertGeometry
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.lookup.curves import LocalCurve
-from moetables.lookup.locate import SimplexLocator
+from moetables.lookup.locate import HintMap, SimplexLocator
 
 __all__ = ["Coordinates", "ExpertSurface"]
 
@@ -77,6 +78,7 @@ class ExpertSurface:
             (int(tokens[positive].min()), int(tokens[positive].max())) if positive.any() else (0, 0)
         )
         self._times = times[positive]
+        self._times_py = self._times.tolist()
         points = self._transform(
             tokens[positive].astype(np.float64),
             active[positive].astype(np.float64),
@@ -95,11 +97,33 @@ class ExpertSurface:
         self._scale = float(np.abs(centred).max()) if len(points) else 1.0
         reduced = centred @ self._basis.T
         self.dimension = rank
-        self._locator = SimplexLocator(reduced) if rank >= 2 else None
+        self._full = rank == 3
+        self._mean_py = [float(v) for v in self._mean]
+        self._basis_py = [[float(v) for v in row] for row in self._basis]
+        hint = self._pairs_per_token_hint() if self._full else None
+        self._locator = SimplexLocator(reduced, hint_map=hint) if rank >= 2 else None
         if rank == 1:
             order1 = np.argsort(reduced[:, 0], kind="stable")
             self._line_x = reduced[order1, 0]
             self._line_t = self._times[order1]
+
+    def _pairs_per_token_hint(self) -> HintMap:
+        """Lay start hints over (N, A, M/N): M's range grows with N, its ratio does not."""
+        mean = self._mean
+        log = self.coordinates == "log"
+
+        def forward(y: FloatArray) -> FloatArray:
+            x = y + mean
+            out = x.copy()
+            out[:, 2] = x[:, 2] - x[:, 0] if log else x[:, 2] / np.maximum(x[:, 0], 1e-12)
+            return out
+
+        def inverse(h: FloatArray) -> FloatArray:
+            x = h.copy()
+            x[:, 2] = h[:, 2] + h[:, 0] if log else h[:, 2] * h[:, 0]
+            return x - mean
+
+        return forward, inverse
 
     def _transform(self, n: FloatArray, a: FloatArray, m: FloatArray) -> FloatArray:
         if self.coordinates == "log":
@@ -219,24 +243,23 @@ class ExpertSurface:
     def _interpolate_one(self, n: int, a: int, m: int) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
         assert self._locator is not None
         if self.coordinates == "log":
-            x = (np.log(n), np.log(a), np.log(m))
+            x = (math.log(n), math.log(a), math.log(m))
         else:
             x = (float(n), float(a), float(m))
-        mean = self._mean
+        mean = self._mean_py
         c = (x[0] - mean[0], x[1] - mean[1], x[2] - mean[2])
-        basis = self._basis
-        y = tuple(
-            float(basis[i, 0] * c[0] + basis[i, 1] * c[1] + basis[i, 2] * c[2])
-            for i in range(len(basis))
-        )
-        back = [sum(y[i] * float(basis[i, j]) for i in range(len(y))) for j in range(3)]
-        if max(abs(c[j] - back[j]) for j in range(3)) > 1e-9 * max(self._scale, 1.0):
-            return np.array([np.nan]), np.array([False])
+        if self._full:
+            y: tuple[float, ...] = c
+        else:
+            basis = self._basis_py
+            y = tuple(row[0] * c[0] + row[1] * c[1] + row[2] * c[2] for row in basis)
+            back = [sum(y[i] * basis[i][j] for i in range(len(y))) for j in range(3)]
+            if max(abs(c[j] - back[j]) for j in range(3)) > 1e-9 * max(self._scale, 1.0):
+                return np.array([np.nan]), np.array([False])
         located = self._locator.locate_one(y)
         if located is None:
             return np.array([np.nan]), np.array([False])
         vertices, weights = located
-        times = self._times
-        return np.array(
-            [sum(w * float(times[v]) for v, w in zip(vertices, weights, strict=True))]
-        ), np.array([True])
+        times = self._times_py
+        value = sum(w * times[v] for v, w in zip(vertices, weights, strict=True))
+        return np.array([value]), np.array([True])
