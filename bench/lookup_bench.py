@@ -34,11 +34,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moetables.bundle import TableSpec, validate_bundle, write_bundle  # noqa: E402
-from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map  # noqa: E402
-from moetables.lookup import ComponentTables  # noqa: E402
-from moetables.lookup.balanced import BalancedExpertSurface  # noqa: E402
-from moetables.lookup.surface import ExpertSurface  # noqa: E402
+from moetables.bundle import TableSpec, validate_bundle, write_bundle
+from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map
+from moetables.lookup import ComponentTables
+from moetables.lookup.balanced import BalancedExpertSurface
+from moetables.lookup.surface import ExpertSurface
 
 SHARED = ROOT / "bundles/llmservingsim-rtxpro6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 

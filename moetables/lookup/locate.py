@@ -33,7 +33,7 @@ HintMap = tuple[
 # Barycentric weights this far below zero still count as inside (the perturbation below and
 # rounding on shared faces); they are clipped to zero before use, so the answer stays a convex combination.
 _INSIDE_TOL = 1e-5
-_MAX_STEPS = 4096
+_MAX_STEPS = 512
 
 
 class SimplexLocator:
@@ -43,7 +43,7 @@ class SimplexLocator:
         self,
         vertices: FloatArray,
         *,
-        cells_per_vertex: int = 128,
+        cells_per_vertex: int = 16,
         hint_map: HintMap | None = None,
     ) -> None:
         n, d = vertices.shape
@@ -162,12 +162,16 @@ class SimplexLocator:
         result = current.copy()
         active = np.arange(len(points))
         cur = current.copy()
+        # Leaving through a random face of those the point lies beyond (a stochastic walk)
+        # terminates on any triangulation; always taking the most negative one can cycle.
+        rng = np.random.default_rng(0)
         for _ in range(_MAX_STEPS):
             if active.size == 0:
                 break
             w = self._barycentric(points[active], cur)
-            worst = np.argmin(w, axis=1)
-            done = w[np.arange(len(active)), worst] >= -_INSIDE_TOL
+            beyond = w < -_INSIDE_TOL
+            worst = np.argmax(beyond * rng.random(w.shape), axis=1)
+            done = ~beyond.any(axis=1)
             flat = self.flat[cur]
             done &= ~flat
             result[active[done]] = cur[done]
@@ -229,7 +233,7 @@ class SimplexLocator:
             flat_index = flat_index * self.per_axis + c
         cur = self._py_cell_start[flat_index]
         frames, neighbors, flat = self._py_frames, self._py_neighbors, self._py_flat
-        for _ in range(_MAX_STEPS):
+        for step in range(_MAX_STEPS):
             if flat[cur]:
                 cur = neighbors[cur][0]
                 if cur < 0:
@@ -246,12 +250,14 @@ class SimplexLocator:
             else:
                 w = [f[d * d + i] + sum(f[i * d + j] * x[j] for j in range(d)) for i in range(d)]
             w.append(1.0 - sum(w))
-            worst = min(range(d + 1), key=w.__getitem__)
-            if w[worst] >= -_INSIDE_TOL:
+            beyond = [i for i in range(d + 1) if w[i] < -_INSIDE_TOL]
+            if not beyond:
                 clipped = [v if v > 0.0 else 0.0 for v in w]
                 total = sum(clipped)
                 return self._py_simplices[cur], tuple(v / total for v in clipped)
-            cur = neighbors[cur][worst]
+            # Cycle through the faces the point lies beyond (deterministic and terminating
+            # in practice); the step cap below falls back to a full search.
+            cur = neighbors[cur][beyond[step % len(beyond)]]
             if cur < 0:
                 return None
         found = self._brute(np.array([x], dtype=np.float64))[0]
