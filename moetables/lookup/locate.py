@@ -83,6 +83,20 @@ class SimplexLocator:
         safe = np.where(self.flat[:, None, None], np.eye(d), edges)
         self.transform: FloatArray = np.where(self.flat[:, None, None], 0.0, np.linalg.inv(safe))
         self.offset: FloatArray = corners[:, -1, :].copy()
+        self._tri = tri
+        # scipy walks from the previous point's simplex in compiled code: fast on queries
+        # sorted by cell. Hand it these frames (its own attribute, filled lazily and one
+        # simplex at a time otherwise) so both paths test containment identically.
+        if getattr(tri, "_transform", False) is None:
+            tri._transform = np.concatenate(  # noqa: SLF001
+                [
+                    np.where(self.flat[:, None, None], np.nan, self.transform),
+                    self.offset[:, None, :],
+                ],
+                axis=1,
+            )
+        else:  # a scipy without that attribute: keep to our own walk
+            self._tri = None
         # b = T x + c, packed per simplex so one gather fetches a whole frame.
         shift = -np.einsum("sij,sj->si", self.transform, self.offset)
         self.frames: FloatArray = np.concatenate(
@@ -202,11 +216,29 @@ class SimplexLocator:
     def locate(self, points: FloatArray) -> tuple[IntArray, FloatArray]:
         """Simplex index (-1 outside) and d+1 barycentric weights (>= 0, summing to 1)."""
         points = (points - self.scale_lo) / self.scale_span
-        found = self._walk(points, self.cell_start[self._cell_of(points)])
+        cells = self._cell_of(points)
+        if self._tri is not None:
+            order = np.argsort(cells, kind="stable")
+            found = np.empty(len(points), dtype=np.int64)
+            found[order] = self._tri.find_simplex(points[order], tol=_INSIDE_TOL)
+            # Anything scipy refused or placed on a flat simplex is decided by our walk.
+            again = (found < 0) | self.flat[np.maximum(found, 0)]
+            if again.any():
+                rows = np.flatnonzero(again)
+                found[rows] = self._walk(points[rows], self.cell_start[cells[rows]])
+        else:
+            found = self._walk(points, self.cell_start[cells])
         weights = np.zeros((len(points), self.dim + 1), dtype=np.float64)
         inside = found >= 0
         if inside.any():
-            w = np.clip(self._barycentric(points[inside], found[inside]), 0.0, None)
+            w = self._barycentric(points[inside], found[inside])
+            bad = w.min(axis=1) < -_INSIDE_TOL
+            if bad.any():  # never expected: re-walk rather than return a non-convex weight
+                rows = np.flatnonzero(inside)[bad]
+                found[rows] = self._walk(points[rows], self.cell_start[cells[rows]])
+                inside = found >= 0
+                w = self._barycentric(points[inside], found[inside])
+            w = np.clip(w, 0.0, None)
             weights[inside] = w / w.sum(axis=1, keepdims=True)
         return found, weights
 

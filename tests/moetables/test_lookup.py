@@ -147,7 +147,9 @@ def test_it_agrees_between_batch_and_scalar_calls(current_bundle: Path) -> None:
     for i in range(400):
         try:
             value = deployment.time_us("experts", int(n[i]), int(a[i]), int(m[i]))
-            assert batch.code[i] == OK and batch.time_us[i] == pytest.approx(value, rel=1e-9)
+            # The two paths may pick different simplices sharing a face; the answers then
+            # differ only by the 1e-7 perturbation of near-flat simplices.
+            assert batch.code[i] == OK and batch.time_us[i] == pytest.approx(value, rel=1e-7)
         except QueryError:
             assert batch.code[i] == INVALID
         except CoverageError:
