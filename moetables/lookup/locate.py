@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from scipy.spatial import Delaunay, cKDTree
+from scipy.spatial import ConvexHull, Delaunay, cKDTree
 
 __all__ = ["HintMap", "SimplexLocator"]
 
@@ -33,7 +33,13 @@ HintMap = tuple[
 # Barycentric weights this far below zero still count as inside (the perturbation below and
 # rounding on shared faces); they are clipped to zero before use, so the answer stays a convex combination.
 _INSIDE_TOL = 1e-5
+# Queries move this fraction of the way to the vertices' centroid before location, so a point
+# on the measured hull lands inside it rather than on faces the perturbation may have shifted
+# (answers move by about 1e-8 of the local variation, far below measurement precision).
+_NUDGE = 1e-8
 _MAX_STEPS = 512
+# How far past a hull plane (in unit-scaled coordinates) a point still counts as on it.
+_HULL_TOL = 1e-9
 
 
 class SimplexLocator:
@@ -51,7 +57,7 @@ class SimplexLocator:
             raise ValueError(f"need at least {d + 1} points in {d} >= 2 dimensions, got {n}")
         self.dim = d
         # Measured grids put many points on common planes and spheres, where Delaunay yields
-        # flat simplices that no walk can cross. A fixed, tiny perturbation (1e-7 of the span)
+        # flat simplices that no walk can cross. A fixed, tiny perturbation (1e-10 of the span)
         # removes them; barycentric weights use the perturbed corners consistently, so the
         # answer moves by less than the table's own rounding, and exact rows never come here.
         lo, hi = vertices.min(axis=0), vertices.max(axis=0)
@@ -61,9 +67,11 @@ class SimplexLocator:
         # becoming needles along the longest axis (tokens and pairs reach thousands, A tens).
         span = np.where(hi > lo, hi - lo, 1.0)
         exact = (vertices - lo) / span
-        vertices = exact + jitter * 1e-7
+        vertices = exact + jitter * 1e-10
         self.scale_lo, self.scale_span = lo, span
         self.vertices = vertices
+        self._centre = exact.mean(axis=0)
+        self._py_centre = self._centre.tolist()
         tri = Delaunay(vertices)
         self.simplices: IntArray = tri.simplices.astype(np.int64)
         self.neighbors: IntArray = tri.neighbors.astype(np.int64)
@@ -75,7 +83,11 @@ class SimplexLocator:
         corners = exact[self.simplices]
         jittered = vertices[self.simplices]
         edges = np.transpose(corners[:, :-1, :] - corners[:, -1:, :], (0, 2, 1))
-        proper = np.abs(np.linalg.det(edges)) > 1e-9
+        # Proper: not a sliver, judged by volume against edge lengths (scale-free, since
+        # geometric grids make simplices near N=1 millions of times smaller than at the top).
+        lengths = np.prod(np.linalg.norm(edges, axis=1), axis=1)
+        proper = np.abs(np.linalg.det(edges)) > 1e-6 * np.maximum(lengths, 1e-300)
+        self.proper = proper
         corners = np.where(proper[:, None, None], corners, jittered)
         edges = np.transpose(corners[:, :-1, :] - corners[:, -1:, :], (0, 2, 1))
         det = np.linalg.det(edges)
@@ -84,11 +96,16 @@ class SimplexLocator:
         self.transform: FloatArray = np.where(self.flat[:, None, None], 0.0, np.linalg.inv(safe))
         self.offset: FloatArray = corners[:, -1, :].copy()
         self._tri = tri
+        # Supporting planes of the measured hull (unperturbed): the final word on "outside"
+        # when a walk leaves through a face of a perturbed near-flat simplex.
+        self._hull = ConvexHull(exact).equations
+        self._box_lo = exact[self.simplices].min(axis=1) - 1e-6
+        self._box_hi = exact[self.simplices].max(axis=1) + 1e-6
         # scipy walks from the previous point's simplex in compiled code: fast on queries
         # sorted by cell. Hand it these frames (its own attribute, filled lazily and one
         # simplex at a time otherwise) so both paths test containment identically.
         if getattr(tri, "_transform", False) is None:
-            tri._transform = np.concatenate(  # noqa: SLF001
+            tri._transform = np.concatenate(
                 [
                     np.where(self.flat[:, None, None], np.nan, self.transform),
                     self.offset[:, None, :],
@@ -99,6 +116,7 @@ class SimplexLocator:
             self._tri = None
         # b = T x + c, packed per simplex so one gather fetches a whole frame.
         shift = -np.einsum("sij,sj->si", self.transform, self.offset)
+
         self.frames: FloatArray = np.concatenate(
             [self.transform.reshape(len(self.transform), d * d), shift], axis=1
         )
@@ -123,6 +141,7 @@ class SimplexLocator:
         self._py_neighbors = [tuple(int(v) for v in s) for s in self.neighbors]
         self._py_frames = [tuple(map(float, f)) for f in self.frames]
         self._py_flat = self.flat.tolist()
+        self._py_proper = self.proper.tolist()
         self._py_cell_start = [int(s) for s in self.cell_start]
         self._py_knots = [k.tolist() for k in self.knots]
 
@@ -192,11 +211,18 @@ class SimplexLocator:
             step = ~done
             nxt = self.neighbors[cur[step], np.where(flat[step], 0, worst[step])]
             out = nxt < 0
+            # A hull face seen through a perturbed (near-flat) frame proves nothing: search.
+            doubt = out & ~self.proper[cur[step]]
+            if doubt.any():
+                rows = active[step][doubt]
+                result[rows] = cur[step][doubt] if hint_only else self._brute(points[rows])
+                out &= ~doubt
+                nxt[doubt] = -2
             if not hint_only:
                 result[active[step][out]] = -1
             else:
                 result[active[step][out]] = cur[step][out]
-            keep = ~out
+            keep = nxt >= 0
             active = active[step][keep]
             cur = nxt[keep]
         if active.size:
@@ -204,18 +230,29 @@ class SimplexLocator:
         return result
 
     def _brute(self, points: FloatArray) -> IntArray:
+        """Decide points the walks could not: outside the measured hull, or its simplex.
+
+        A point inside the hull (by its unperturbed supporting planes) always gets a simplex:
+        the one whose bounding box holds it and whose weights are least negative, which is
+        exact except on boundaries drawn by perturbed near-flat simplices.
+        """
         found = np.full(len(points), -1, dtype=np.int64)
-        candidates = np.flatnonzero(~self.flat)
-        for i, point in enumerate(points):
-            w = self._barycentric(np.repeat(point[None], len(candidates), 0), candidates)
-            inside = np.flatnonzero(w.min(axis=1) >= -_INSIDE_TOL)
-            if inside.size:
-                found[i] = candidates[inside[0]]
+        outside = (points @ self._hull[:, :-1].T + self._hull[:, -1] > _HULL_TOL).any(axis=1)
+        for i in np.flatnonzero(~outside):
+            point = points[i]
+            near = np.flatnonzero(
+                np.all((self._box_lo <= point) & (point <= self._box_hi), axis=1) & ~self.flat
+            )
+            if near.size == 0:
+                continue
+            w = self._barycentric(np.repeat(point[None], len(near), 0), near)
+            found[i] = near[int(np.argmax(w.min(axis=1)))]
         return found
 
     def locate(self, points: FloatArray) -> tuple[IntArray, FloatArray]:
         """Simplex index (-1 outside) and d+1 barycentric weights (>= 0, summing to 1)."""
         points = (points - self.scale_lo) / self.scale_span
+        points += (self._centre - points) * _NUDGE
         cells = self._cell_of(points)
         if self._tri is not None:
             order = np.argsort(cells, kind="stable")
@@ -248,7 +285,9 @@ class SimplexLocator:
         """Vertex indices and weights of the simplex holding ``point``, or None outside."""
         d = self.dim
         lo, span = self.scale_lo, self.scale_span
+        centre = self._py_centre
         x = [(point[a] - float(lo[a])) / float(span[a]) for a in range(d)]
+        x = [v + (centre[a] - v) * _NUDGE for a, v in enumerate(x)]
         hinted = self._hint_forward(np.array([x]))[0].tolist()
         flat_index = 0
         for axis in range(d - 1, -1, -1):
@@ -289,9 +328,12 @@ class SimplexLocator:
                 return self._py_simplices[cur], tuple(v / total for v in clipped)
             # Cycle through the faces the point lies beyond (deterministic and terminating
             # in practice); the step cap below falls back to a full search.
-            cur = neighbors[cur][beyond[step % len(beyond)]]
-            if cur < 0:
-                return None
+            nxt = neighbors[cur][beyond[step % len(beyond)]]
+            if nxt < 0:
+                if self._py_proper[cur]:
+                    return None
+                break  # a perturbed frame's hull face proves nothing: search below
+            cur = nxt
         found = self._brute(np.array([x], dtype=np.float64))[0]
         if found < 0:
             return None

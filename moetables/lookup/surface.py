@@ -181,20 +181,29 @@ class ExpertSurface:
         self, n: FloatArray, a: FloatArray, m: FloatArray
     ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
         centred = self._transform(n, a, m) - self._mean
-        reduced = centred @ self._basis.T
-        # A query off the measured affine subspace (possible only if the plan fixed an axis)
-        # has no enclosing simplex.
-        residual = (
-            np.abs(centred - reduced @ self._basis).max(axis=1) if len(centred) else np.zeros(0)
-        )
-        on_plane = residual <= 1e-9 * max(self._scale, 1.0)
+        if self._full:
+            reduced = centred
+            on_plane = np.ones(len(n), dtype=bool)
+        else:
+            reduced = centred @ self._basis.T
+            # A query off the measured affine subspace (EP1's M = N*k plane, or an axis the
+            # plan held fixed) has no enclosing simplex.
+            residual = (
+                np.abs(centred - reduced @ self._basis).max(axis=1) if len(centred) else np.zeros(0)
+            )
+            on_plane = residual <= 1e-9 * max(self._scale, 1.0)
         values = np.full(len(n), np.nan)
         ok = np.zeros(len(n), dtype=bool)
         if self._locator is not None:
             simplex, weights = self._locator.locate(reduced)
             ok = on_plane & (simplex >= 0)
-            vertices = self._locator.simplices[simplex[ok]]
-            values[ok] = np.sum(weights[ok] * self._times[vertices], axis=1)
+            if ok.all():  # the common case: no masked copies
+                values = np.einsum(
+                    "ij,ij->i", weights, self._times[self._locator.simplices[simplex]]
+                )
+            else:
+                vertices = self._locator.simplices[simplex[ok]]
+                values[ok] = np.einsum("ij,ij->i", weights[ok], self._times[vertices])
         elif self.dimension == 1:
             x = reduced[:, 0]
             ok = on_plane & (x >= self._line_x[0]) & (x <= self._line_x[-1])
