@@ -23,11 +23,12 @@ __all__ = ["HintMap", "SimplexLocator"]
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-# A pair of inverse maps (forward, inverse) of point coordinates into the space where the
-# start-hint grid is laid out; only hints depend on it, never answers.
+# Maps of point coordinates into the space where the start-hint grid is laid out: forward and
+# inverse on arrays, and forward on one point; only hints depend on it, never answers.
 HintMap = tuple[
     Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
     Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
+    Callable[[list[float]], list[float]],
 ]
 
 # Barycentric weights this far below zero still count as inside (the perturbation below and
@@ -72,6 +73,7 @@ class SimplexLocator:
         self.vertices = vertices
         self._centre = exact.mean(axis=0)
         self._py_centre = self._centre.tolist()
+        self._py_lo, self._py_span = lo.tolist(), span.tolist()
         tri = Delaunay(vertices)
         self.simplices: IntArray = tri.simplices.astype(np.int64)
         self.neighbors: IntArray = tri.neighbors.astype(np.int64)
@@ -120,8 +122,12 @@ class SimplexLocator:
         self.frames: FloatArray = np.concatenate(
             [self.transform.reshape(len(self.transform), d * d), shift], axis=1
         )
-        forward, inverse = hint_map or (lambda x: x, lambda x: x)
+        forward, inverse, forward_one = hint_map or (lambda x: x, lambda x: x, lambda x: x)
         self._hint_forward = lambda x: forward(x * span + lo)
+        lo_py, span_py = lo.tolist(), span.tolist()
+        self._hint_forward_one = lambda x: forward_one(
+            [v * span_py[a] + lo_py[a] for a, v in enumerate(x)]
+        )
         self._hint_inverse = lambda h: (inverse(h) - lo) / span
         # The hint grid is uniform in each axis's empirical distribution of vertices (in hint
         # space), so cells are fine where measured points are dense.
@@ -284,11 +290,11 @@ class SimplexLocator:
     ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
         """Vertex indices and weights of the simplex holding ``point``, or None outside."""
         d = self.dim
-        lo, span = self.scale_lo, self.scale_span
+        lo, span = self._py_lo, self._py_span
         centre = self._py_centre
-        x = [(point[a] - float(lo[a])) / float(span[a]) for a in range(d)]
+        x = [(point[a] - lo[a]) / span[a] for a in range(d)]
         x = [v + (centre[a] - v) * _NUDGE for a, v in enumerate(x)]
-        hinted = self._hint_forward(np.array([x]))[0].tolist()
+        hinted = self._hint_forward_one(x)
         flat_index = 0
         for axis in range(d - 1, -1, -1):
             knots = self._py_knots[axis]

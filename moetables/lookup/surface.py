@@ -123,7 +123,14 @@ class ExpertSurface:
             x[:, 2] = h[:, 2] + h[:, 0] if log else h[:, 2] * h[:, 0]
             return x - mean
 
-        return forward, inverse
+        mean_py = self._mean_py
+
+        def forward_one(y: list[float]) -> list[float]:
+            x = [v + mean_py[i] for i, v in enumerate(y)]
+            x[2] = x[2] - x[0] if log else x[2] / max(x[0], 1e-12)
+            return x
+
+        return forward, inverse, forward_one
 
     def _transform(self, n: FloatArray, a: FloatArray, m: FloatArray) -> FloatArray:
         if self.coordinates == "log":
