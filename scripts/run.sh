@@ -25,6 +25,6 @@ stop() { if [ -n "$worker_pid" ]; then kill "$worker_pid" 2>/dev/null || true; f
 trap stop EXIT INT TERM
 
 echo "serving the registry on http://$bind (API docs: http://$bind/api/docs/)"
-.venv/bin/gunicorn config.wsgi \
+.venv/bin/gunicorn config.wsgi --worker-class gthread --threads 4 \
   --bind "$bind" --workers "${REGISTRY_WEB_WORKERS:-2}" \
   --access-logfile - --error-logfile - --log-level warning

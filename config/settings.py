@@ -1,0 +1,223 @@
+"""Settings, all from the environment, with defaults that run on one machine with no servers.
+
+Defaults: SQLite at ``var/db.sqlite3``, bundle files under ``var/blobs`` (content-addressed),
+an embedded Celery broker on the filesystem under ``var/celery``, an in-process cache.
+Production sets ``DATABASE_URL`` (PostgreSQL), ``CELERY_BROKER_URL`` and ``REDIS_URL`` (Redis),
+``DJANGO_SECRET_KEY``, ``DJANGO_ALLOWED_HOSTS`` and ``DJANGO_DEBUG=0``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("REGISTRY_VAR_DIR", BASE_DIR / "var")).resolve()
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+def _list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = _flag("DJANGO_DEBUG", False)
+# The default key is for a laptop; a deployment sets its own (docker-compose.yml does).
+SECRET_KEY = os.environ.get(
+    "DJANGO_SECRET_KEY", "insecure-development-key-set-DJANGO_SECRET_KEY-in-production"
+)
+ALLOWED_HOSTS = _list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+CSRF_TRUSTED_ORIGINS = _list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "registry",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
+        conn_max_age=_int("DATABASE_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # SQLite cannot create the folder of its file; a fresh checkout has no var/ yet.
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # WAL lets the web workers read while an import writes; the timeout waits out a writer.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["REDIS_URL"],
+        }
+        if os.environ.get("REDIS_URL")
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+# Static files (the Swagger UI sidecar, the admin) are served from the apps too, so a
+# checkout works before or without collectstatic.
+WHITENOISE_USE_FINDERS = True
+
+# Bundle files live in the "bundles" storage under their sha256; swapping the backend for
+# object storage later changes this entry only (warehouse-style storage behind an interface).
+STORAGES = {
+    "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": VAR_DIR / "media"},
+    },
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "bundles": {
+        "BACKEND": "registry.storage.ContentAddressedStorage",
+        "OPTIONS": {"location": VAR_DIR / "blobs"},
+    },
+}
+
+# Registry limits and working folders.
+REGISTRY = {
+    # Checked-out bundle trees that lookups read (a cache rebuilt from the blobs).
+    "CHECKOUT_DIR": VAR_DIR / "checkouts",
+    # Where uploads are unpacked and validated before anything is stored.
+    "STAGING_DIR": VAR_DIR / "staging",
+    "MAX_ARCHIVE_BYTES": _int("REGISTRY_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024),
+    "MAX_UNPACKED_BYTES": _int("REGISTRY_MAX_UNPACKED_BYTES", 1024 * 1024 * 1024),
+    "MAX_FILES": _int("REGISTRY_MAX_FILES", 10_000),
+    "MAX_LOOKUP_QUERIES": _int("REGISTRY_MAX_LOOKUP_QUERIES", 100_000),
+    "LOOKUP_CACHE_BUNDLES": _int("REGISTRY_LOOKUP_CACHE_BUNDLES", 32),
+}
+
+FILE_UPLOAD_TEMP_DIR = None
+# Lookup batches of 100,000 queries are a few MB of JSON.
+DATA_UPLOAD_MAX_MEMORY_SIZE = _int("DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", 64 * 1024 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticatedOrReadOnly"],
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.BundlePagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    # Lookups are throttled only when a rate is set, e.g. REGISTRY_LOOKUP_THROTTLE=100/second.
+    "DEFAULT_THROTTLE_RATES": {"lookup": os.environ.get("REGISTRY_LOOKUP_THROTTLE") or None},
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "MoE component timing registry",
+    "DESCRIPTION": (
+        "Published bundles of measured Mixture-of-Experts component timings: browse, download, "
+        "upload, and exact lookups inside measured support."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and ReDoc assets come from the sidecar package: no network needed.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery: an embedded filesystem broker by default (no server to run); Redis in production.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+CELERY_RESULT_BACKEND = os.environ.get(
+    "CELERY_RESULT_BACKEND", f"file://{VAR_DIR / 'celery' / 'results'}"
+)
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {
+        "data_folder_in": str(VAR_DIR / "celery" / "queue"),
+        "data_folder_out": str(VAR_DIR / "celery" / "queue"),
+        "processed_folder": str(VAR_DIR / "celery" / "processed"),
+        "store_processed": False,
+    }
+    if CELERY_BROKER_URL.startswith("filesystem://")
+    else {}
+)
+CELERY_TASK_ALWAYS_EAGER = _flag("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("DJANGO_LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}

@@ -1,0 +1,1 @@
+"""Pages for people. For now a landing page; the dashboard comes later."""

@@ -1,0 +1,1 @@
+"""The registry: published bundles, their verification, storage, REST API and lookups."""

@@ -1,0 +1,1 @@
+"""REST API v1 (netbox layout: serializers, views, urls)."""

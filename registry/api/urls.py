@@ -1,0 +1,35 @@
+"""Routes of API v1, spelled out: a trailing slash is optional, and file paths keep their
+dots (a router's format suffixes would read ``meta.yaml`` as a request for YAML)."""
+
+from __future__ import annotations
+
+from django.urls import re_path
+
+from registry.api.views import ApiRootView, BundleViewSet, LookupView
+
+app_name = "registry-api"
+
+urlpatterns = [
+    re_path(r"^$", ApiRootView.as_view(), name="api-root"),
+    re_path(
+        r"^bundles/?$",
+        BundleViewSet.as_view({"get": "list", "post": "create"}),
+        name="bundle-list",
+    ),
+    re_path(
+        r"^bundles/(?P<pk>[0-9]+)/?$",
+        BundleViewSet.as_view({"get": "retrieve"}),
+        name="bundle-detail",
+    ),
+    re_path(
+        r"^bundles/(?P<pk>[0-9]+)/download/?$",
+        BundleViewSet.as_view({"get": "download"}),
+        name="bundle-download",
+    ),
+    re_path(
+        r"^bundles/(?P<pk>[0-9]+)/files/(?P<path>.+)$",
+        BundleViewSet.as_view({"get": "files"}),
+        name="bundle-files",
+    ),
+    re_path(r"^lookup/?$", LookupView.as_view(), name="lookup"),
+]

@@ -1,0 +1,263 @@
+"""Thin views: parse, call a service, shape the answer."""
+
+from __future__ import annotations
+
+import mimetypes
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from moetables.errors import BundleError, CoverageError
+from registry.api.serializers import (
+    SUMMARY_FIELDS,
+    BundleDetailSerializer,
+    BundleSerializer,
+    LookupErrorSerializer,
+    LookupRequestSerializer,
+    LookupResponseSerializer,
+    ProblemsSerializer,
+    UploadResponseSerializer,
+    UploadSerializer,
+    bundle_summaries,
+)
+from registry.api.throttles import LookupThrottle
+from registry.filtersets import BundleFilterSet
+from registry.models import Bundle
+from registry.services import PublishError, bundle_archive_chunks, publish_upload
+from registry.services.checkout import BlobDriftError
+from registry.services.lookup import (
+    LookupRequestError,
+    answer_lookup,
+    parse_lookup_request,
+    resolve_bundle,
+)
+from registry.storage import bundle_storage, open_blob
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+    from rest_framework.request import Request
+
+__all__ = ["ApiRootView", "BundleViewSet", "LookupView"]
+
+CONTENT_TYPES = {".csv": "text/csv", ".yaml": "application/yaml", ".yml": "application/yaml",
+                 ".json": "application/json", ".jsonl": "application/jsonl"}
+
+
+def _etag_matches(request: Request, etag: str) -> bool:
+    header = request.headers.get("If-None-Match", "")
+    if not header:
+        return False
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return "*" in tags or etag in tags
+
+
+def _not_modified(etag: str) -> HttpResponse:
+    response = HttpResponse(status=status.HTTP_304_NOT_MODIFIED)
+    response["ETag"] = etag
+    return response
+
+
+@extend_schema(exclude=True)
+class ApiRootView(APIView):
+    """Where API v1's resources are."""
+
+    permission_classes = (AllowAny,)
+
+    def get(self, request: Request) -> Response:
+        return Response({
+            "bundles": request.build_absolute_uri(reverse("registry-api:bundle-list")),
+            "lookup": request.build_absolute_uri(reverse("registry-api:lookup")),
+            "schema": request.build_absolute_uri(reverse("schema")),
+            "docs": request.build_absolute_uri(reverse("swagger-ui")),
+        })
+
+
+@extend_schema(tags=["bundles"])
+class BundleViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[Bundle]
+):
+    """Published bundles: list and filter, details with tables, download, upload."""
+
+    queryset = Bundle.objects.all()
+    filterset_class = BundleFilterSet
+    ordering_fields = (
+        "id", "published_at", "measured_at", "hardware", "model", "variant", "vllm_version",
+        "size",
+    )
+    ordering = ("-published_at", "-id")
+    lookup_value_regex = r"[0-9]+"
+    # Reads are anonymous; uploads need a DRF token ("Authorization: Token <key>").
+    authentication_classes = (TokenAuthentication,)
+    parser_classes = (MultiPartParser, FormParser)
+
+    def get_queryset(self) -> QuerySet[Bundle]:
+        queryset = Bundle.objects.all()
+        if self.action == "retrieve":
+            return queryset.select_related("published_by").prefetch_related("tables")
+        return queryset
+
+    def get_serializer_class(self) -> type[BundleSerializer]:
+        return BundleSerializer if self.action == "list" else BundleDetailSerializer
+
+    def list(self, request: Request) -> Response:
+        """Bundles, newest first, with their deployment targets; filter, order, paginate."""
+        queryset = self.filter_queryset(self.get_queryset()).values(*SUMMARY_FIELDS)
+        page = self.paginate_queryset(queryset)
+        assert page is not None  # pagination is always on
+        return self.get_paginated_response(bundle_summaries(list(page), request))
+
+    @extend_schema(
+        request={"multipart/form-data": UploadSerializer},
+        responses={
+            201: OpenApiResponse(UploadResponseSerializer, description="a new bundle"),
+            200: OpenApiResponse(UploadResponseSerializer, description="identical content exists"),
+            400: OpenApiResponse(ProblemsSerializer, description="every problem found"),
+        },
+    )
+    def create(self, request: Request) -> Response:
+        """Upload a bundle archive (.tar.gz or .zip), validated in full before anything is kept."""
+        upload = request.FILES.get("archive")
+        if upload is None:
+            return Response(
+                {"problems": ["send the bundle archive as the multipart field 'archive'"]},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        try:
+            result = publish_upload(upload, published_by=request.user)
+        except PublishError as exc:
+            return Response({"problems": exc.problems}, status=status.HTTP_400_BAD_REQUEST)
+        bundle = Bundle.objects.select_related("published_by").prefetch_related("tables").get(
+            pk=result.bundle.pk
+        )
+        body = BundleDetailSerializer(bundle, context=self.get_serializer_context()).data
+        body.update(created=result.created, left_out=result.left_out)
+        headers = {"Location": body["url"]} if result.created else {}
+        code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+        return Response(body, status=code, headers=headers)
+
+    @extend_schema(
+        responses={
+            (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY),
+            304: OpenApiResponse(description="If-None-Match matched the bundle's sha256"),
+        },
+    )
+    @action(detail=True, methods=["get"], url_path="download")
+    def download(self, request: Request, pk: str | None = None) -> HttpResponse:
+        """The bundle as .tar.gz; ETag is the bundle's sha256, so the download is cacheable."""
+        bundle = self.get_object()
+        etag = f'"{bundle.sha256}"'
+        if _etag_matches(request, etag):
+            return _not_modified(etag)
+        response = StreamingHttpResponse(
+            bundle_archive_chunks(bundle), content_type="application/gzip"
+        )
+        response["ETag"] = etag
+        response["Content-Disposition"] = f'attachment; filename="{bundle.archive_stem}.tar.gz"'
+        response["Cache-Control"] = "public, max-age=31536000, immutable"
+        response["X-Bundle-Sha256"] = bundle.sha256
+        return response
+
+    @extend_schema(
+        parameters=[OpenApiParameter("path", str, OpenApiParameter.PATH, description="file path")],
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY)},
+    )
+    @action(detail=True, methods=["get"], url_path=r"files/(?P<path>.+)")
+    def files(self, request: Request, pk: str | None = None, path: str = "") -> HttpResponse:
+        """One file of the bundle, byte for byte as published; ETag is its sha256."""
+        bundle = self.get_object()
+        record = bundle.file_record(path)
+        if record is None:
+            raise NotFound(f"bundle {bundle.pk} has no file {path!r}")
+        etag = f'"{record["sha256"]}"'
+        if _etag_matches(request, etag):
+            return _not_modified(etag)
+        suffix = "." + path.rsplit(".", 1)[-1] if "." in path else ""
+        content_type = CONTENT_TYPES.get(suffix) or mimetypes.guess_type(path)[0]
+        response = FileResponse(
+            open_blob(bundle_storage(), record["sha256"]),
+            content_type=content_type or "application/octet-stream",
+            filename=path.rsplit("/", 1)[-1],
+        )
+        response["ETag"] = etag
+        response["Cache-Control"] = "public, max-age=31536000, immutable"
+        return response
+
+
+def _lookup_error(code: str, message: str, http_status: int) -> Response:
+    return Response({"error": code, "message": message}, status=http_status)
+
+
+class JSONOnlyNegotiation(BaseContentNegotiation):
+    """The lookup speaks JSON only: skip parsing Accept headers (DRF's documented pattern)."""
+
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0]
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
+        return (renderers[0], renderers[0].media_type)
+
+
+@extend_schema(tags=["lookup"])
+class LookupView(APIView):
+    """Component times from a bundle, interpolated inside measured support only.
+
+    Kept lean because simulators call it per step: JSON in and out, no negotiation, and a
+    throttle only when a rate is configured.
+    """
+
+    # Anonymous, or a token (so that a throttle can count per user); no session lookups.
+    authentication_classes = (TokenAuthentication,)
+    permission_classes = (AllowAny,)
+    throttle_classes = (LookupThrottle,)
+    parser_classes = (JSONParser,)
+    renderer_classes = (JSONRenderer,)
+    content_negotiation_class = JSONOnlyNegotiation
+
+    def get_throttles(self) -> list[Any]:
+        return super().get_throttles() if settings.REGISTRY.get("LOOKUP_THROTTLE") else []
+
+    @extend_schema(
+        request=LookupRequestSerializer,
+        responses={
+            200: LookupResponseSerializer,
+            400: OpenApiResponse(description="malformed request"),
+            404: OpenApiResponse(LookupErrorSerializer, description="no such bundle"),
+            409: OpenApiResponse(LookupErrorSerializer, description="stored bundle is corrupt"),
+            422: OpenApiResponse(LookupErrorSerializer, description="no table for the target"),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """One answer per query: ``{"time_us": t}`` or ``{"error": code, "message": why}``."""
+        try:
+            lookup = parse_lookup_request(
+                request.data, max_queries=settings.REGISTRY["MAX_LOOKUP_QUERIES"]
+            )
+        except LookupRequestError as exc:
+            return Response({"error": "invalid", "problems": exc.problems}, status=400)
+        ref = resolve_bundle(lookup)
+        if ref is None:
+            return _lookup_error("not_found", "no published bundle matches", 404)
+        try:
+            answers = answer_lookup(ref, lookup)
+        except CoverageError as exc:
+            return _lookup_error("no_coverage", str(exc), 422)
+        except (BundleError, BlobDriftError) as exc:
+            return _lookup_error("corrupt_bundle", str(exc), 409)
+        return Response(
+            {"bundle": {"id": ref.id, "sha256": ref.sha256}, "target": lookup.target,
+             "answers": answers}
+        )

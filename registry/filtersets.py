@@ -1,0 +1,61 @@
+"""Filters of the bundle list. Table filters (tp, dp, ep, backend) must hold for one table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from registry.choices import BundleLayout, BundleSource
+from registry.models import Bundle, DeploymentTable
+
+__all__ = ["BundleFilterSet"]
+
+TABLE_FIELDS = ("tp", "dp", "ep", "rank", "sequence_parallel", "backend")
+
+
+def _noop(queryset: QuerySet[Any], name: str, value: Any) -> QuerySet[Any]:
+    return queryset  # applied together in BundleFilterSet.filter_queryset
+
+
+class BundleFilterSet(django_filters.FilterSet):
+    q = django_filters.CharFilter(method="search", label="Search hardware, model, variant")
+    hardware = django_filters.CharFilter()
+    model = django_filters.CharFilter()
+    variant = django_filters.CharFilter()
+    vllm_version = django_filters.CharFilter()
+    sha256 = django_filters.CharFilter()
+    layout = django_filters.ChoiceFilter(choices=BundleLayout.choices)
+    source = django_filters.ChoiceFilter(choices=BundleSource.choices)
+    tp = django_filters.NumberFilter(method=_noop, label="A table with this TP degree")
+    dp = django_filters.NumberFilter(method=_noop, label="A table with this DP degree")
+    ep = django_filters.NumberFilter(method=_noop, label="A table with this EP degree")
+    rank = django_filters.NumberFilter(method=_noop, label="A table for this EP rank")
+    sequence_parallel = django_filters.BooleanFilter(method=_noop)
+    backend = django_filters.CharFilter(method=_noop, label="A table with this native backend")
+
+    class Meta:
+        model = Bundle
+        fields = ("hardware", "model", "variant", "vllm_version", "sha256", "layout", "source")
+
+    def search(self, queryset: QuerySet[Bundle], name: str, value: str) -> QuerySet[Bundle]:
+        value = value.strip()
+        if not value:
+            return queryset
+        return queryset.filter(
+            Q(hardware__icontains=value) | Q(model__icontains=value) | Q(variant__icontains=value)
+        )
+
+    def filter_queryset(self, queryset: QuerySet[Bundle]) -> QuerySet[Bundle]:
+        queryset = super().filter_queryset(queryset)
+        wanted = {
+            key: self.form.cleaned_data[key]
+            for key in TABLE_FIELDS
+            if self.form.cleaned_data.get(key) not in (None, "")
+        }
+        if wanted:
+            # One Exists over one table: tp=2&dp=4 means a table deployed at TP2 x DP4.
+            tables = DeploymentTable.objects.filter(bundle=OuterRef("pk"), **wanted)
+            queryset = queryset.filter(Exists(tables))
+        return queryset

@@ -1,0 +1,64 @@
+"""Checked-out bundle trees: what `moetables` reads for lookups, rebuilt from the blobs.
+
+A checkout is a cache keyed by the bundle's content hash, so it is never stale: a different
+content is a different folder. It appears whole by rename and every byte copied into it is
+hashed against the manifest on the way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from registry.storage import bundle_storage, open_blob
+
+if TYPE_CHECKING:
+    from registry.models import Bundle
+
+__all__ = ["BlobDriftError", "checkout_bundle", "checkout_path"]
+
+
+class BlobDriftError(RuntimeError):
+    """A stored blob no longer has the bytes its digest names; run manage.py verify_bundles."""
+
+
+def checkout_path(sha256: str) -> Path:
+    return Path(settings.REGISTRY["CHECKOUT_DIR"]) / sha256
+
+
+def checkout_bundle(bundle: Bundle) -> Path:
+    final = checkout_path(bundle.sha256)
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{bundle.sha256[:12]}-", dir=final.parent))
+    try:
+        storage = bundle_storage()
+        for record in bundle.manifest:
+            out = stage.joinpath(*record["path"].split("/"))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha256()
+            with open_blob(storage, record["sha256"]) as src, out.open("wb") as dst:
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    dst.write(block)
+            if digest.hexdigest() != record["sha256"]:
+                raise BlobDriftError(
+                    f"bundle {bundle.pk} file {record['path']}: stored bytes hash to "
+                    f"{digest.hexdigest()}, the manifest says {record['sha256']}"
+                )
+        try:
+            stage.rename(final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            shutil.rmtree(stage, ignore_errors=True)  # another process checked it out first
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return final

@@ -1,0 +1,48 @@
+"""A bundle as a deterministic .tar.gz (downloads, manage.py export_bundle) or a folder."""
+
+from __future__ import annotations
+
+import shutil
+from functools import partial
+from typing import TYPE_CHECKING
+
+from registry.archives import iter_tar_gz
+from registry.services.checkout import checkout_bundle
+from registry.storage import bundle_storage, open_blob
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from registry.models import Bundle
+
+__all__ = ["bundle_archive_chunks", "export_bundle"]
+
+
+def bundle_archive_chunks(bundle: Bundle) -> Iterator[bytes]:
+    """The bundle's files under the folder ``bundle.archive_stem``, gzip-compressed tar.
+
+    Same content, same bytes: re-uploading a download gives back the same bundle.
+    """
+    storage = bundle_storage()
+    files = (
+        (record["path"], int(record["size"]), partial(open_blob, storage, record["sha256"]))
+        for record in bundle.manifest
+    )
+    return iter_tar_gz(bundle.archive_stem, files)
+
+
+def export_bundle(bundle: Bundle, dest: Path, *, as_folder: bool = False) -> Path:
+    """Write the bundle to ``dest`` (a .tar.gz file, or with ``as_folder`` a new folder)."""
+    if as_folder:
+        if dest.exists():
+            raise FileExistsError(f"{dest} already exists")
+        shutil.copytree(checkout_bundle(bundle), dest)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial_path = dest.with_name(dest.name + ".partial")
+    with partial_path.open("wb") as out:
+        for chunk in bundle_archive_chunks(bundle):
+            out.write(chunk)
+    partial_path.replace(dest)
+    return dest

@@ -1,0 +1,201 @@
+"""Lookups over REST: the same `moetables.lookup` answers, with tables cached per process.
+
+A ComponentTables object keeps its loaded deployments (and absent coverage) for the life of
+the worker process, as the method requires; this module keeps one per bundle content hash,
+least recently used first out when more bundles are in use than the configured bound.
+
+The request is checked here by hand rather than by a DRF serializer: a one-query lookup
+must cost well under a millisecond, and the serializer alone costs about one.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from moetables.lookup import ComponentTables
+from registry.models import Bundle
+from registry.services.checkout import checkout_bundle
+
+__all__ = [
+    "BundleRef",
+    "LookupRequest",
+    "LookupRequestError",
+    "answer_lookup",
+    "clear_lookup_cache",
+    "parse_lookup_request",
+    "resolve_bundle",
+    "tables_for",
+]
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_lock = threading.Lock()
+_tables: OrderedDict[str, Any] = OrderedDict()
+
+
+class LookupRequestError(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class LookupRequest:
+    bundle_id: int | None
+    sha256: str | None
+    name: tuple[str, str, str] | None  # hardware, model, variant: the latest such bundle
+    tp: int
+    dp: int
+    rank: int
+    sequence_parallel: bool
+    queries: list[Any]
+
+    @property
+    def target(self) -> dict[str, Any]:
+        return {
+            "tp": self.tp,
+            "dp": self.dp,
+            "ep": self.tp * self.dp,
+            "rank": self.rank,
+            "sequence_parallel": self.sequence_parallel,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BundleRef:
+    id: int
+    sha256: str
+
+
+def _count(raw: Any, key: str, low: int, problems: list[str]) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"target.{key}: must be an integer, got {value!r}")
+        return low
+    if value < low:
+        problems.append(f"target.{key}: must be at least {low}, got {value}")
+    return value
+
+
+def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
+    """Check the envelope; the queries go to moetables as they are (each gets its answer)."""
+    if not isinstance(data, dict):
+        raise LookupRequestError(["the body must be a JSON object"])
+    problems: list[str] = []
+    queries = data.get("queries", [])
+    if not isinstance(queries, list):
+        problems.append("queries: must be a list of query objects")
+    elif len(queries) > max_queries:
+        problems.append(f"queries: at most {max_queries} queries per request")
+    bundle_id = data.get("bundle")
+    sha256 = data.get("sha256")
+    names = [data.get(k) for k in ("hardware", "model", "variant")]
+    given = [n for n in names if n is not None]
+    ways = (bundle_id is not None) + (sha256 is not None) + bool(given)
+    if ways != 1:
+        problems.append(
+            "name the bundle one way: bundle (id), sha256, or hardware + model + variant"
+        )
+    if bundle_id is not None and (
+        isinstance(bundle_id, bool) or not isinstance(bundle_id, int) or bundle_id < 1
+    ):
+        problems.append(f"bundle: must be a positive integer id, got {bundle_id!r}")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.match(sha256)):
+        problems.append("sha256: must be 64 lowercase hexadecimal digits")
+    if given and (len(given) != 3 or not all(isinstance(n, str) and n for n in given)):
+        problems.append("hardware, model and variant go together, as non-empty strings")
+    raw = data.get("target")
+    tp = dp = 1
+    rank = 0
+    sp = False
+    if not isinstance(raw, dict):
+        problems.append("target: must be an object with tp, dp, rank (and sequence_parallel)")
+    else:
+        tp = _count(raw, "tp", 1, problems)
+        dp = _count(raw, "dp", 1, problems)
+        rank = _count(raw, "rank", 0, problems)
+        sp = raw.get("sequence_parallel", False)
+        if not isinstance(sp, bool):
+            problems.append(f"target.sequence_parallel: must be true or false, got {sp!r}")
+        ep = raw.get("ep", tp * dp)
+        if ep != tp * dp:
+            problems.append(
+                f"target.ep: ep must equal tp*dp = {tp * dp} (full expert parallelism), "
+                f"got {ep!r}"
+            )
+        elif rank >= tp * dp:
+            problems.append(f"target.rank: rank must be below ep = {tp * dp}, got {rank}")
+    if problems:
+        raise LookupRequestError(problems)
+    return LookupRequest(
+        bundle_id=bundle_id,
+        sha256=sha256,
+        name=(names[0], names[1], names[2]) if given else None,
+        tp=tp,
+        dp=dp,
+        rank=rank,
+        sequence_parallel=sp,
+        queries=queries,
+    )
+
+
+def resolve_bundle(request: LookupRequest) -> BundleRef | None:
+    """The bundle the request names, by one indexed query.
+
+    Written as SQL because it runs once per lookup request, and building the same query
+    through the ORM costs more than answering a small batch.
+    """
+    table = connection.ops.quote_name(Bundle._meta.db_table)
+    if request.bundle_id is not None:
+        where, params = "id = %s", [request.bundle_id]
+    elif request.sha256 is not None:
+        where, params = "sha256 = %s", [request.sha256]
+    else:
+        assert request.name is not None
+        where = "hardware = %s AND model = %s AND variant = %s"
+        params = list(request.name)
+    sql = f"SELECT id, sha256 FROM {table} WHERE {where} ORDER BY published_at DESC, id DESC"
+    with connection.cursor() as cursor:
+        cursor.execute(sql + " LIMIT 1", params)
+        row = cursor.fetchone()
+    return BundleRef(int(row[0]), str(row[1])) if row is not None else None
+
+
+def tables_for(ref: BundleRef) -> Any:
+    """The process's ComponentTables of the bundle (checked out from storage on first use)."""
+    with _lock:
+        tables = _tables.get(ref.sha256)
+        if tables is not None:
+            _tables.move_to_end(ref.sha256)
+            return tables
+    tables = ComponentTables(checkout_bundle(Bundle.objects.get(pk=ref.id)))
+    with _lock:
+        tables = _tables.setdefault(ref.sha256, tables)
+        _tables.move_to_end(ref.sha256)
+        while len(_tables) > settings.REGISTRY["LOOKUP_CACHE_BUNDLES"]:
+            _tables.popitem(last=False)
+    return tables
+
+
+def clear_lookup_cache() -> None:
+    with _lock:
+        _tables.clear()
+
+
+def answer_lookup(ref: BundleRef, request: LookupRequest) -> list[dict[str, Any]]:
+    """One answer per query, as ``python -m moetables lookup`` prints them.
+
+    Raises CoverageError when the bundle has no table for the target, BundleError when the
+    stored bundle turns out corrupt.
+    """
+    deployment = tables_for(ref).deployment(
+        request.tp, request.dp, request.rank, sequence_parallel=request.sequence_parallel
+    )
+    answers: list[dict[str, Any]] = deployment.answer(request.queries)
+    return answers

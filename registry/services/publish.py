@@ -1,0 +1,238 @@
+"""publish_bundle: validate with moetables, then store content-addressed, then index, atomically.
+
+Order matters: nothing is written to storage or the database until the whole bundle has been
+unpacked into a private staging folder and validated there, so a rejected upload leaves no
+trace. Blobs are written before the rows that name them; rows appear in one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from moetables.bundle import ValidationReport, validate_bundle
+from registry.archives import ArchiveError, ArchiveLimits, find_bundle_root, unpack_archive
+from registry.choices import BundleSource
+from registry.manifest import FileRecord, Manifest, ManifestError, hash_file, is_left_out, scan_tree
+from registry.models import Bundle, DeploymentTable
+from registry.services.describe import (
+    jsonable,
+    measured_at_of,
+    missing_files_of,
+    table_fields,
+    vllm_version_of,
+)
+from registry.storage import bundle_storage, put_blob
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+    from django.core.files.uploadedfile import UploadedFile
+
+__all__ = ["PublishError", "PublishResult", "publish_bundle", "publish_upload"]
+
+log = logging.getLogger(__name__)
+META = "meta.yaml"
+
+
+class PublishError(Exception):
+    """The bundle was refused; ``problems`` lists every reason, each naming its file."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(slots=True)
+class PublishResult:
+    bundle: Bundle
+    created: bool
+    left_out: list[str] = field(default_factory=list)
+
+    @property
+    def missing_files(self) -> list[str]:
+        return list(self.bundle.missing_files)
+
+
+def limits() -> ArchiveLimits:
+    conf = settings.REGISTRY
+    return ArchiveLimits(
+        max_archive_bytes=conf["MAX_ARCHIVE_BYTES"],
+        max_unpacked_bytes=conf["MAX_UNPACKED_BYTES"],
+        max_files=conf["MAX_FILES"],
+    )
+
+
+def _staging() -> Path:
+    folder = Path(settings.REGISTRY["STAGING_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _copy_in(source: Path, dest: Path, budget: ArchiveLimits) -> list[str]:
+    """Copy the bundle folder ``source`` into ``dest``; return the paths left out."""
+    paths = scan_tree(source)
+    left_out = [p for p in paths if is_left_out(p)]
+    kept = [p for p in paths if not is_left_out(p)]
+    if len(kept) > budget.max_files:
+        raise PublishError([f"{source}: more than {budget.max_files} files"])
+    total = 0
+    for rel in kept:
+        src = source.joinpath(*rel.split("/"))
+        out = dest.joinpath(*rel.split("/"))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, out, follow_symlinks=False)
+        total += out.stat().st_size
+        if total > budget.max_unpacked_bytes:
+            raise PublishError([f"{source}: more than {budget.max_unpacked_bytes} bytes"])
+    return left_out
+
+
+def _drop_left_out(root: Path) -> list[str]:
+    left_out = [p for p in scan_tree(root) if is_left_out(p)]
+    for rel in left_out:
+        root.joinpath(*rel.split("/")).unlink()
+    return left_out
+
+
+def _validate(root: Path) -> ValidationReport:
+    try:
+        report = validate_bundle(root)
+    except Exception as exc:
+        log.exception("moetables could not read the bundle at %s", root)
+        raise PublishError([f"the bundle cannot be read: {type(exc).__name__}: {exc}"]) from None
+    problems = list(report.problems)
+    bundle = report.bundle
+    if bundle is not None:
+        for key in ("hardware", "model", "variant"):
+            value = bundle.meta.get(key)
+            if not isinstance(value, str) or not value.strip():
+                problems.append(
+                    f"meta.yaml:{key}: a published bundle needs it as a non-empty string"
+                )
+            elif len(value) > {"hardware": 128, "model": 256, "variant": 128}[key]:
+                problems.append(f"meta.yaml:{key}: is too long")
+    if problems:
+        raise PublishError(problems)
+    return report
+
+
+def publish_bundle(
+    source: str | Path,
+    *,
+    source_kind: str = BundleSource.IMPORT,
+    source_detail: str = "",
+    published_by: AbstractBaseUser | None = None,
+) -> PublishResult:
+    """Publish the bundle folder or archive (.tar.gz, .zip) at ``source``.
+
+    Returns the bundle and whether it is new: the same content published twice is one
+    bundle. Raises `PublishError` with every problem found; then nothing was stored.
+    """
+    path = Path(source)
+    budget = limits()
+    with tempfile.TemporaryDirectory(prefix="publish-", dir=_staging()) as work:
+        try:
+            if path.is_dir():
+                if not (path / META).is_file():
+                    raise PublishError([f"{path}: no {META} in this folder"])
+                root = Path(work) / "bundle"
+                left_out = _copy_in(path, root, budget)
+            elif path.is_file():
+                unpacked = Path(work) / "unpacked"
+                unpacked.mkdir()
+                unpack_archive(path, unpacked, budget)
+                root = find_bundle_root(unpacked)
+                left_out = _drop_left_out(root)
+            else:
+                raise PublishError([f"{path}: no such file or folder"])
+            report = _validate(root)
+            records = []
+            for rel in scan_tree(root):
+                size, digest = hash_file(root.joinpath(*rel.split("/")))
+                records.append(FileRecord(path=rel, size=size, sha256=digest))
+        except (ArchiveError, ManifestError) as exc:
+            raise PublishError([str(exc)]) from None
+        manifest = Manifest.of(records)
+        existing = Bundle.objects.filter(sha256=manifest.sha256).first()
+        if existing is not None:
+            return PublishResult(bundle=existing, created=False, left_out=left_out)
+        storage = bundle_storage()
+        for record in manifest.files:
+            put_blob(storage, root.joinpath(*record.path.split("/")), record.sha256, record.size)
+        assert report.bundle is not None
+        try:
+            bundle = _index(report, manifest, source_kind, source_detail, published_by)
+        except IntegrityError:
+            # Someone published the same content meanwhile: theirs is ours.
+            bundle = Bundle.objects.get(sha256=manifest.sha256)
+            return PublishResult(bundle=bundle, created=False, left_out=left_out)
+    log.info(
+        "published bundle %s (%s %s %s)",
+        bundle.sha256, bundle.hardware, bundle.model, bundle.variant,
+    )
+    return PublishResult(bundle=bundle, created=True, left_out=left_out)
+
+
+def _index(
+    report: ValidationReport,
+    manifest: Manifest,
+    source_kind: str,
+    source_detail: str,
+    published_by: Any,
+) -> Bundle:
+    opened = report.bundle
+    assert opened is not None
+    with transaction.atomic():
+        bundle = Bundle.objects.create(
+            sha256=manifest.sha256,
+            hardware=opened.meta["hardware"].strip(),
+            model=opened.meta["model"].strip(),
+            variant=opened.meta["variant"].strip(),
+            layout=opened.layout,
+            size=manifest.size,
+            file_count=len(manifest.files),
+            manifest=manifest.as_list(),
+            meta=jsonable(opened.meta),
+            missing_files=missing_files_of(opened),
+            vllm_version=vllm_version_of(opened),
+            measured_at=measured_at_of(opened),
+            source=source_kind,
+            source_detail=source_detail[:512],
+            published_by=published_by if getattr(published_by, "pk", None) else None,
+        )
+        tables = [
+            DeploymentTable(bundle=bundle, **table_fields(entry, report.tables[entry.table_path]))
+            for entry in opened.entries
+        ]
+        tables.sort(key=lambda t: (t.tp, t.dp, t.rank, t.sequence_parallel))
+        DeploymentTable.objects.bulk_create(tables)
+        bundle.targets = [table.brief() for table in tables]
+        bundle.save(update_fields=["targets"])
+    return bundle
+
+
+def publish_upload(upload: UploadedFile, *, published_by: Any = None) -> PublishResult:
+    """Publish an archive received over HTTP: size-checked before a byte is unpacked."""
+    budget = limits()
+    if upload.size is not None and upload.size > budget.max_archive_bytes:
+        raise PublishError(
+            [f"the archive is {upload.size} bytes; the limit is {budget.max_archive_bytes}"]
+        )
+    name = (upload.name or "upload")[:200]
+    with tempfile.NamedTemporaryFile(prefix="upload-", dir=_staging()) as spool:
+        for chunk in upload.chunks():
+            spool.write(chunk)
+        spool.flush()
+        return publish_bundle(
+            spool.name,
+            source_kind=BundleSource.UPLOAD,
+            source_detail=name,
+            published_by=published_by,
+        )

@@ -1,0 +1,185 @@
+"""Fixtures of the registry tests: private storage per test, bundles to publish, clients."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from moetables import MoeTarget, write_bundle
+from moetables.bundle import TableSpec
+from registry.services.lookup import clear_lookup_cache
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "bundles/llmservingsim-rtxpro6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+
+
+@pytest.fixture(autouse=True)
+def registry_dirs(settings: Any, tmp_path: Path) -> Iterator[Path]:
+    """Every test gets its own blob store, checkouts and staging folder."""
+    var = tmp_path / "var"
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "bundles": {
+            "BACKEND": "registry.storage.ContentAddressedStorage",
+            "OPTIONS": {"location": var / "blobs"},
+        },
+    }
+    settings.REGISTRY = {
+        **settings.REGISTRY,
+        "CHECKOUT_DIR": var / "checkouts",
+        "STAGING_DIR": var / "staging",
+    }
+    clear_lookup_cache()
+    yield var
+    clear_lookup_cache()
+
+
+def _stored_files(var: Path) -> list[Path]:
+    """Every file the registry has written outside staging (blobs, checkouts)."""
+    found = [p for p in var.rglob("*") if p.is_file()]
+    return [p for p in found if "staging" not in p.relative_to(var).parts]
+
+
+@pytest.fixture
+def stored_files() -> Callable[[Path], list[Path]]:
+    return _stored_files
+
+
+@pytest.fixture
+def shipped() -> Path:
+    return SHIPPED
+
+
+def _contract(target: MoeTarget, *, experts: int, top_k: int, backend: str) -> dict[str, Any]:
+    local = experts // target.ep
+    components = ["gate_routing", "experts"] + (["finalize_copy"] if target.dp > 1 else [])
+    return {
+        "target": target.as_dict(),
+        "global_experts": experts,
+        "global_top_k": top_k,
+        "local_experts": local,
+        "placement": "linear",
+        "components": components,
+        "modes": ["eager"],
+        "native_backend": backend,
+        "expert_conditioning": {"quality_relative_tolerance": 0.03},
+        "vllm_version": "0.26.0",
+    }
+
+
+def _rows(target: MoeTarget, *, experts: int, top_k: int, scale: float) -> list[Any]:
+    """A small table on a geometric grid of feasible points (synthetic, for tests only)."""
+    local = experts // target.ep
+    rows: list[Any] = []
+    tokens = [1, 2, 4, 8, 16, 32]
+    for n in tokens:
+        rows.append(("gate_routing", "eager", n, -1, -1, scale * (5.0 + 0.1 * n)))
+        if target.dp > 1:
+            rows.append(("finalize_copy", "eager", n, -1, -1, scale * (2.0 + 0.05 * n)))
+    remote = experts - local
+    for n in [t * target.dp for t in tokens]:
+        for a in sorted({1, 2, local // 2, local}):
+            low = max(a, n * max(0, top_k - remote))
+            high = n * min(top_k, a)
+            for m in sorted({low, high}):
+                if 1 <= a <= local and low <= m <= high:
+                    rows.append(("experts", "eager", n, a, m, scale * (10.0 + a + 0.01 * m)))
+        if remote >= top_k:
+            rows.append(("experts", "eager", n, 0, 0, scale * 3.0))
+    return rows
+
+
+MakeBundle = Callable[..., Path]
+
+
+@pytest.fixture
+def make_bundle(tmp_path: Path) -> MakeBundle:
+    """Write a small current-layout bundle with moetables' own writer; returns its folder."""
+    counter = iter(range(10_000))
+
+    def make(
+        *,
+        hardware: str = "SYNTH-GPU",
+        model: str = "synthetic/moe-8e",
+        variant: str = "bf16",
+        tp: int = 1,
+        dp: int = 1,
+        experts: int = 8,
+        top_k: int = 2,
+        backend: str = "TRITON",
+        vllm_version: str = "0.26.0",
+        scale: float = 1.0,
+    ) -> Path:
+        dest = tmp_path / "made" / f"bundle{next(counter)}" / variant
+        specs = []
+        for rank in range(tp * dp):
+            target = MoeTarget.for_rank(tp, dp, rank)
+            rows = _rows(target, experts=experts, top_k=top_k, scale=scale * (1 + rank / 10))
+            specs.append(
+                TableSpec(
+                    target=target,
+                    contract=_contract(target, experts=experts, top_k=top_k, backend=backend),
+                    coverage={
+                        "complete": True,
+                        "completed_rounds": 3,
+                        "conditioning_summary": {
+                            "checked_points": 4, "failed_points": 0, "max_relative_change": 0.01,
+                        },
+                    },
+                    rows=rows,
+                )
+            )
+        header = {
+            "hardware": hardware,
+            "model": model,
+            "variant": variant,
+            "vllm_version": vllm_version,
+            "measured_at": "2026-11-01T12:00:00+00:00",
+            "synthetic": "generated by the registry tests; not a measurement",
+        }
+        return write_bundle(dest, header, specs)
+
+    return make
+
+
+def _tar_gz_of(folder: Path, prefix: str = "bundle") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(folder, arcname=prefix)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def tar_gz_of() -> Callable[..., bytes]:
+    """A .tar.gz of a folder, the way a person would pack a bundle."""
+    return _tar_gz_of
+
+
+@pytest.fixture
+def api() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def uploader(db: None) -> APIClient:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_user("uploader", password="x")
+    token = Token.objects.create(user=user)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return api
+
+
+@pytest.fixture
+def published(db: None, shipped: Path) -> Any:
+    from registry.services import publish_bundle
+
+    return publish_bundle(shipped).bundle
