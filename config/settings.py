@@ -204,6 +204,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "data_folder_in": str(VAR_DIR / "celery" / "queue"),
         "data_folder_out": str(VAR_DIR / "celery" / "queue"),
         "processed_folder": str(VAR_DIR / "celery" / "processed"),
+        # broadcast (pidbox) messages: kombu's default is ./control, inside the checkout
+        "control_folder": str(VAR_DIR / "celery" / "control"),
         "store_processed": False,
     }
     if CELERY_BROKER_URL.startswith("filesystem://")
