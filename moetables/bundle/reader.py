@@ -52,8 +52,20 @@ def _tp_key(raw: Any, *, where: str) -> int:
 
 
 def _referenced_files(meta: Any) -> set[str]:
+    """Files other parts of meta.yaml name; the MoE owners' own paths are checked elsewhere."""
     found: set[str] = set()
-    stack = [meta]
+    per_tp = meta.get("per_tp") if isinstance(meta, dict) else None
+    stack: list[Any] = (
+        [value for key, value in meta.items() if key not in ("per_tp", "moe_components")]
+        if isinstance(meta, dict)
+        else [meta]
+    )
+    if isinstance(per_tp, dict):
+        stack.extend(
+            {k: v for k, v in record.items() if k != "moe_components"}
+            for record in per_tp.values()
+            if isinstance(record, dict)
+        )
     while stack:
         node = stack.pop()
         if isinstance(node, dict):

@@ -10,7 +10,6 @@ comparable across both readers.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -114,31 +113,47 @@ class BalancedExpertSurface:
     def _between(
         low: list[tuple[int, float]], high: list[tuple[int, float]], f: float, active: int
     ) -> float | None:
-        """Best segment or triangle of measured points enclosing (N, A) between two rows."""
+        """Best segment or triangle of measured points enclosing (N, A) between two rows.
+
+        Candidates and their ranking are the publisher's: segments joining one point of each
+        row whose blend at f is A; triangles of an adjacent A pair on one row and a point on
+        the other; the smallest A spread wins, then segments, then the narrower pair, then the
+        low row, then smaller A. Only candidates that can pass the acceptance tests are
+        enumerated (one partner per point for segments, the bracketing pairs for triangles).
+        """
         best: tuple[tuple[float, ...], float] | None = None
-
-        def offer(score: tuple[float, ...], value: float) -> None:
-            nonlocal best
-            if best is None or score < best[0]:
-                best = (score, value)
-
+        high_index = {a: i for i, (a, _) in enumerate(high)}
         for a_act, a_t in low:
-            for b_act, b_t in high:
-                if abs((1 - f) * a_act + f * b_act - active) <= _EPS:
-                    offer((abs(b_act - a_act), 0, -1, a_act, b_act), (1 - f) * a_t + f * b_t)
+            # (1-f)*a + f*b = A has one real solution b; measured A values are integers.
+            partner = round((active - (1 - f) * a_act) / f) if f > 0 else None
+            hit = high_index.get(partner) if partner is not None else None
+            if hit is None:
+                continue
+            b_act, b_t = high[hit]
+            if abs((1 - f) * a_act + f * b_act - active) <= _EPS:
+                score: tuple[float, ...] = (abs(b_act - a_act), 0, -1, a_act, b_act)
+                if best is None or score < best[0]:
+                    best = (score, (1 - f) * a_t + f * b_t)
         for side, (own, other) in enumerate(((low, high), (high, low))):
             mass = 1 - f if side == 0 else f
-            for (a_act, a_t), (b_act, b_t) in itertools.pairwise(own):
-                for c_act, c_t in other:
-                    effective = (active - (1 - mass) * c_act) / mass
+            values = [a for a, _ in own]
+            # A lies between c and the pair's blend, so a triangle's spread is at least
+            # |c - A|: visit c nearest first and stop once no triangle can beat the best.
+            for c_act, c_t in sorted(other, key=lambda p: abs(p[0] - active)):
+                if best is not None and abs(c_act - active) > best[0][0]:
+                    break
+                effective = (active - (1 - mass) * c_act) / mass
+                first = max(0, bisect.bisect_left(values, effective - _EPS) - 1)
+                last = min(len(own) - 2, bisect.bisect_right(values, effective + _EPS))
+                for k in range(first, last + 1):
+                    (a_act, a_t), (b_act, b_t) = own[k], own[k + 1]
                     if not a_act - _EPS <= effective <= b_act + _EPS:
                         continue
                     mix = min(1.0, max(0.0, (effective - a_act) / (b_act - a_act)))
                     spread = max(a_act, b_act, c_act) - min(a_act, b_act, c_act)
-                    offer(
-                        (spread, b_act - a_act, side, a_act, c_act),
-                        mass * ((1 - mix) * a_t + mix * b_t) + (1 - mass) * c_t,
-                    )
+                    score = (spread, b_act - a_act, side, a_act, c_act)
+                    if best is None or score < best[0]:
+                        best = (score, mass * ((1 - mix) * a_t + mix * b_t) + (1 - mass) * c_t)
         return None if best is None else best[1]
 
     def batch(

@@ -175,32 +175,59 @@ class DeploymentTables:
         asked again one by one only to word their message.
         """
         answers: list[dict[str, Any] | None] = [None] * len(queries)
-        groups: dict[tuple[str, str], list[tuple[int, Query]]] = {}
+        # Per (component, mode): row indices and the three coordinate columns.
+        groups: dict[tuple[str, str], tuple[list[int], list[int], list[int], list[int]]] = {}
+        known = {(c, m) for c in self.components for m in self.modes}
         for i, raw in enumerate(queries):
+            # Fast path for the common well-formed dict; anything else is parsed strictly.
+            if type(raw) is dict:
+                key = (raw.get("component"), raw.get("mode", "eager"))
+                n = raw.get("tokens")
+                a = raw.get("activated_experts", -1)
+                m = raw.get("local_assignments", -1)
+                if (
+                    key in known
+                    and type(n) is int
+                    and type(a) is int
+                    and type(m) is int
+                    and (
+                        key[0] != EXPERTS
+                        or ("activated_experts" in raw and "local_assignments" in raw)
+                    )
+                ):
+                    group = groups.get(key)  # type: ignore[arg-type]
+                    if group is None:
+                        group = groups[key] = ([], [], [], [])  # type: ignore[index]
+                    group[0].append(i)
+                    group[1].append(n)
+                    group[2].append(a)
+                    group[3].append(m)
+                    continue
             try:
                 query = parse_query(raw)
                 self._known(query.component, query.mode)
             except QueryError as exc:
                 answers[i] = {"error": "invalid", "message": str(exc)}
                 continue
-            groups.setdefault((query.component, query.mode), []).append((i, query))
-        for (component, mode), items in groups.items():
+            group = groups.setdefault((query.component, query.mode), ([], [], [], []))
+            group[0].append(i)
+            group[1].append(query.tokens)
+            group[2].append(query.activated_experts)
+            group[3].append(query.local_assignments)
+        for (component, mode), (rows, n_col, a_col, m_col) in groups.items():
             result = (
-                self.batch(
-                    component,
-                    [q.tokens for _, q in items],
-                    [q.activated_experts for _, q in items],
-                    [q.local_assignments for _, q in items],
-                    mode=mode,
-                )
+                self.batch(component, n_col, a_col, m_col, mode=mode)
                 if component == EXPERTS
-                else self.batch(component, [q.tokens for _, q in items], mode=mode)
+                else self.batch(component, n_col, mode=mode)
             )
-            for (i, query), value, code in zip(items, result.time_us, result.code, strict=True):
+            for j, (value, code) in enumerate(
+                zip(result.time_us.tolist(), result.code.tolist(), strict=True)
+            ):
                 if code == OK:
-                    answers[i] = {"time_us": float(value)}
+                    answers[rows[j]] = {"time_us": value}
                 else:
-                    answers[i] = self._refusal(query, int(code))
+                    query = Query(component, mode, n_col[j], a_col[j], m_col[j])
+                    answers[rows[j]] = self._refusal(query, code)
         return [
             a if a is not None else {"error": "invalid", "message": "unanswered"} for a in answers
         ]

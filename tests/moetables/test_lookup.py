@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -225,3 +226,45 @@ def test_it_uses_at_most_four_vertices_with_nonnegative_weights(
     value = surface.time(n, a, m)
     corner_times = [float(surface._times[v]) for v in vertices]
     assert min(corner_times) - 1e-9 <= value <= max(corner_times) + 1e-9
+
+
+def _between_reference(low, high, f, active):  # type: ignore[no-untyped-def]
+    """The publisher's rule, enumerated in full: every segment and every triangle."""
+    candidates = []
+    for a_act, a_t in low:
+        for b_act, b_t in high:
+            if abs((1 - f) * a_act + f * b_act - active) <= 1e-9:
+                candidates.append(((abs(b_act - a_act), 0, -1, a_act, b_act), (1 - f) * a_t + f * b_t))
+    for side, (own, other) in enumerate(((low, high), (high, low))):
+        mass = 1 - f if side == 0 else f
+        for (a_act, a_t), (b_act, b_t) in itertools.pairwise(own):
+            for c_act, c_t in other:
+                eff = (active - (1 - mass) * c_act) / mass
+                if not a_act - 1e-9 <= eff <= b_act + 1e-9:
+                    continue
+                mix = min(1.0, max(0.0, (eff - a_act) / (b_act - a_act)))
+                spread = max(a_act, b_act, c_act) - min(a_act, b_act, c_act)
+                candidates.append(
+                    ((spread, b_act - a_act, side, a_act, c_act), mass * ((1 - mix) * a_t + mix * b_t) + (1 - mass) * c_t)
+                )
+    return min(candidates, key=lambda c: c[0])[1] if candidates else None
+
+
+def test_it_prunes_the_historical_search_without_changing_an_answer(shared_copy: Path) -> None:  # R42
+    from moetables.lookup.balanced import BalancedExpertSurface
+
+    for rank in (0, 1):
+        deployment = ComponentTables(shared_copy).deployment(1, 2, rank)
+        for mode in ("eager", "graph"):
+            surface = deployment._experts[("experts", mode)]
+            assert isinstance(surface, BalancedExpertSurface)
+            grid = surface.grid
+            checked = 0
+            for lo, hi in itertools.pairwise(grid):
+                for n in sorted({lo + 1, (lo + hi) // 2, hi - 1} - {lo, hi}):
+                    f = (n - lo) / (hi - lo)
+                    for a in range(1, 65):
+                        got = BalancedExpertSurface._between(surface.rows[lo], surface.rows[hi], f, a)
+                        assert got == _between_reference(surface.rows[lo], surface.rows[hi], f, a)
+                        checked += got is not None
+            assert checked > 500
