@@ -1,0 +1,418 @@
+"""Acquiring one target: build, condition, measure every planned point, publish when complete.
+
+The loop owns checkpointing: each context's forwards, each control and each point's verdict go
+to samples.jsonl as they are known, so a rerun of the same command resumes where a kill left
+it (R9). A point whose B/2B control fails is measured again in a new attempt, up to
+``settings.attempts`` times per run; a point still failing keeps its evidence and blocks
+publication of the target (a rerun tries it again). Attribution failures and reference
+mismatches stop the target and leave failures.jsonl (and a Chrome trace) beside the samples.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import acquisition
+from acquisition.adapters.base import AdapterRefusal
+from acquisition.protocol.attribution import AttributionError
+from acquisition.protocol.banks import physical_banks
+from acquisition.protocol.measure import (
+    ContextResult,
+    PointMeter,
+    ReferenceMismatch,
+    context_order,
+)
+from acquisition.protocol.samples import PointState, SampleLog, append_failure, writer_lock
+from acquisition.protocol.statistics import median_of_context_medians, stability_control
+from acquisition.publish import build_contract, build_coverage, publish_target
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from acquisition.adapters import AdmissionReport, ComponentBackend
+    from acquisition.adapters.base import ComponentSession, RuntimeInfo
+    from acquisition.plan import PlanPoint, PointPlan
+    from acquisition.progress import ProgressReporter
+    from acquisition.request import AcquisitionRequest
+    from moetables.bundle import Row
+
+__all__ = ["AcquisitionFailure", "TargetOutcome", "acquire_target"]
+
+# Free device memory kept back beyond the banks, for activations and the allocator.
+_RESERVED_BYTES = 1 << 30
+
+
+class AcquisitionFailure(RuntimeError):
+    """The target cannot be completed; ``failures`` and ``trace`` name kept evidence."""
+
+    def __init__(self, message: str, failures: Path | None = None, trace: Path | None = None):
+        super().__init__(message)
+        self.failures = failures
+        self.trace = trace
+
+
+@dataclass(slots=True)
+class TargetOutcome:
+    published: bool
+    bundle: Path | None
+    work_dir: Path
+    measured_now: int = 0
+    failed_points: list[str] = field(default_factory=list)
+
+
+def _safe(key: str) -> str:
+    return key.replace(":", "_")
+
+
+def _identity(
+    request: AcquisitionRequest,
+    plan: PointPlan,
+    backend: ComponentBackend,
+    banks: int,
+    runtime: RuntimeInfo,
+) -> dict[str, Any]:
+    """The immutable semantic conditions of a target's acquisition (resume identity)."""
+    return {
+        "schema": "moe-acquisition-identity-v1",
+        "model": request.model.name,
+        "model_config_sha256": request.model.config_sha256,
+        "hardware": request.hardware,
+        "dtype": request.dtype,
+        "target": plan.target.as_dict(),
+        "backend": backend.name,
+        "device": request.device,
+        "point_plan_sha256": plan.sha256,
+        "protocol": request.settings.identity(),
+        "banks": banks,
+        "cache_bytes": runtime.cache_bytes,
+    }
+
+
+def _check_memory(session: ComponentSession, runtime: RuntimeInfo, banks: int) -> None:
+    """The bank allocation guard: 2B clones plus reserved memory must fit (R33)."""
+    if runtime.device != "cuda":
+        return
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    need = banks * session.expert_bank_bytes() + _RESERVED_BYTES
+    if need > free:
+        raise AcquisitionFailure(
+            f"{banks} weight banks of {session.expert_bank_bytes()} bytes plus "
+            f"{_RESERVED_BYTES} reserved bytes need {need} bytes; {free} are free"
+        )
+
+
+def _context_lists(state: PointState, attempt: int, arm: str, rounds: int) -> list[list[float]]:
+    contexts = state.attempts[attempt].contexts
+    return [contexts[(arm, r)] for r in range(rounds)]
+
+
+def _records(point: PlanPoint, attempt: int, results: list[ContextResult]) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for result in results:
+        for index, time_us in enumerate(result.forwards_us):
+            records.append(
+                {
+                    "type": "forward",
+                    "point": point.key,
+                    "attempt": attempt,
+                    "arm": result.arm,
+                    "round": result.round,
+                    "index": index,
+                    "time_us": time_us,
+                }
+            )
+        records.append(
+            {
+                "type": "context",
+                "point": point.key,
+                "attempt": attempt,
+                "arm": result.arm,
+                "round": result.round,
+                "forwards": len(result.forwards_us),
+                "sets": result.sets,
+            }
+        )
+    return records
+
+
+class _TargetRun:
+    def __init__(
+        self,
+        request: AcquisitionRequest,
+        plan: PointPlan,
+        backend: ComponentBackend,
+        runtime: RuntimeInfo,
+        report: AdmissionReport,
+        progress: ProgressReporter,
+    ) -> None:
+        self.request = request
+        self.plan = plan
+        self.backend = backend
+        self.runtime = runtime
+        self.report = report
+        self.progress = progress
+        self.work_dir = request.work_dir(plan.target)
+        self.rounds = request.settings.rounds
+
+    def fail(self, point: PlanPoint, attempt: int, reason: str, trace: Path | None) -> None:
+        record = {
+            "time": datetime.now(UTC).isoformat(),
+            "point": point.key,
+            "attempt": attempt,
+            "reason": reason,
+            "trace": trace.name if trace else None,
+        }
+        append_failure(self.work_dir, record)
+        raise AcquisitionFailure(
+            f"{self.plan.target.deployment} {point.key}: {reason}",
+            failures=self.work_dir / "failures.jsonl",
+            trace=trace,
+        )
+
+    def decide(self, log: SampleLog, point: PlanPoint, attempt: int) -> bool | None:
+        """Write the verdict of a complete attempt: True measured, False control failed."""
+        state = log.state(point.key)
+        contexts = state.attempts[attempt].contexts
+        if any(c not in contexts for c in context_order(point, self.rounds)):
+            return None
+        if not point.is_expert:
+            time_us = median_of_context_medians(
+                _context_lists(state, attempt, "local", self.rounds)
+            )
+            log.append(
+                {
+                    "type": "point",
+                    "point": point.key,
+                    "attempt": attempt,
+                    "status": "measured",
+                    "time_us": time_us,
+                }
+            )
+            return True
+        control = state.control(attempt)
+        if control is None:
+            result = stability_control(
+                _context_lists(state, attempt, "2B", self.rounds),
+                _context_lists(state, attempt, "B", self.rounds),
+                self.request.settings.tolerance,
+            )
+            control = {
+                "type": "control",
+                "point": point.key,
+                "attempt": attempt,
+                "selected_us": result.selected_us,
+                "control_us": result.control_us,
+                "selected_pooled_us": result.selected_pooled_us,
+                "control_pooled_us": result.control_pooled_us,
+                "relative_change": result.relative_change,
+                "tolerance": result.tolerance,
+                "passed": result.passed,
+                "sets": [self.meter.sets(point), 2 * self.meter.sets(point)],
+            }
+            log.append(control)
+        if control["passed"]:
+            log.append(
+                {
+                    "type": "point",
+                    "point": point.key,
+                    "attempt": attempt,
+                    "status": "measured",
+                    "time_us": control["selected_us"],
+                }
+            )
+            return True
+        return False
+
+    def run(self) -> TargetOutcome:
+        target = self.plan.target
+        outcome = TargetOutcome(published=False, bundle=None, work_dir=self.work_dir)
+        with writer_lock(self.work_dir):
+            self.progress.event("build", f"building {self.backend.name} for {target.deployment}")
+            try:
+                session = self.backend.build(
+                    self.request.model, target, self.runtime, self.request.dtype
+                )
+            except AdapterRefusal:
+                raise
+            except Exception as exc:
+                # Nothing is opened yet: the error is the whole story of this target.
+                raise AcquisitionFailure(
+                    f"building {self.backend.name} for {target.deployment} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            try:
+                return self._measure_and_publish(session, outcome)
+            finally:
+                session.close()
+
+    def _measure_and_publish(
+        self, session: ComponentSession, outcome: TargetOutcome
+    ) -> TargetOutcome:
+        request, plan = self.request, self.plan
+        settings = request.settings
+        # Bytes one routed expert reads: its share of the bank's unique native storage.
+        expert_bytes = max(1, session.expert_bank_bytes() // plan.geometry.local_experts)
+        banks = physical_banks(
+            (p.activated_experts for p in plan.points if p.is_expert),
+            expert_bytes,
+            self.runtime.cache_bytes,
+            plan.geometry.local_experts,
+            capacity_multiple=settings.capacity_multiple,
+            minimum=settings.minimum_banks,
+        )
+        self.meter = PointMeter(
+            session,
+            settings,
+            plan.geometry,
+            plan.expert_map,
+            expert_bytes=expert_bytes,
+            cache_bytes=self.runtime.cache_bytes,
+            device=request.device,
+        )
+        identity = _identity(request, plan, self.backend, banks, self.runtime)
+        observations = {
+            **self.runtime.observations(),
+            "acquisition_version": acquisition.__version__,
+            "command_line": request.command_line,
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "admission": self.report.as_dict(),
+        }
+        log = SampleLog.open(self.work_dir, identity, observations)
+        try:
+            if log.archived is not None:
+                self.progress.write(f"archived an incomplete trailing record to {log.archived}")
+            (self.work_dir / "plan.json").write_text(
+                json.dumps(plan.as_dict(), sort_keys=True) + "\n", encoding="utf-8"
+            )
+            pending = [p for p in plan.points if not log.state(p.key).measured]
+            self.progress.skipped(len(plan.points) - len(pending))
+            if pending:
+                _check_memory(session, self.runtime, banks)
+                if any(p.is_expert for p in pending):
+                    session.allocate_banks(banks)
+                meter = self.meter
+                self.progress.event(
+                    "measure",
+                    f"{target_label(plan)}: {len(pending)} points to measure, {banks} weight banks",
+                )
+                for point in pending:
+                    started = time.monotonic()
+                    if not self._measure_point(log, meter, point):
+                        outcome.failed_points.append(point.key)
+                    log.sync()
+                    outcome.measured_now += 1
+                    self.progress.measured(time.monotonic() - started, point.key)
+            if outcome.failed_points:
+                return outcome
+            return self._publish(log, session, banks, outcome)
+        finally:
+            log.close()
+
+    def _measure_point(self, log: SampleLog, meter: PointMeter, point: PlanPoint) -> bool:
+        state = log.state(point.key)
+        verified = False
+        for _ in range(self.request.settings.attempts):
+            attempt, attempt_state = state.open_attempt()
+            # A kill after the last context but before the verdict: decide without measuring.
+            verdict = self.decide(log, point, attempt)
+            if verdict is None:
+                needed = [
+                    c for c in context_order(point, self.rounds) if c not in attempt_state.contexts
+                ]
+                try:
+                    results, _, checked = meter.measure(point, needed, verify=not verified)
+                except AttributionError as exc:
+                    trace = meter.export_trace(
+                        self.work_dir / f"trace-{_safe(point.key)}-a{attempt}.json"
+                    )
+                    self.fail(point, attempt, f"attribution failed: {exc}", trace)
+                except ReferenceMismatch as exc:
+                    self.fail(point, attempt, str(exc), None)
+                records = _records(point, attempt, results)
+                if checked:
+                    verified = True
+                    records.insert(
+                        0, {"type": "reference_check", "point": point.key, "slots": checked}
+                    )
+                log.extend(records)
+                verdict = self.decide(log, point, attempt)
+            if verdict:
+                return True
+        log.append({"type": "point", "point": point.key, "attempt": attempt, "status": "failed"})
+        return False
+
+    def _publish(
+        self, log: SampleLog, session: ComponentSession, banks: int, outcome: TargetOutcome
+    ) -> TargetOutcome:
+        request, plan = self.request, self.plan
+        rows: list[Row] = []
+        changes: list[float] = []
+        for point in plan.points:
+            state = log.state(point.key)
+            rows.append(
+                (
+                    point.component,
+                    "eager",
+                    point.tokens,
+                    point.activated_experts,
+                    point.local_assignments,
+                    state.time_us,
+                )
+            )
+            if point.is_expert and state.result is not None:
+                control = state.control(int(state.result["attempt"]))
+                if control is not None:
+                    changes.append(float(control["relative_change"]))
+        # Provenance: the first session that measured anything, and every distinct later
+        # observation set that added validated work (a no-op resume adds nothing).
+        sessions = log.productive_sessions or [log.session]
+        contexts: list[dict[str, Any]] = []
+        for session_id in sessions:
+            observed = log.observations(session_id)
+            observed.pop("admission", None)
+            if observed not in contexts:
+                contexts.append(observed)
+        first = log.observations(sessions[0])
+        provenance = {**first, "acquisition_contexts": contexts}
+        sets = sorted({self.meter.sets(p) for p in plan.points if p.is_expert})
+        conditioning = {
+            "expert_weight_bytes": session.expert_weight_bytes(),
+            "expert_bank_bytes": session.expert_bank_bytes(),
+            "expert_bytes": self.meter.expert_bytes,
+            "cache_bytes": self.runtime.cache_bytes,
+            "cache_source": self.runtime.cache_source,
+            "banks": banks,
+            "control_sets": {"min": sets[0], "max": sets[-1]},
+        }
+        contract = build_contract(request, plan, session.describe(), conditioning, provenance)
+        coverage = build_coverage(plan, self.rounds, changes, failed_points=0)
+        self.progress.event(
+            "publish", f"writing {plan.target.deployment} into {request.bundle_dir}"
+        )
+        publish_target(request, plan, rows, contract, coverage)
+        outcome.published = True
+        outcome.bundle = request.bundle_dir
+        return outcome
+
+
+def target_label(plan: PointPlan) -> str:
+    return f"tp{plan.target.tp}/{plan.target.deployment}"
+
+
+def acquire_target(
+    request: AcquisitionRequest,
+    plan: PointPlan,
+    backend: ComponentBackend,
+    runtime: RuntimeInfo,
+    report: AdmissionReport,
+    progress: ProgressReporter,
+) -> TargetOutcome:
+    """Measure (or resume) one target and publish it into the bundle once complete."""
+    progress.set_target(target_label(plan))
+    return _TargetRun(request, plan, backend, runtime, report, progress).run()

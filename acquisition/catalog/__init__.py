@@ -1,0 +1,209 @@
+"""The model catalog: MoE geometry read from config.json files shipped in the repository.
+
+Each catalog model is a folder ``<org>/<name>/`` beside this file holding the fields of the
+public ``config.json`` that acquisition reads, and a ``catalog.json`` with what a config file
+does not say: where the fields were copied from, the routing rule, and whether vLLM's model
+wrapper runs the MoE block sequence-parallel (R3: the catalog declares it, TP alone never
+does). A local folder with a ``config.json`` (and optionally its own ``catalog.json``) works the
+same way. Nothing is fetched at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CATALOG_ROOT",
+    "CatalogError",
+    "MoeModel",
+    "catalog_models",
+    "resolve_model",
+    "variant_for_dtype",
+]
+
+CATALOG_ROOT = Path(__file__).resolve().parent
+
+# Checkpoint keys for the same quantity differ between architectures; the first present wins.
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
+_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+# What an architecture implies that its config.json does not spell out. A catalog.json beside
+# the config overrides these; they matter for a local folder that has none.
+_ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "mixtral": {"routing": {"scoring": "softmax", "renormalize": True}},
+    "gpt_oss": {
+        "routing": {"scoring": "softmax", "renormalize": True},
+        "activation": "swigluoai",
+        "expert_bias": True,
+        "router_bias": True,
+    },
+}
+
+
+class CatalogError(ValueError):
+    """An unknown model, or a config.json that does not describe a MoE layer."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoeModel:
+    """The MoE layer of one checkpoint, as far as acquisition needs it.
+
+    ``expert_intermediate_size`` is the physical width of one routed expert; ``hidden_size``
+    is the gate's input width. ``sequence_parallel`` is None when nobody declared it.
+    """
+
+    name: str
+    model_type: str
+    hidden_size: int
+    expert_intermediate_size: int
+    global_experts: int
+    top_k: int
+    dtype: str | None
+    scoring: str
+    renormalize: bool
+    activation: str
+    shared_experts: int
+    expert_bias: bool
+    router_bias: bool
+    quantization: str | None
+    sequence_parallel: bool | None
+    source: str
+    source_url: str | None
+    config_sha256: str
+
+    def uses_sequence_parallel(self, tp: int, dp: int) -> bool:
+        """Whether a TP x DP target of this model is sequence-parallel (R2, R3).
+
+        vLLM runs the MoE block sequence-parallel only where the wrapper supports it and the
+        deployment has both TP > 1 and DP > 1.
+        """
+        if tp == 1 or dp == 1:
+            return False
+        if self.sequence_parallel is None:
+            raise CatalogError(
+                f"{self.name}: whether the model wrapper runs sequence-parallel is not declared; "
+                f'add "sequence_parallel": true|false to catalog.json beside its config.json '
+                f"(needed for the TP{tp}/DP{dp} target)"
+            )
+        return self.sequence_parallel
+
+    @property
+    def geometry(self) -> dict[str, Any]:
+        return {
+            "hidden_size": self.hidden_size,
+            "gate_width": self.hidden_size,
+            "expert_hidden_size": self.hidden_size,
+            "expert_intermediate_size": self.expert_intermediate_size,
+            "global_experts": self.global_experts,
+            "global_top_k": self.top_k,
+            "shared_experts": self.shared_experts,
+            "activation": self.activation,
+            "routing": {"scoring": self.scoring, "renormalize": self.renormalize},
+            "expert_bias": self.expert_bias,
+            "router_bias": self.router_bias,
+            "quantization": self.quantization,
+        }
+
+
+def variant_for_dtype(dtype: str) -> str:
+    """Bundle variant folder of a dtype, as the published bundles name it (``bf16``)."""
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise CatalogError(
+            f"unsupported dtype {dtype!r}; choose one of {sorted(_DTYPES)}"
+        ) from None
+
+
+def catalog_models() -> list[str]:
+    """Names of every model shipped in the catalog."""
+    return sorted(
+        str(path.parent.relative_to(CATALOG_ROOT).as_posix())
+        for path in CATALOG_ROOT.glob("*/*/config.json")
+    )
+
+
+def resolve_model(name: str) -> MoeModel:
+    """A catalog id (``Qwen/Qwen3-30B-A3B-Instruct-2507``) or a local folder with config.json.
+
+    Explicit paths (``/...``, ``./...``, ``~...``) are always local; otherwise the catalog is
+    asked first, so a folder that happens to share a catalog id does not shadow it.
+    """
+    explicit = name.startswith(("/", "./", "../", "~"))
+    if not explicit and name in catalog_models():
+        return _load(CATALOG_ROOT / name, source="catalog", default_name=name)
+    folder = Path(name).expanduser()
+    if (folder / "config.json").is_file():
+        return _load(folder.resolve(), source="local", default_name=folder.resolve().name)
+    known = ", ".join(catalog_models())
+    raise CatalogError(
+        f"unknown model {name!r}: not in the catalog ({known}) and not a folder with config.json"
+    )
+
+
+def _read_json(path: Path) -> tuple[dict[str, Any], bytes]:
+    data = path.read_bytes()
+    try:
+        parsed = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise CatalogError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise CatalogError(f"{path}: must be a JSON object")
+    return parsed, data
+
+
+def _first_int(config: dict[str, Any], keys: tuple[str, ...], what: str, path: Path) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    raise CatalogError(
+        f"{path}: no positive {what} under any of {list(keys)}; is this a MoE model?"
+    )
+
+
+def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
+    config_path = folder / "config.json"
+    config, raw = _read_json(config_path)
+    # Multimodal checkpoints nest the language model's fields.
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    declared: dict[str, Any] = {}
+    if (folder / "catalog.json").is_file():
+        declared, _ = _read_json(folder / "catalog.json")
+    model_type = str(text.get("model_type") or config.get("model_type") or "unknown")
+    merged = {**_ARCHITECTURE_DEFAULTS.get(model_type, {}), **declared}
+    routing = merged.get("routing") or {}
+    renormalize = routing.get("renormalize", text.get("norm_topk_prob", False))
+    scoring = routing.get("scoring", text.get("scoring_func", "softmax"))
+    quant = text.get("quantization_config") or config.get("quantization_config")
+    quantization = quant.get("quant_method") if isinstance(quant, dict) else None
+    sp = merged.get("sequence_parallel")
+    if sp is not None and not isinstance(sp, bool):
+        raise CatalogError(f"{folder}/catalog.json: sequence_parallel must be true or false")
+    dtype = text.get("torch_dtype") or text.get("dtype")
+    return MoeModel(
+        name=str(merged.get("name") or default_name),
+        model_type=model_type,
+        hidden_size=_first_int(text, ("hidden_size",), "hidden_size", config_path),
+        expert_intermediate_size=_first_int(text, _WIDTH_KEYS, "expert width", config_path),
+        global_experts=_first_int(text, _EXPERT_KEYS, "expert count", config_path),
+        top_k=_first_int(text, _TOP_K_KEYS, "top-k", config_path),
+        dtype=str(dtype) if dtype else None,
+        scoring=str(scoring),
+        renormalize=bool(renormalize),
+        activation=str(merged.get("activation", text.get("hidden_act", "silu"))),
+        shared_experts=int(text.get("n_shared_experts") or 0),
+        expert_bias=bool(merged.get("expert_bias", False)),
+        router_bias=bool(merged.get("router_bias", False)),
+        quantization=str(quantization) if quantization else None,
+        sequence_parallel=sp,
+        source=source if source == "catalog" else f"local:{folder}",
+        source_url=merged.get("source_url"),
+        config_sha256=hashlib.sha256(raw).hexdigest(),
+    )

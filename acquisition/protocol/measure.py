@@ -1,0 +1,265 @@
+"""Measuring one planned point with a component session: contexts, arms, banks, attribution.
+
+Eager only (R14). A point is measured in independent contexts (``--moe-rounds``), each with
+its own warmup and at least ``--measurement-iterations`` timed forwards; one profiler
+session covers all contexts of a point and every timed forward has its own range, so each
+forward's time is the sum of its own activities (R15, R16). Expert points run the B and 2B
+arms in every round, alternating which goes first, over whole bank cycles (R17, R18). Before
+any timing, every bank the point will use is compared exactly with the eager reference on the
+point's routing stimulus (R19); local components are compared with their reference too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from acquisition.protocol.attribution import (
+    Attribution,
+    AttributionError,
+    attribute_launches,
+    attribute_operators,
+)
+from acquisition.protocol.banks import ArmSchedule, arm_schedules, weight_set, weight_sets
+from acquisition.protocol.profiling import ProfilerCapture
+from acquisition.protocol.stimulus import RoutingStimulus, routing_stimulus
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from acquisition.adapters.base import ComponentSession
+    from acquisition.plan import PlanPoint
+    from moetables.geometry import ExpertGeometry
+
+__all__ = [
+    "ContextResult",
+    "PointMeter",
+    "ProtocolSettings",
+    "ReferenceMismatch",
+    "context_order",
+]
+
+LOCAL_ARM = "local"
+
+
+class ReferenceMismatch(RuntimeError):
+    """A bank or component output differs from its eager reference: nothing is timed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolSettings:
+    rounds: int
+    iterations: int
+    warmup_cycles: int = 1
+    local_warmup: int = 2
+    tolerance: float = 0.03
+    capacity_multiple: int = 2
+    minimum_banks: int = 2
+    attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.iterations < 1:
+            raise ValueError("--moe-rounds and --measurement-iterations must be at least 1")
+        if self.warmup_cycles < 0 or self.local_warmup < 0 or self.attempts < 1:
+            raise ValueError("warmup counts must not be negative; attempts at least 1")
+        if not 0 < self.tolerance < 1:
+            raise ValueError(f"the quality tolerance must be in (0, 1), got {self.tolerance}")
+
+    def identity(self) -> dict[str, Any]:
+        """The settings a resumed acquisition must keep (attempts are operational)."""
+        return {
+            "rounds": self.rounds,
+            "iterations": self.iterations,
+            "warmup_cycles": self.warmup_cycles,
+            "local_warmup": self.local_warmup,
+            "quality_relative_tolerance": self.tolerance,
+            "capacity_multiple": self.capacity_multiple,
+            "minimum_banks": self.minimum_banks,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ContextResult:
+    arm: str
+    round: int
+    sets: int
+    forwards_us: tuple[float, ...]
+
+
+def context_order(point: PlanPoint, rounds: int) -> list[tuple[str, int]]:
+    """Every (arm, round) of a point in measuring order; arms alternate which runs first."""
+    if not point.is_expert:
+        return [(LOCAL_ARM, r) for r in range(rounds)]
+    order: list[tuple[str, int]] = []
+    for r in range(rounds):
+        arms = ("B", "2B") if r % 2 == 0 else ("2B", "B")
+        order.extend((arm, r) for arm in arms)
+    return order
+
+
+def _exactly_equal(left: Any, right: Any) -> bool:
+    import torch
+
+    if isinstance(left, tuple | list):
+        return len(left) == len(right) and all(
+            _exactly_equal(a, b) for a, b in zip(left, right, strict=True)
+        )
+    return bool(torch.equal(left, right))
+
+
+class PointMeter:
+    """Measures points of one target with one session and its cloned weight banks."""
+
+    def __init__(
+        self,
+        session: ComponentSession,
+        settings: ProtocolSettings,
+        geometry: ExpertGeometry,
+        expert_map: Sequence[int],
+        *,
+        device: str,
+        expert_bytes: int | None = None,
+        cache_bytes: int | None = None,
+        banks: int | None = None,
+    ) -> None:
+        """Give ``expert_bytes`` and ``cache_bytes`` to derive B per point (the acquisition),
+        or a fixed ``banks`` = B for every point (tests driving a session directly)."""
+        if banks is None and (expert_bytes is None or cache_bytes is None):
+            raise ValueError("PointMeter needs expert_bytes and cache_bytes, or a fixed banks")
+        self.session = session
+        self.settings = settings
+        self.geometry = geometry
+        self.expert_map = list(expert_map)
+        self.expert_bytes = expert_bytes or 0
+        self.cache_bytes = cache_bytes or 0
+        self.fixed_sets = banks
+        self.device = device
+        self.last_capture: ProfilerCapture | None = None
+
+    def sets(self, point: PlanPoint) -> int:
+        """B of an expert point: weight sets of its A experts that overflow the cache."""
+        if self.fixed_sets is not None:
+            return self.fixed_sets
+        return weight_sets(
+            point.activated_experts,
+            self.expert_bytes,
+            self.cache_bytes,
+            capacity_multiple=self.settings.capacity_multiple,
+            minimum=self.settings.minimum_banks,
+        )
+
+    def arms(self, point: PlanPoint) -> dict[str, ArmSchedule]:
+        if not point.is_expert:
+            return {
+                LOCAL_ARM: ArmSchedule(
+                    LOCAL_ARM,
+                    sets=1,
+                    warmup=self.settings.local_warmup,
+                    timed=self.settings.iterations,
+                )
+            }
+        control, selected = arm_schedules(
+            self.sets(point), self.settings.iterations, self.settings.warmup_cycles
+        )
+        return {control.label: control, selected.label: selected}
+
+    def stimulus(self, point: PlanPoint) -> RoutingStimulus:
+        """The point's routing; a pure function of the point, so every run meets the same one."""
+        return routing_stimulus(
+            self.geometry,
+            self.expert_map,
+            point.tokens,
+            point.activated_experts,
+            point.local_assignments,
+            seed=point.tokens * 1_000_003
+            + point.activated_experts * 1009
+            + point.local_assignments,
+        )
+
+    def _expert_slots(self, point: PlanPoint) -> list[tuple[int, Any]]:
+        """(bank, prepared inputs) of every weight set of the 2B arm."""
+        base = self.stimulus(point)
+        slots = []
+        for index in range(2 * self.sets(point)):
+            where = weight_set(index, point.activated_experts, self.geometry.local_experts)
+            prepared = self.session.prepare_experts(base.rotated(self.expert_map, where.offset))
+            slots.append((where.bank, prepared))
+        return slots
+
+    def verify(self, point: PlanPoint, slots: list[tuple[int, Any]] | None = None) -> int:
+        """Compare every weight set (or the local component) with its reference; sets checked."""
+        if not point.is_expert:
+            forward = self.session.local_forward(point.component, point.tokens)
+            if not _exactly_equal(forward.run(), forward.reference()):
+                raise ReferenceMismatch(f"{point.key}: output differs from its eager reference")
+            return 1
+        slots = slots if slots is not None else self._expert_slots(point)
+        for index, (bank, prepared) in enumerate(slots):
+            output = self.session.run_experts(prepared, bank)
+            if not _exactly_equal(output, self.session.reference_experts(prepared)):
+                raise ReferenceMismatch(
+                    f"{point.key}: weight set {index} (bank {bank}) output differs from the "
+                    "cloned eager reference"
+                )
+        self.session.synchronize()
+        return len(slots)
+
+    def measure(
+        self, point: PlanPoint, contexts: Sequence[tuple[str, int]], *, verify: bool
+    ) -> tuple[list[ContextResult], Attribution, int]:
+        """Time ``contexts`` of ``point``; returns results, the attribution and slots verified."""
+        if point.is_expert:
+            slots = self._expert_slots(point)
+            checked = self.verify(point, slots) if verify else 0
+
+            def forward(arm: ArmSchedule, i: int) -> None:
+                bank, prepared = slots[arm.set_of(i)]
+                self.session.run_experts(prepared, bank)
+
+        else:
+            local = self.session.local_forward(point.component, point.tokens)
+            checked = self.verify(point) if verify else 0
+
+            def forward(arm: ArmSchedule, i: int) -> None:
+                local.run()
+
+        schedules = self.arms(point)
+        self.session.synchronize()
+        capture = ProfilerCapture(self.device)
+        self.last_capture = capture
+        with capture:
+            for arm_label, round_index in contexts:
+                arm = schedules[arm_label]
+                with capture.paused():
+                    for i in range(arm.warmup):
+                        forward(arm, i)
+                for j in range(arm.timed):
+                    with capture.region(f"{arm_label}.r{round_index}.f{j}"):
+                        forward(arm, arm.warmup + j)
+        window = capture.window()
+        attribution = (
+            attribute_launches(window) if self.device == "cuda" else attribute_operators(window)
+        )
+        results = []
+        for arm_label, round_index in contexts:
+            arm = schedules[arm_label]
+            names = [f"{arm_label}.r{round_index}.f{j}" for j in range(arm.timed)]
+            counts = {attribution.per_range_count[n] for n in names}
+            if len(counts) != 1:
+                # The forwards of a context run identical work; a forward with fewer
+                # activities lost some (or gained another's): never average over that.
+                raise AttributionError(
+                    f"{point.key} {arm_label} round {round_index}: forwards own different "
+                    f"activity counts {sorted(counts)}"
+                )
+            times = tuple(attribution.range_us(n) for n in names)
+            results.append(ContextResult(arm_label, round_index, arm.sets, times))
+        return results, attribution, checked
+
+    def export_trace(self, path: Path) -> Path | None:
+        """The last capture as a Chrome trace, for a failed attribution (R37)."""
+        if self.last_capture is None:
+            return None
+        self.last_capture.export_chrome_trace(path)
+        return path

@@ -1,0 +1,130 @@
+"""samples.jsonl: append, replay, repair, identity and the writer lock (R9, R36)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from acquisition.protocol.samples import (
+    SAMPLES,
+    CheckpointError,
+    SampleLog,
+    append_failure,
+    writer_lock,
+)
+
+IDENTITY = {"model": "m", "plan": "abc", "rounds": 2}
+
+
+def forwards(point: str, attempt: int, arm: str, round_: int, times: list[float]) -> list[dict]:
+    records = [
+        {
+            "type": "forward",
+            "point": point,
+            "attempt": attempt,
+            "arm": arm,
+            "round": round_,
+            "index": i,
+            "time_us": t,
+        }
+        for i, t in enumerate(times)
+    ]
+    records.append(
+        {
+            "type": "context",
+            "point": point,
+            "attempt": attempt,
+            "arm": arm,
+            "round": round_,
+            "forwards": len(times),
+            "banks": 2,
+        }
+    )
+    return records
+
+
+def test_a_reopened_log_resumes_closed_contexts_and_verdicts(tmp_path: Path) -> None:
+    log = SampleLog.open(tmp_path, IDENTITY, {"torch": "a"})
+    log.extend(forwards("gate:1", 0, "local", 0, [1.0, 2.0]))
+    log.extend(forwards("gate:1", 0, "local", 1, [3.0, 4.0]))
+    log.append(
+        {"type": "point", "point": "gate:1", "attempt": 0, "status": "measured", "time_us": 2.5}
+    )
+    log.extend(forwards("experts:2:1:2", 0, "B", 0, [5.0])[:-1])  # no closing record
+    log.close()
+    again = SampleLog.open(tmp_path, IDENTITY, {"torch": "b"})
+    assert again.state("gate:1").measured and again.state("gate:1").time_us == 2.5
+    pending = again.state("experts:2:1:2")
+    attempt, state = pending.open_attempt()
+    assert attempt == 0 and state.contexts == {}  # an unclosed context does not count
+    assert [s["observations"]["torch"] for s in again.sessions] == ["a", "b"]
+    assert again.productive_sessions == [log.session]
+    again.close()
+
+
+def test_an_incomplete_trailing_line_is_archived_before_repair(tmp_path: Path) -> None:
+    log = SampleLog.open(tmp_path, IDENTITY, {})
+    log.extend(forwards("gate:1", 0, "local", 0, [1.0]))
+    log.close()
+    with (tmp_path / SAMPLES).open("a") as handle:
+        handle.write('{"type": "forward", "point": "gate:1", "ti')  # killed mid-write
+    again = SampleLog.open(tmp_path, IDENTITY, {})
+    assert again.archived is not None
+    assert again.archived.read_text() == '{"type": "forward", "point": "gate:1", "ti'
+    assert again.state("gate:1").attempts[0].contexts[("local", 0)] == [1.0]
+    again.close()
+    lines = (tmp_path / SAMPLES).read_text().splitlines()
+    assert all(json.loads(line) for line in lines)  # whole records only after repair
+
+
+def test_a_malformed_complete_record_is_rejected(tmp_path: Path) -> None:
+    SampleLog.open(tmp_path, IDENTITY, {}).close()
+    with (tmp_path / SAMPLES).open("a") as handle:
+        handle.write("not json\n")
+    with pytest.raises(CheckpointError, match=r"samples.jsonl:2: malformed record"):
+        SampleLog.open(tmp_path, IDENTITY, {})
+
+
+def test_other_semantic_conditions_need_another_out_root(tmp_path: Path) -> None:
+    SampleLog.open(tmp_path, IDENTITY, {}).close()
+    with pytest.raises(CheckpointError, match=r"changed: rounds.*another --out-root"):
+        SampleLog.open(tmp_path, {**IDENTITY, "rounds": 3}, {})
+
+
+def test_changed_observations_alone_keep_the_resume_identity(tmp_path: Path) -> None:
+    SampleLog.open(tmp_path, IDENTITY, {"torch_version": "2.11"}).close()
+    SampleLog.open(tmp_path, IDENTITY, {"torch_version": "2.13"}).close()
+
+
+def test_one_writer_per_target(tmp_path: Path) -> None:
+    with (
+        writer_lock(tmp_path),
+        pytest.raises(CheckpointError, match=r"writer\.lock"),
+        writer_lock(tmp_path),
+    ):
+        pass
+    with writer_lock(tmp_path):  # released on exit
+        pass
+
+
+def test_a_failed_control_opens_a_new_attempt(tmp_path: Path) -> None:
+    log = SampleLog.open(tmp_path, IDENTITY, {})
+    log.append(
+        {
+            "type": "control",
+            "point": "experts:1:1:1",
+            "attempt": 0,
+            "passed": False,
+            "relative_change": 0.2,
+        }
+    )
+    attempt, _ = log.state("experts:1:1:1").open_attempt()
+    assert attempt == 1
+    log.close()
+
+
+def test_failures_go_to_their_own_file(tmp_path: Path) -> None:
+    append_failure(tmp_path, {"point": "experts:1:1:1", "reason": "attribution failed"})
+    assert json.loads((tmp_path / "failures.jsonl").read_text())["reason"] == "attribution failed"
