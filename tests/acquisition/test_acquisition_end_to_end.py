@@ -165,32 +165,28 @@ def test_its_contract_is_truthful_and_complete(acquired: dict[str, Any]) -> None
 
 
 def test_its_tables_answer_lookups(acquired: dict[str, Any]) -> None:
-    surface_module = pytest.importorskip("moetables.lookup.surface")
-    curves = pytest.importorskip("moetables.lookup.curves")
-    report = validate_bundle(acquired["out"] / "CPU/test/tiny-moe/fp32")
+    from moetables.errors import CoverageError
+    from moetables.lookup import ComponentTables
+
+    bundle = acquired["out"] / "CPU/test/tiny-moe/fp32"
+    report = validate_bundle(bundle)
     assert report.bundle is not None
     entry = next(e for e in report.bundle.entries if e.target.deployment == "dp2_ep2_rank0_sp0")
     rows = report.tables[entry.table_path]
+    deployment = ComponentTables(bundle).deployment(1, 2, 0)
     experts = rows.select("experts", "eager")
-    surface = surface_module.ExpertSurface(
-        rows.tokens[experts],
-        rows.activated_experts[experts],
-        rows.local_assignments[experts],
-        rows.time_us[experts],
-        entry.geometry,
-        label="experts",
-    )
-    n, a, m = (
-        int(rows.tokens[experts][0]),
-        int(rows.activated_experts[experts][0]),
-        int(rows.local_assignments[experts][0]),
-    )
-    assert surface.time(n, a, m) == float(rows.time_us[experts][0])  # exact rows as stored
+    for n, a, m, t in zip(
+        rows.tokens[experts].tolist(),
+        rows.activated_experts[experts].tolist(),
+        rows.local_assignments[experts].tolist(),
+        rows.time_us[experts].tolist(),
+        strict=True,
+    ):
+        assert deployment.time_us("experts", n, a, m) == t  # exact rows as stored
     gate = rows.select("gate_routing", "eager")
-    curve = curves.LocalCurve(rows.tokens[gate], rows.time_us[gate], "gate_routing")
-    assert curve.time(2) == float(rows.time_us[gate][rows.tokens[gate] == 2][0])
-    with pytest.raises(LookupError):
-        curve.time(3)  # outside the measured support: an error, never an extrapolation
+    assert deployment.time_us("gate_routing", 2) == float(rows.time_us[gate][rows.tokens[gate] == 2][0])
+    with pytest.raises(CoverageError):
+        deployment.time_us("gate_routing", 3)  # outside measured support: never extrapolated
 
 
 def test_it_reports_progress_as_json_lines(acquired: dict[str, Any]) -> None:
