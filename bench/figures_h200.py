@@ -48,7 +48,7 @@ def _lookup_line(deployment, tokens, active):  # type: ignore[no-untyped-def]
 def experts_side_by_side() -> None:
     h200 = ComponentTables(H200).deployment(1, 2, 0)
     rtx = ComponentTables(RTX).deployment(1, 2, 0)
-    tokens = sorted({int(round(2 ** (k / 4))) for k in range(0, 49)})
+    tokens = sorted({round(2 ** (k / 4)) for k in range(0, 49)})
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for active, colour in ((8, "tab:blue"), (32, "tab:orange"), (64, "tab:green")):
         for deployment, style, name in ((h200, "-", "H200"), (rtx, "--", "RTX PRO 6000")):
