@@ -14,7 +14,10 @@ leave-one-out errors of both choices are in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
@@ -34,6 +37,28 @@ FloatArray = npt.NDArray[np.float64]
 
 # Relative size below which a singular value marks a dependent direction of the point cloud.
 _RANK_TOL = 1e-9
+
+
+# Batches at least this large are split over a thread per core.
+_PARALLEL_ROWS = 1 << 17
+
+
+@functools.cache
+def _pool_size() -> int:
+    return max(
+        1,
+        min(
+            8,
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1,
+        ),
+    )
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_pool_size(), thread_name_prefix="moetables")
 
 
 def _key(tokens: IntArray, active: IntArray, pairs: IntArray) -> IntArray:
@@ -185,6 +210,26 @@ class ExpertSurface:
         return values, codes
 
     def _interpolate(
+        self, n: FloatArray, a: FloatArray, m: FloatArray
+    ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+        workers = _pool_size()
+        if workers > 1 and len(n) >= _PARALLEL_ROWS:
+            # numpy and scipy's point location release the GIL: large batches use every core.
+            bounds = np.linspace(0, len(n), workers + 1).astype(int)
+            parts = list(
+                _pool().map(
+                    lambda i: self._interpolate_chunk(
+                        n[bounds[i] : bounds[i + 1]],
+                        a[bounds[i] : bounds[i + 1]],
+                        m[bounds[i] : bounds[i + 1]],
+                    ),
+                    range(workers),
+                )
+            )
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        return self._interpolate_chunk(n, a, m)
+
+    def _interpolate_chunk(
         self, n: FloatArray, a: FloatArray, m: FloatArray
     ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
         centred = self._transform(n, a, m) - self._mean

@@ -268,3 +268,19 @@ def test_it_prunes_the_historical_search_without_changing_an_answer(shared_copy:
                         assert got == _between_reference(surface.rows[lo], surface.rows[hi], f, a)
                         checked += got is not None
             assert checked > 500
+
+
+def test_it_answers_the_same_when_a_batch_is_split_over_threads(
+    current_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moetables.lookup import surface as surface_module
+
+    deployment = ComponentTables(current_bundle).deployment(1, 2, 0)
+    rng = np.random.default_rng(11)
+    n, a, m = rng.integers(1, 70, 3000), rng.integers(1, 9, 3000), rng.integers(1, 300, 3000)
+    serial = deployment.batch("experts", n, a, m)
+    monkeypatch.setattr(surface_module, "_PARALLEL_ROWS", 16)
+    monkeypatch.setattr(surface_module, "_pool_size", lambda: 3)
+    split = deployment.batch("experts", n, a, m)
+    assert np.array_equal(serial.code, split.code)
+    assert np.array_equal(serial.time_us, split.time_us, equal_nan=True)
