@@ -283,4 +283,5 @@ def test_it_answers_the_same_when_a_batch_is_split_over_threads(
     monkeypatch.setattr(surface_module, "_pool_size", lambda: 3)
     split = deployment.batch("experts", n, a, m)
     assert np.array_equal(serial.code, split.code)
-    assert np.array_equal(serial.time_us, split.time_us, equal_nan=True)
+    # a point on a face shared by two simplices may be placed in either: equal to rounding
+    assert np.allclose(serial.time_us, split.time_us, rtol=1e-7, atol=0.0, equal_nan=True)
