@@ -9,6 +9,7 @@ Production sets ``DATABASE_URL`` (PostgreSQL), ``CELERY_BROKER_URL`` and ``REDIS
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import dj_database_url
@@ -102,6 +103,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "transaction_mode": "IMMEDIATE",
     }
+    # Tests start real Celery workers, which must see the test database: a file, not memory
+    # (one per test process, so that a killed run's leftover -wal file never meets a new one).
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(Path(tempfile.gettempdir()) / f"moe-registry-test-{os.getpid()}.sqlite3")
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {
@@ -151,6 +157,14 @@ REGISTRY = {
     "MAX_FILES": _int("REGISTRY_MAX_FILES", 10_000),
     "MAX_LOOKUP_QUERIES": _int("REGISTRY_MAX_LOOKUP_QUERIES", 100_000),
     "LOOKUP_CACHE_BUNDLES": _int("REGISTRY_LOOKUP_CACHE_BUNDLES", 32),
+    # Acquisition jobs (docs/jobs.md): each job's work folder is JOBS_DIR/job-<id>.
+    "JOBS_DIR": VAR_DIR / "jobs",
+    # Folders whose model folders (config.json) a job may name besides the catalog ids.
+    "JOB_MODEL_ROOTS": _list("REGISTRY_JOB_MODEL_ROOTS", ""),
+    # The longest a job may run; the Redis visibility timeout is longer (see below).
+    "JOB_TIME_LIMIT_S": _int("REGISTRY_JOB_TIME_LIMIT", 24 * 3600),
+    # A running job not written by its worker for this long has lost its worker.
+    "JOB_STALE_S": _int("REGISTRY_JOB_STALE_S", 120),
 }
 
 FILE_UPLOAD_TEMP_DIR = None
@@ -209,11 +223,15 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "store_processed": False,
     }
     if CELERY_BROKER_URL.startswith("filesystem://")
-    else {}
+    # acks_late: an unacknowledged job message comes back after the visibility timeout, which
+    # must outlast the longest job or a running job would be delivered to a second worker.
+    else {"visibility_timeout": REGISTRY["JOB_TIME_LIMIT_S"] + 3600}
 )
 CELERY_TASK_ALWAYS_EAGER = _flag("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_TASK_DEFAULT_QUEUE = "default"
 
 LOGGING = {
     "version": 1,

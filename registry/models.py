@@ -141,3 +141,9 @@ class DeploymentTable(models.Model):
             "rank": self.rank,
             "sequence_parallel": self.sequence_parallel,
         }
+
+
+# Acquisition jobs live in their own module (registry/jobs/) and are part of this app.
+from registry.jobs.models import AcquisitionJob  # noqa: E402
+
+__all__ += ["AcquisitionJob"]

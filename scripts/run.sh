@@ -17,8 +17,11 @@ worker_pid=""
 if [ "${REGISTRY_RUN_WORKER:-1}" = "1" ]; then
   "$py" -c 'from config.celery import ensure_broker_folders; ensure_broker_folders()' \
     </dev/null
-  .venv/bin/celery -A config worker --pool solo --concurrency 1 --queues default \
-    --loglevel WARNING &
+  # One worker for registry work and CPU reference acquisitions (queue cpu); a GPU host adds
+  # its own worker on gpu.<hardware> (docs/jobs.md). solo: one job at a time, and a job's
+  # subprocess dies with the worker.
+  .venv/bin/celery -A config worker --pool solo --concurrency 1 --queues default,cpu \
+    -n "local@%h" --loglevel WARNING &
   worker_pid=$!
 fi
 stop() { if [ -n "$worker_pid" ]; then kill "$worker_pid" 2>/dev/null || true; fi; }

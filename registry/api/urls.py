@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.urls import re_path
 
+from registry.api.jobs import JobViewSet
 from registry.api.views import ApiRootView, BundleViewSet, LookupView
 
 app_name = "registry-api"
@@ -32,4 +33,11 @@ urlpatterns = [
         name="bundle-files",
     ),
     re_path(r"^lookup/?$", LookupView.as_view(), name="lookup"),
+    re_path(r"^jobs/?$", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
+    re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}),
+            name="job-detail"),
+    re_path(r"^jobs/(?P<pk>[0-9]+)/cancel/?$", JobViewSet.as_view({"post": "cancel"}),
+            name="job-cancel"),
+    re_path(r"^jobs/(?P<pk>[0-9]+)/retry/?$", JobViewSet.as_view({"post": "retry"}),
+            name="job-retry"),
 ]

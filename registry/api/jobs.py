@@ -1,0 +1,180 @@
+"""Acquisition jobs over REST: queue (token), follow, cancel, retry. Thin: each action is one
+call into `registry.jobs.services`; the worker does the rest."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAuthenticated, IsAuthenticatedOrReadOnly
+from rest_framework.response import Response
+
+from registry.jobs.models import AcquisitionJob
+from registry.jobs.parameters import JobParameterError
+from registry.jobs.services import (
+    BrokerUnavailable,
+    JobStateError,
+    cancel_job,
+    queue_job,
+    retry_job,
+)
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+    from rest_framework.request import Request
+
+__all__ = ["AcquisitionJobSerializer", "JobParametersSerializer", "JobViewSet"]
+
+
+class JobParametersSerializer(serializers.Serializer[Any]):
+    """The request body: `docs/jobs.md` lists every parameter; checked by the CLI's own code."""
+
+    command = serializers.ChoiceField(choices=["slice", "profile"], default="slice")
+    model = serializers.CharField(help_text="catalog id, e.g. Qwen/Qwen3-30B-A3B-Instruct-2507")
+    hardware = serializers.CharField(help_text="hardware label; the queue is gpu.<hardware>")
+    tp = serializers.ListField(child=serializers.IntegerField(), required=False)
+    tp_refresh = serializers.ListField(child=serializers.IntegerField(), required=False,
+                                       allow_null=True)
+    dp = serializers.ListField(child=serializers.IntegerField(), required=False)
+    ep = serializers.ListField(child=serializers.IntegerField(), required=False, allow_null=True)
+    max_num_batched_tokens = serializers.IntegerField(required=False)
+    max_num_seqs = serializers.IntegerField(required=False)
+    rounds = serializers.IntegerField(required=False)
+    iterations = serializers.IntegerField(required=False)
+    grid_factor = serializers.FloatField(required=False)
+    backend = serializers.CharField(required=False)
+    device = serializers.ChoiceField(choices=["cuda", "cpu"], required=False)
+    dtype = serializers.CharField(required=False)
+    cudagraph_mode = serializers.CharField(required=False)
+    warmup_cycles = serializers.IntegerField(required=False)
+    quality_tolerance = serializers.FloatField(required=False)
+    cache_bytes = serializers.IntegerField(required=False, allow_null=True)
+
+
+class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    result_bundle = serializers.SerializerMethodField()
+    progress = serializers.FloatField(source="progress_fraction", read_only=True)
+    command_line = serializers.CharField(read_only=True)
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AcquisitionJob
+        fields = (
+            "id", "url", "state", "phase", "points_done", "points_total", "progress",
+            "eta_seconds", "log_tail", "error", "parameters", "queue", "result_bundle",
+            "created_by", "created_at", "started_at", "finished_at", "updated_at", "attempts",
+            "cancel_requested", "worker", "work_dir", "artifacts", "command_line",
+        )
+        read_only_fields = fields
+
+    def _absolute(self, path: str) -> str:
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request is not None else path
+
+    @extend_schema_field(OpenApiTypes.URI)
+    def get_url(self, job: AcquisitionJob) -> str:
+        return self._absolute(reverse("registry-api:job-detail", args=[job.pk]))
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_result_bundle(self, job: AcquisitionJob) -> dict[str, Any] | None:
+        bundle = job.result_bundle
+        if bundle is None:
+            return None
+        return {
+            "id": bundle.pk, "sha256": bundle.sha256, "hardware": bundle.hardware,
+            "model": bundle.model, "variant": bundle.variant,
+            "url": self._absolute(reverse("registry-api:bundle-detail", args=[bundle.pk])),
+            "download": self._absolute(reverse("registry-api:bundle-download", args=[bundle.pk])),
+        }
+
+
+_UNAVAILABLE = inline_serializer(
+    "BrokerUnavailable", {"error": serializers.CharField(), "message": serializers.CharField()}
+)
+
+
+def _unavailable(exc: BrokerUnavailable) -> Response:
+    return Response({"error": "broker_unavailable", "message": str(exc)},
+                    status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "30"})
+
+
+@extend_schema(tags=["jobs"])
+class JobViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet[AcquisitionJob]
+):
+    """Acquisition jobs: queue one (token), follow its progress, cancel or retry it."""
+
+    serializer_class = AcquisitionJobSerializer
+    permission_classes = (IsAuthenticatedOrReadOnly,)
+    filterset_fields = ("state", "queue")
+    ordering_fields = ("id", "created_at", "started_at", "finished_at")
+
+    def get_queryset(self) -> QuerySet[AcquisitionJob]:
+        return AcquisitionJob.objects.select_related("created_by", "result_bundle")
+
+    @extend_schema(
+        request=JobParametersSerializer,
+        responses={
+            201: AcquisitionJobSerializer,
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="{field: [message]}"),
+            503: OpenApiResponse(_UNAVAILABLE, description="the broker does not answer"),
+        },
+    )
+    def create(self, request: Request) -> Response:
+        # The service checks every field (and refuses unknown ones) the way the CLI does; the
+        # serializer above only documents the body.
+        data = request.data
+        params = data.dict() if hasattr(data, "dict") else data
+        try:
+            job = queue_job(request.user, params)
+        except JobParameterError as exc:
+            return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+        except BrokerUnavailable as exc:
+            return _unavailable(exc)
+        job.refresh_from_db()
+        body = self.get_serializer(job).data
+        return Response(body, status=status.HTTP_201_CREATED, headers={"Location": body["url"]})
+
+    def _own(self, request: Request, job: AcquisitionJob) -> None:
+        user = request.user
+        if not (user.is_staff or job.created_by_id == user.pk):
+            raise PermissionDenied("only the job's creator or staff may change it")
+
+    @extend_schema(request=None, responses={200: AcquisitionJobSerializer, 409: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        self._own(request, job)
+        try:
+            job = cancel_job(job)
+        except JobStateError as exc:
+            return Response({"error": "conflict", "message": str(exc)},
+                            status=status.HTTP_409_CONFLICT)
+        return Response(self.get_serializer(job).data)
+
+    @extend_schema(request=None, responses={200: AcquisitionJobSerializer, 409: OpenApiTypes.OBJECT,
+                                            503: _UNAVAILABLE})
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        self._own(request, job)
+        try:
+            job = retry_job(job)
+        except JobStateError as exc:
+            return Response({"error": "conflict", "message": str(exc)},
+                            status=status.HTTP_409_CONFLICT)
+        except BrokerUnavailable as exc:
+            return _unavailable(exc)
+        job.refresh_from_db()
+        return Response(self.get_serializer(job).data)

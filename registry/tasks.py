@@ -1,0 +1,46 @@
+"""Celery tasks of the registry. Tasks only enqueue model work: each is one call into a service.
+
+Job messages carry only the job id; the job row is the state (see registry.jobs.runner).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from celery import Task, shared_task
+from celery.signals import worker_ready
+
+__all__ = ["run_acquisition_job"]
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(
+    bind=True,
+    name="registry.run_acquisition_job",
+    acks_late=True,
+    # A worker killed mid-job leaves the message unacknowledged: it is delivered again.
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def run_acquisition_job(self: Task, job_id: int) -> str:
+    from registry.jobs.runner import run_job
+
+    return run_job(job_id, worker=self.request.hostname or socket.gethostname())
+
+
+@worker_ready.connect
+def recover_orphaned_jobs(sender: Any = None, **_: Any) -> None:
+    """On start, re-send jobs that a dead worker of these queues left running."""
+    from registry.jobs.runner import recover_jobs
+
+    try:
+        queues = list(sender.app.amqp.queues.consume_from)
+        recovered = recover_jobs(sender.hostname, queues)
+    except Exception:  # a worker with no database yet still starts
+        log.exception("recovering orphaned jobs failed")
+        return
+    if recovered:
+        log.warning("re-sent orphaned jobs %s", recovered)
