@@ -33,9 +33,12 @@ def test_it_imports_every_bundle_below_a_folder_once(make_bundle: Any) -> None:
     out, _ = run("import_bundle", str(REPO / "bundles"))
     assert "imported: bundle" in out and "RTXPRO6000 Qwen/Qwen3-30B-A3B-Instruct-2507 bf16" in out
     assert "named by meta.yaml but absent: tp1/skew_fit.csv" in out
+    shipped = {p.parent for p in (REPO / "bundles").rglob("meta.yaml")}
+    assert Bundle.objects.count() == len(shipped) >= 3  # LLMServingSim's and our two H200 bundles
+    assert set(Bundle.objects.values_list("hardware", flat=True)) == {"RTXPRO6000", "H200"}
     out, _ = run("import_bundle", str(REPO / "bundles"))
-    assert "already present" in out
-    assert Bundle.objects.count() == 1
+    assert out.count("already present") == len(shipped)
+    assert Bundle.objects.count() == len(shipped)
 
 
 def test_it_imports_folders_and_archives_and_reports_refusals(
