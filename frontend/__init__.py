@@ -1,1 +1,1 @@
-"""Pages for people. For now a landing page; the dashboard comes later."""
+"""Pages for people: the dashboard (bundles, tables and their figures, compare, jobs)."""

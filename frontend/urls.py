@@ -2,8 +2,19 @@ from __future__ import annotations
 
 from django.urls import path
 
-from frontend import views
+from frontend import jobs, views
 
 app_name = "frontend"
 
-urlpatterns = [path("", views.landing, name="landing")]
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("bundles/<int:pk>/", views.bundle_detail, name="bundle"),
+    path("tables/<int:pk>/", views.table_detail, name="table"),
+    path("tables/<int:pk>/lookup", views.table_lookup, name="table-lookup"),
+    path("compare/", views.compare, name="compare"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new", jobs.job_new, name="job-new"),
+    path("jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("jobs/<int:pk>/progress", jobs.job_progress, name="job-progress"),
+    path("jobs/<int:pk>/cancel", jobs.job_cancel, name="job-cancel"),
+]

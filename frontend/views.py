@@ -1,22 +1,61 @@
+"""Dashboard pages: thin views over registry queries and frontend.figures / frontend.pages."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
 
-from registry.models import Bundle
+from frontend import pages
+from registry.filtersets import BundleFilterSet
+from registry.models import Bundle, DeploymentTable
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
+LIST_FIELDS = (
+    "id", "hardware", "model", "variant", "layout", "vllm_version", "published_at", "sha256",
+    "size", "targets", "source",
+)
 
-def landing(request: HttpRequest) -> HttpResponse:
-    """What the registry holds, with the links a newcomer needs."""
-    bundles = Bundle.objects.only(
-        "id", "hardware", "model", "variant", "layout", "vllm_version", "published_at", "sha256"
-    ).order_by("-published_at", "-id")[:50]
+
+def home(request: HttpRequest) -> HttpResponse:
+    """Bundles with filters and search, and recent acquisition jobs."""
+    filterset = BundleFilterSet(request.GET or None, queryset=Bundle.objects.only(*LIST_FIELDS))
+    bundles = list(filterset.qs[:200]) if filterset.is_bound else list(filterset.queryset[:200])
+    context = {
+        "filterset": filterset,
+        "bundles": bundles,
+        "total": Bundle.objects.count(),
+        "choices": pages.filter_choices(),
+        "values": {key: request.GET.get(key, "") for key in pages.FILTER_KEYS},
+        "jobs": pages.recent_jobs(),
+    }
+    return render(request, "frontend/home.html", context)
+
+
+def bundle_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    bundle = get_object_or_404(Bundle, pk=pk)
+    tables = list(bundle.tables.all())
     return render(
         request,
-        "frontend/landing.html",
-        {"bundles": bundles, "total": Bundle.objects.count()},
+        "frontend/bundle.html",
+        {"bundle": bundle, "tables": tables, "summary": pages.bundle_summary(bundle, tables)},
     )
+
+
+def table_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    table = get_object_or_404(DeploymentTable.objects.select_related("bundle"), pk=pk)
+    context = pages.table_context(table, request.GET.get("m"), request.GET.get("mode"))
+    return render(request, "frontend/table.html", context)
+
+
+def table_lookup(request: HttpRequest, pk: int) -> HttpResponse:
+    """The lookup playground's answer (an htmx fragment)."""
+    table = get_object_or_404(DeploymentTable.objects.select_related("bundle"), pk=pk)
+    return render(request, "frontend/_lookup.html", pages.lookup_answer(table, request.GET))
+
+
+def compare(request: HttpRequest) -> HttpResponse:
+    context = pages.compare_context(request.GET.get("a"), request.GET.get("b"))
+    return render(request, "frontend/compare.html", context)

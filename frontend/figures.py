@@ -1,0 +1,455 @@
+"""Plotly figure specifications (plain dicts, rendered by the vendored plotly.js) from stored rows.
+
+Figures are built from the table's own rows and from the same lookups the REST API answers;
+nothing is fitted or extrapolated: a grid cell the lookup refuses stays blank (NaN -> null).
+The plotly Python package is not used here: building dicts directly keeps a page well inside
+its 200 ms budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from moetables.bundle import EXPERTS, ComponentTable
+from moetables.geometry import ExpertGeometry, balanced_local_assignments
+from moetables.lookup.codes import INVALID, OK
+from moetables.lookup.tables import DeploymentTables
+
+__all__ = [
+    "ExpertSlice",
+    "compare_figures",
+    "expert_points_figure",
+    "expert_slice_figure",
+    "expert_slices",
+    "local_curves_figure",
+    "stability",
+]
+
+TIME = "time (µs)"
+N_AXIS = "N: rows into the expert kernel (tokens)"
+A_AXIS = "A: active local experts"
+M_AXIS = "M: local token-expert pairs"
+MAX_GRID_TOKENS = 96
+FONT = {"family": "system-ui, sans-serif", "size": 13}
+
+
+def _layout(title: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title},
+        "font": FONT,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
+        "legend": {"orientation": "h", "y": -0.25},
+        **extra,
+    }
+
+
+def _log(title: str) -> dict[str, Any]:
+    return {"title": {"text": title}, "type": "log"}
+
+
+def _nulls(values: npt.NDArray[np.float64]) -> list[float | None]:
+    return [None if not math.isfinite(v) else round(float(v), 4) for v in values.tolist()]
+
+
+def _expert_rows(rows: ComponentTable, mode: str) -> tuple[npt.NDArray[Any], ...]:
+    sel = rows.select(EXPERTS, mode)
+    return (
+        rows.tokens[sel],
+        rows.activated_experts[sel],
+        rows.local_assignments[sel],
+        rows.time_us[sel],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertSlice:
+    """Which M the heat map holds: one measured M, or the balanced total M(N) of old tables."""
+
+    label: str
+    pairs: int | None  # None: balanced M = ceil(N*k*L/E) per column
+
+
+def expert_slices(
+    rows: ComponentTable, geometry: ExpertGeometry, layout: str, mode: str = "eager"
+) -> list[ExpertSlice]:
+    if layout == "historical":
+        return [ExpertSlice("balanced M = ceil(N·k·L/E)", None)]
+    _, active, pairs, _ = _expert_rows(rows, mode)
+    values = sorted({int(m) for m in pairs[active > 0]})
+    return [ExpertSlice(f"M = {m}", m) for m in values]
+
+
+def _token_grid(tokens: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    grid = np.unique(tokens[tokens >= 1])
+    if grid.size > MAX_GRID_TOKENS:
+        picks = np.unique(np.round(np.geomspace(1, grid.size, MAX_GRID_TOKENS)).astype(int) - 1)
+        grid = grid[picks]
+    return grid
+
+
+def expert_slice_figure(
+    lookups: DeploymentTables,
+    rows: ComponentTable,
+    geometry: ExpertGeometry,
+    chosen: ExpertSlice,
+    mode: str = "eager",
+) -> dict[str, Any]:
+    """Heat map of looked-up time over N and A at one M slice, with the feasible band outlined.
+
+    Cells the lookup refuses (outside measured support) stay blank; the two lines bound the
+    feasible A at each N for this M, so blank cells inside them are unmeasured, not impossible.
+    """
+    tokens, active, _pairs, _ = _expert_rows(rows, mode)
+    positive = active > 0
+    ns = _token_grid(tokens[positive])
+    avals = np.arange(1, geometry.local_experts + 1, dtype=np.int64)
+    nn, aa = np.meshgrid(ns, avals)
+    if chosen.pairs is None:
+        mcol = np.array(
+            [
+                balanced_local_assignments(
+                    int(n), geometry.top_k, geometry.local_experts, geometry.global_experts
+                )
+                for n in ns
+            ],
+            dtype=np.int64,
+        )
+        mm = np.broadcast_to(mcol, nn.shape)
+    else:
+        mcol = np.full(ns.shape, chosen.pairs, dtype=np.int64)
+        mm = np.full(nn.shape, chosen.pairs, dtype=np.int64)
+    result = lookups.batch(EXPERTS, nn.ravel(), aa.ravel(), np.ascontiguousarray(mm).ravel(), mode)
+    z = np.where(result.code == OK, result.time_us, np.nan).reshape(nn.shape)
+    low: list[float | None] = []
+    high: list[float | None] = []
+    surplus = max(0, geometry.top_k - geometry.remote_experts)
+    for n, m in zip(ns.tolist(), mcol.tolist(), strict=True):
+        feasible = n * min(geometry.top_k, geometry.local_experts) >= m and m >= n * surplus
+        lo = max(1, -(-m // n))
+        hi = min(geometry.local_experts, m)
+        ok = feasible and lo <= hi
+        low.append(lo if ok else None)
+        high.append(hi if ok else None)
+    xs = ns.tolist()
+    measured = int(np.isfinite(z).sum())
+    traces: list[dict[str, Any]] = [
+        {
+            "type": "heatmap",
+            "x": xs,
+            "y": avals.tolist(),
+            "z": [_nulls(r) for r in z],
+            "colorscale": "Viridis",
+            "colorbar": {"title": {"text": TIME}},
+            "hoverongaps": False,
+            "name": "interpolated time",
+            "hovertemplate": "N=%{x}<br>A=%{y}<br>%{z:.2f} µs<extra></extra>",
+        },
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": xs,
+            "y": low,
+            "name": "feasible A, lower bound",
+            "line": {"color": "#d62728", "dash": "dash"},
+        },
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": xs,
+            "y": high,
+            "name": "feasible A, upper bound",
+            "line": {"color": "#ff7f0e", "dash": "dot"},
+        },
+    ]
+    title = f"Expert time over N and A, {chosen.label} ({mode}); blank = outside measured support"
+    layout = _layout(
+        title,
+        xaxis=_log(N_AXIS),
+        yaxis={"title": {"text": A_AXIS}},
+        meta={"cells_with_data": measured},
+    )
+    return {"data": traces, "layout": layout}
+
+
+def expert_points_figure(rows: ComponentTable, mode: str = "eager") -> dict[str, Any]:
+    """Every measured expert row as a 3-D scatter: N, A and time, coloured by M."""
+    tokens, active, pairs, times = _expert_rows(rows, mode)
+    trace = {
+        "type": "scatter3d",
+        "mode": "markers",
+        "x": tokens.tolist(),
+        "y": active.tolist(),
+        "z": [round(float(t), 4) for t in times],
+        "marker": {
+            "size": 3,
+            "color": pairs.tolist(),
+            "colorscale": "Cividis",
+            "colorbar": {"title": {"text": "M (pairs)"}},
+        },
+        "name": "measured rows",
+        "hovertemplate": "N=%{x}<br>A=%{y}<br>M=%{marker.color}<br>%{z:.2f} µs<extra></extra>",
+    }
+    scene = {
+        "xaxis": {"title": {"text": "N (tokens)"}, "type": "log"},
+        "yaxis": {"title": {"text": "A (experts)"}},
+        "zaxis": {"title": {"text": TIME}, "type": "log"},
+    }
+    return {"data": [trace], "layout": _layout(f"Measured expert rows ({mode})", scene=scene)}
+
+
+def local_curves_figure(rows: ComponentTable) -> dict[str, Any]:
+    """Each local component and mode as a line over its own row count, log-log."""
+    traces: list[dict[str, Any]] = []
+    for component in sorted(set(rows.component.tolist())):
+        for mode in sorted(set(rows.mode.tolist())):
+            sel = rows.select(component, mode)
+            if component == EXPERTS:
+                sel &= (rows.activated_experts == 0) & (rows.local_assignments == 0)
+                name = f"experts all-remote A=M=0 / {mode}"
+            else:
+                name = f"{component} / {mode}"
+            if not sel.any():
+                continue
+            order = np.argsort(rows.tokens[sel], kind="stable")
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "marker": {"size": 4},
+                    "x": rows.tokens[sel][order].tolist(),
+                    "y": [round(float(t), 4) for t in rows.time_us[sel][order]],
+                    "name": name,
+                }
+            )
+    layout = _layout(
+        "Local components over their own rows (log-log)",
+        xaxis=_log("rows (tokens)"),
+        yaxis=_log(TIME),
+    )
+    return {"data": traces, "layout": layout}
+
+
+@dataclass(frozen=True, slots=True)
+class Stability:
+    source: str  # "conditioning_controls" (per point) or "conditioning_summary" (compact)
+    tolerance: float
+    checked: int
+    failed: int
+    max_relative_change: float | None
+    figure: dict[str, Any] | None
+
+
+def stability(contract: dict[str, Any], coverage: dict[str, Any]) -> Stability:
+    """Per-point B vs 2B changes where the coverage keeps them, else the compact summary."""
+    conditioning = contract.get("expert_conditioning")
+    tolerance = 0.03
+    if isinstance(conditioning, dict):
+        raw = conditioning.get("quality_relative_tolerance")
+        if isinstance(raw, int | float):
+            tolerance = float(raw)
+    controls = coverage.get("conditioning_controls")
+    if isinstance(controls, list) and controls:
+        xs: list[int] = []
+        ys: list[float] = []
+        failed: list[bool] = []
+        labels: list[str] = []
+        for c in controls:
+            point = c.get("point", {}) if isinstance(c, dict) else {}
+            change = c.get("relative_change") if isinstance(c, dict) else None
+            if not isinstance(change, int | float):
+                continue
+            xs.append(int(point.get("tokens", 0)))
+            ys.append(abs(float(change)) * 100)
+            failed.append(abs(float(change)) > tolerance or c.get("supported") is False)
+            labels.append(
+                f"{point.get('component')} N={point.get('tokens')} "
+                f"A={point.get('activated_experts')} M={point.get('local_assignments')}"
+            )
+        ok = [i for i, f in enumerate(failed) if not f]
+        bad = [i for i, f in enumerate(failed) if f]
+
+        def trace(idx: list[int], name: str, color: str) -> dict[str, Any]:
+            return {
+                "type": "scatter",
+                "mode": "markers",
+                "x": [xs[i] for i in idx],
+                "y": [round(ys[i], 4) for i in idx],
+                "text": [labels[i] for i in idx],
+                "name": name,
+                "marker": {"color": color, "size": 6 if color == "#d62728" else 4},
+                "hovertemplate": "%{text}<br>%{y:.2f} %<extra></extra>",
+            }
+
+        traces = [trace(ok, "within tolerance", "#1f77b4"), trace(bad, "failed", "#d62728")]
+        layout = _layout(
+            "Stability: relative change between the B and 2B arms, per point",
+            xaxis=_log("N (tokens) of the point"),
+            yaxis={"title": {"text": "|relative change| (%)"}, "rangemode": "tozero"},
+            shapes=[
+                {
+                    "type": "line",
+                    "xref": "paper",
+                    "x0": 0,
+                    "x1": 1,
+                    "y0": tolerance * 100,
+                    "y1": tolerance * 100,
+                    "line": {"color": "#d62728", "dash": "dash"},
+                }
+            ],
+            annotations=[
+                {
+                    "xref": "paper",
+                    "x": 1,
+                    "y": tolerance * 100,
+                    "text": f"tolerance {tolerance:.0%}",
+                    "showarrow": False,
+                    "yanchor": "bottom",
+                    "xanchor": "right",
+                }
+            ],
+        )
+        return Stability(
+            "conditioning_controls",
+            tolerance,
+            len(ys),
+            len(bad),
+            max(ys) / 100 if ys else None,
+            {"data": traces, "layout": layout},
+        )
+    summary = coverage.get("conditioning_summary")
+    summary = summary if isinstance(summary, dict) else {}
+    peak = summary.get("max_relative_change")
+    return Stability(
+        "conditioning_summary",
+        tolerance,
+        int(summary.get("checked_points") or 0),
+        int(summary.get("failed_points") or 0),
+        float(peak) if isinstance(peak, int | float) else None,
+        None,
+    )
+
+
+def compare_figures(
+    first: tuple[str, DeploymentTables, ComponentTable],
+    second: tuple[str, DeploymentTables, ComponentTable],
+) -> list[dict[str, Any]]:
+    """Both tables on the same axes, and the ratio second/first where both answer.
+
+    The ratio is taken at the first table's measured points, looked up in the second table
+    (interpolated inside its support, refused outside it): no point is invented for either.
+    """
+    (name_a, look_a, rows_a), (name_b, look_b, rows_b) = first, second
+    figures: list[dict[str, Any]] = []
+    local = [c for c in look_a.components if c != EXPERTS and c in look_b.components]
+    modes = [m for m in look_a.modes if m in look_b.modes]
+    overlay: list[dict[str, Any]] = []
+    ratio: list[dict[str, Any]] = []
+    for component in local:
+        for mode in modes:
+            for name, rows, dash in ((name_a, rows_a, "solid"), (name_b, rows_b, "dash")):
+                sel = rows.select(component, mode)
+                order = np.argsort(rows.tokens[sel], kind="stable")
+                overlay.append(
+                    {
+                        "type": "scatter",
+                        "mode": "lines",
+                        "x": rows.tokens[sel][order].tolist(),
+                        "y": [round(float(t), 4) for t in rows.time_us[sel][order]],
+                        "name": f"{component}/{mode}: {name}",
+                        "line": {"dash": dash},
+                    }
+                )
+            sel = rows_a.select(component, mode)
+            xs = np.sort(rows_a.tokens[sel])
+            got_a = look_a.batch(component, xs, mode=mode)
+            got_b = look_b.batch(component, xs, mode=mode)
+            ok = (got_a.code == OK) & (got_b.code == OK)
+            ratio.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "x": xs[ok].tolist(),
+                    "y": _nulls(got_b.time_us[ok] / got_a.time_us[ok]),
+                    "name": f"{component}/{mode}",
+                }
+            )
+    figures.append(
+        {
+            "data": overlay,
+            "layout": _layout(
+                "Local components, both tables (log-log)",
+                xaxis=_log("rows (tokens)"),
+                yaxis=_log(TIME),
+            ),
+        }
+    )
+    figures.append(
+        {
+            "data": ratio,
+            "layout": _layout(
+                f"Local components: ratio {name_b} / {name_a}",
+                xaxis=_log("rows (tokens)"),
+                yaxis={"title": {"text": "time ratio (second / first)"}},
+            ),
+        }
+    )
+    expert_overlay: list[dict[str, Any]] = []
+    expert_ratio: list[dict[str, Any]] = []
+    for mode in [m for m in modes if m in look_a.modes]:
+        for name, rows, symbol in ((name_a, rows_a, "circle"), (name_b, rows_b, "x")):
+            tokens, active, _, times = _expert_rows(rows, mode)
+            expert_overlay.append(
+                {
+                    "type": "scattergl",
+                    "mode": "markers",
+                    "x": tokens.tolist(),
+                    "y": [round(float(t), 4) for t in times],
+                    "text": [f"A={a}" for a in active.tolist()],
+                    "name": f"experts/{mode}: {name}",
+                    "marker": {"size": 4, "symbol": symbol, "opacity": 0.7},
+                }
+            )
+        tokens, active, pairs, _ = _expert_rows(rows_a, mode)
+        got_a = look_a.batch(EXPERTS, tokens, active, pairs, mode=mode)
+        got_b = look_b.batch(EXPERTS, tokens, active, pairs, mode=mode)
+        ok = (got_a.code == OK) & (got_b.code == OK)
+        refused = int(((got_b.code != OK) & (got_b.code != INVALID)).sum())
+        expert_ratio.append(
+            {
+                "type": "scattergl",
+                "mode": "markers",
+                "x": tokens[ok].tolist(),
+                "y": _nulls(got_b.time_us[ok] / got_a.time_us[ok]),
+                "marker": {
+                    "size": 5,
+                    "color": active[ok].tolist(),
+                    "colorscale": "Viridis",
+                    "colorbar": {"title": {"text": "A"}},
+                },
+                "name": f"experts/{mode} ({refused} points outside the second's support)",
+            }
+        )
+    figures.append(
+        {
+            "data": expert_overlay,
+            "layout": _layout(
+                "Expert rows, both tables (log-log)", xaxis=_log(N_AXIS), yaxis=_log(TIME)
+            ),
+        }
+    )
+    figures.append(
+        {
+            "data": expert_ratio,
+            "layout": _layout(
+                f"Experts: ratio {name_b} / {name_a} at the first table's measured points",
+                xaxis=_log(N_AXIS),
+                yaxis={"title": {"text": "time ratio (second / first)"}},
+            ),
+        }
+    )
+    return figures

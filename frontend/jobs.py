@@ -1,0 +1,100 @@
+"""Jobs pages: queue an acquisition (signed-in users), follow it live, cancel it.
+
+Everything that decides anything is `registry.jobs` (docs/jobs.md): validation is the CLI's own
+through `queue_job`, so the form refuses exactly what the API refuses, field by field.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from registry.jobs import (
+    AcquisitionJob,
+    BrokerUnavailable,
+    JobParameterError,
+    JobStateError,
+    cancel_job,
+    job_parameter_fields,
+    queue_job,
+)
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
+
+LOGIN_URL = "/admin/login/"
+
+
+def _form_fields(data: Any, errors: dict[str, list[str]]) -> list[dict[str, Any]]:
+    fields = []
+    for f in job_parameter_fields():
+        default = f["default"]
+        shown = ",".join(str(v) for v in default) if isinstance(default, list) else default
+        value = data.get(f["name"]) if data is not None else None
+        fields.append(
+            {
+                **f,
+                "value": value if value is not None else ("" if shown is None else str(shown)),
+                "errors": errors.get(f["name"], []),
+            }
+        )
+    return fields
+
+
+def _params(data: Any) -> dict[str, str]:
+    """Form strings as queue_job takes them; an empty box means the parameter's default."""
+    names = {f["name"] for f in job_parameter_fields()}
+    return {k: v.strip() for k, v in data.items() if k in names and v.strip()}
+
+
+def job_list(request: HttpRequest) -> HttpResponse:
+    jobs = AcquisitionJob.objects.select_related("result_bundle").order_by("-id")[:100]
+    return render(request, "frontend/jobs.html", {"jobs": jobs})
+
+
+@login_required(login_url=LOGIN_URL)
+def job_new(request: HttpRequest) -> HttpResponse:
+    errors: dict[str, list[str]] = {}
+    status = 200
+    if request.method == "POST":
+        try:
+            job = queue_job(request.user, _params(request.POST))
+        except JobParameterError as exc:
+            errors, status = exc.errors, 400
+        except BrokerUnavailable as exc:
+            errors, status = {"__all__": [f"the job queue does not answer: {exc}"]}, 503
+        else:
+            return redirect("frontend:job", pk=job.pk)
+    fields = _form_fields(request.POST if request.method == "POST" else None, errors)
+    return render(
+        request,
+        "frontend/job_new.html",
+        {"fields": fields, "form_errors": errors.get("__all__", [])},
+        status=status,
+    )
+
+
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(AcquisitionJob.objects.select_related("result_bundle"), pk=pk)
+    return render(request, "frontend/job.html", {"job": job})
+
+
+def job_progress(request: HttpRequest, pk: int) -> HttpResponse:
+    """The live part of a job page (an htmx fragment, polled while the job is active)."""
+    job = get_object_or_404(AcquisitionJob.objects.select_related("result_bundle"), pk=pk)
+    return render(request, "frontend/_job_progress.html", {"job": job})
+
+
+@require_POST
+@login_required(login_url=LOGIN_URL)
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(AcquisitionJob, pk=pk)
+    try:
+        cancel_job(job)
+    except JobStateError as exc:
+        messages.error(request, str(exc))
+    return redirect("frontend:job", pk=pk)

@@ -1,0 +1,264 @@
+"""What each dashboard page shows, as plain context dicts (the views only render them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from frontend import figures
+from moetables.bundle import EXPERTS
+from moetables.errors import CoverageError, QueryError
+from moetables.lookup.explain import explain_expert
+from registry.models import AcquisitionJob, Bundle, DeploymentTable
+from registry.services.figures import load_deployment
+
+FILTER_KEYS = (
+    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "layout",
+)
+
+
+def _get(mapping: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(mapping, Mapping):
+            return None
+        mapping = mapping.get(key)
+    return mapping
+
+
+def _first(*values: Any) -> str:
+    for value in values:
+        if value not in (None, "", [], {}):
+            return str(value)
+    return ""
+
+
+def filter_choices() -> dict[str, list[Any]]:
+    """Distinct values for the home page's filter menus (small: one query per column)."""
+    bundles = Bundle.objects.order_by()
+    tables = DeploymentTable.objects.order_by()
+
+    def distinct(qs: Any, field: str) -> list[Any]:
+        return sorted(v for v in qs.values_list(field, flat=True).distinct() if v not in ("",))
+
+    return {
+        "hardware": distinct(bundles, "hardware"),
+        "model": distinct(bundles, "model"),
+        "variant": distinct(bundles, "variant"),
+        "vllm_version": distinct(bundles, "vllm_version"),
+        "tp": distinct(tables, "tp"),
+        "dp": distinct(tables, "dp"),
+        "ep": distinct(tables, "ep"),
+        "backend": distinct(tables, "backend"),
+    }
+
+
+def recent_jobs(limit: int = 10) -> list[AcquisitionJob]:
+    """The newest acquisition jobs with their progress."""
+    return list(AcquisitionJob.objects.select_related("result_bundle").order_by("-id")[:limit])
+
+
+def _text(value: Any) -> str:
+    """A scalar as text; a mapping or list (a structured contract field) is not a summary."""
+    return "" if isinstance(value, Mapping | list) or value is None else str(value)
+
+
+def contract_summary(contract: dict[str, Any], meta: dict[str, Any]) -> dict[str, str]:
+    """GPU, versions, backend, geometry, dtypes, conditioning, from either layout's contract.
+
+    Historical contracts keep the expert region in ``expert_region``; acquisition contracts keep
+    a structured ``backend`` and the host in ``provenance``.
+    """
+    region = _get(contract, "expert_region") or {}
+    backend = contract.get("backend") if isinstance(contract.get("backend"), Mapping) else {}
+    origin = _get(contract, "provenance") or {}
+    dtypes = backend.get("dtypes") if isinstance(backend.get("dtypes"), Mapping) else {}
+    backend_name = _first(
+        _text(contract.get("native_backend")), _text(contract.get("backend")),
+        _text(backend.get("native_backend")), _text(region.get("backend")),
+    )
+    adapter = _text(backend.get("name"))
+    return {
+        "GPU": _first(
+            _text(_get(contract, "gpu", "name")), _text(contract.get("gpu")),
+            _text(origin.get("device_name")), _text(meta.get("gpu")),
+        ),
+        "vLLM": _first(
+            _text(contract.get("vllm_version")), _text(_get(contract, "versions", "vllm")),
+            _text(backend.get("vllm_version")), _text(region.get("vllm_version")),
+            _text(meta.get("vllm_version")),
+        ),
+        "torch": _first(
+            _text(contract.get("torch_version")), _text(_get(contract, "versions", "torch")),
+            _text(origin.get("torch_version")),
+        ),
+        "CUDA": _first(
+            _text(contract.get("cuda_version")), _text(_get(contract, "versions", "cuda")),
+            _text(origin.get("cuda_version")), _text(meta.get("cuda_version")),
+        ),
+        "backend": f"{backend_name} ({adapter})" if adapter and backend_name else backend_name,
+        "geometry": (
+            f"E={contract.get('global_experts')} k={contract.get('global_top_k')} "
+            f"L={contract.get('local_experts')} ({_first(contract.get('placement'), 'linear')})"
+        ),
+        "dtypes": _first(
+            _text(contract.get("input_dtype")), _text(region.get("input_dtype")),
+            ", ".join(f"{k} {v}" for k, v in dtypes.items() if k in ("hidden_states", "expert_weights")),
+        ),
+        "conditioning": (
+            f"{_first(_get(contract, 'expert_conditioning', 'schema'), 'B/2B banks')}, "
+            f"tolerance {_first(_get(contract, 'expert_conditioning', 'quality_relative_tolerance'), 0.03)}"
+        ),
+    }
+
+
+def coverage_summary(table: DeploymentTable) -> dict[str, str]:
+    coverage = table.coverage
+    stability = figures.stability(table.contract, coverage)
+    rounds = _first(coverage.get("completed_rounds"))
+    expected = coverage.get("expected_rounds")
+    return {
+        "complete": "yes" if coverage.get("complete") else "no",
+        "rounds": f"{rounds} of {expected}" if expected else rounds,
+        "rows": str(table.row_count),
+        "table sha256": table.table_sha256,
+        "conditioning": (
+            f"{stability.checked} checked, {stability.failed} failed, max change "
+            + (f"{stability.max_relative_change:.2%}" if stability.max_relative_change is not None
+               else "n/a")
+            + f" (from {stability.source})"
+        ),
+    }
+
+
+def bundle_summary(bundle: Bundle, tables: list[DeploymentTable]) -> dict[str, Any]:
+    first = tables[0] if tables else None
+    return {
+        "contract": contract_summary(first.contract, bundle.meta) if first else {},
+        "coverage": [(t, coverage_summary(t)) for t in tables],
+    }
+
+
+def _mode(table: DeploymentTable, raw: str | None) -> str:
+    modes = [str(m) for m in table.modes]
+    if raw is not None and raw in modes:
+        return raw
+    return "eager" if "eager" in modes else modes[0]
+
+
+def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | None) -> dict[str, Any]:
+    loaded = load_deployment(table)
+    geometry = loaded.lookups.entry.geometry
+    mode = _mode(table, raw_mode)
+    slices = figures.expert_slices(loaded.rows, geometry, table.bundle.layout, mode)
+    chosen = slices[len(slices) // 2] if slices else None
+    for s in slices:
+        if raw_m is not None and str(s.pairs) == raw_m:
+            chosen = s
+    stability = figures.stability(table.contract, table.coverage)
+    charts: dict[str, Any] = {
+        "points": figures.expert_points_figure(loaded.rows, mode),
+        "local": figures.local_curves_figure(loaded.rows),
+    }
+    if chosen is not None:
+        charts["surface"] = figures.expert_slice_figure(
+            loaded.lookups, loaded.rows, geometry, chosen, mode
+        )
+    if stability.figure is not None:
+        charts["stability"] = stability.figure
+    sel = loaded.rows.select(EXPERTS, mode) & (loaded.rows.activated_experts > 0)
+    example = (
+        (int(loaded.rows.tokens[sel][0]), int(loaded.rows.activated_experts[sel][0]),
+         int(loaded.rows.local_assignments[sel][0]))
+        if sel.any() else (1, 1, geometry.top_k)
+    )
+    return {
+        "table": table,
+        "bundle": table.bundle,
+        "geometry": geometry,
+        "mode": mode,
+        "slices": slices,
+        "chosen": chosen,
+        "charts": charts,
+        "stability": stability,
+        "contract": contract_summary(table.contract, table.bundle.meta),
+        "coverage": coverage_summary(table),
+        "example": example,
+        "components": list(table.components),
+    }
+
+
+def _int(raw: Any) -> int | None:
+    try:
+        return int(str(raw).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str, Any]:
+    """One playground query: the time and the measured rows behind it, or why it is refused."""
+    component = str(params.get("component") or EXPERTS)
+    mode = _mode(table, params.get("mode"))
+    n, a, m = _int(params.get("tokens")), _int(params.get("activated_experts")), _int(
+        params.get("local_assignments")
+    )
+    context: dict[str, Any] = {"component": component, "mode": mode, "query": (n, a, m)}
+    if n is None or (component == EXPERTS and (a is None or m is None)):
+        return {**context, "error": "invalid", "message": "give whole numbers for N, A and M"}
+    try:
+        loaded = load_deployment(table)
+        if component == EXPERTS:
+            assert a is not None and m is not None
+            found = explain_expert(loaded.lookups, loaded.rows, n, a, m, mode)
+            return {**context, "time_us": found.time_us, "vertices": found.vertices,
+                    "rule": found.rule}
+        return {**context, "time_us": loaded.lookups.time_us(component, n, mode=mode),
+                "vertices": (), "rule": "linear interpolation over the component's own rows"}
+    except QueryError as exc:
+        return {**context, "error": "invalid", "message": str(exc)}
+    except CoverageError as exc:
+        return {**context, "error": "out_of_support", "message": str(exc)}
+
+
+def table_label(table: DeploymentTable) -> str:
+    b = table.bundle
+    return f"#{b.pk} {b.hardware} {b.model} {b.variant} · tp{table.tp} {table}"
+
+
+def compare_context(raw_a: str | None, raw_b: str | None) -> dict[str, Any]:
+    tables = list(
+        DeploymentTable.objects.select_related("bundle").only(
+            "id", "tp", "dp", "ep", "rank", "sequence_parallel",
+            "bundle__id", "bundle__hardware", "bundle__model", "bundle__variant",
+        ).order_by("-bundle__published_at", "bundle_id", "tp", "dp", "rank")[:500]
+    )
+    options = [(t.pk, table_label(t)) for t in tables]
+    ids = [t.pk for t in tables]
+    a, b = _int(raw_a), _int(raw_b)
+    if a not in ids:
+        a = ids[0] if ids else None
+    if b not in ids:
+        # Default: another bundle's table if there is one, else the next rank of the same bundle.
+        first = next((t for t in tables if t.pk == a), None)
+        other = [t.pk for t in tables if first and t.bundle_id != first.bundle_id]
+        b = other[0] if other else next((i for i in ids if i != a), a)
+    context: dict[str, Any] = {"options": options, "a": a, "b": b, "charts": {}}
+    if a is None or b is None:
+        return context
+    ta = DeploymentTable.objects.select_related("bundle").get(pk=a)
+    tb = DeploymentTable.objects.select_related("bundle").get(pk=b)
+    la, lb = load_deployment(ta), load_deployment(tb)
+    names = (f"#{ta.bundle_id} {ta.bundle.hardware} {ta}", f"#{tb.bundle_id} {tb.bundle.hardware} {tb}")
+    found = figures.compare_figures(
+        (names[0], la.lookups, la.rows), (names[1], lb.lookups, lb.rows)
+    )
+    context.update(
+        first=ta, second=tb, names=names,
+        charts={f"compare{i}": fig for i, fig in enumerate(found)},
+    )
+    return context
+
+
+__all__ = [
+    "FILTER_KEYS", "bundle_summary", "compare_context", "filter_choices", "lookup_answer",
+    "recent_jobs", "table_context",
+]
