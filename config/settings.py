@@ -171,6 +171,11 @@ FILE_UPLOAD_TEMP_DIR = None
 # Lookup batches of 100,000 queries are a few MB of JSON.
 DATA_UPLOAD_MAX_MEMORY_SIZE = _int("DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", 64 * 1024 * 1024)
 
+# People sign in on the dashboard's own page (django.contrib.auth views) to queue jobs.
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/"
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",

@@ -26,7 +26,6 @@ from registry.jobs import (
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
-LOGIN_URL = "/admin/login/"
 
 
 def _form_fields(data: Any, errors: dict[str, list[str]]) -> list[dict[str, Any]]:
@@ -56,7 +55,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/jobs.html", {"jobs": jobs})
 
 
-@login_required(login_url=LOGIN_URL)
+@login_required
 def job_new(request: HttpRequest) -> HttpResponse:
     errors: dict[str, list[str]] = {}
     status = 200
@@ -90,7 +89,7 @@ def job_progress(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
-@login_required(login_url=LOGIN_URL)
+@login_required
 def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(AcquisitionJob, pk=pk)
     try:

@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The dashboard's browser tests drive Debian's chromium through Playwright (never a downloaded
+# browser); install it where it is missing (CI runs as root on Debian).
+if [ ! -x /usr/bin/chromium ]; then
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
+  $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq chromium
+fi
 .venv/bin/ruff check .
 if [ -z "${DATABASE_URL:-}" ] && (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
   export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres

@@ -22,7 +22,7 @@ def signed_in(client: Client) -> Client:
 
 def test_it_asks_anonymous_people_to_sign_in_before_queueing(client: Client) -> None:
     response = client.get("/jobs/new")
-    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
     assert client.post("/jobs/new", {"model": "x"}).status_code == 302
     assert AcquisitionJob.objects.count() == 0
 
@@ -73,3 +73,14 @@ def test_it_shows_a_failed_job_with_its_error_and_artifacts(client: Client) -> N
     assert "attribution check failed at N=4" in html and "out/failures.jsonl" in html
     assert "30%" in html
     assert "job-cancel" not in html
+
+
+def test_it_signs_people_in_on_its_own_page(client: Client) -> None:
+    get_user_model().objects.create_user("bob", password="s3cret-pass")
+    page = client.get("/accounts/login/?next=/jobs/new")
+    assert page.status_code == 200 and b"Sign in" in page.content
+    response = client.post("/accounts/login/", {"username": "bob", "password": "s3cret-pass", "next": "/jobs/new"})
+    assert response.status_code == 302 and response["Location"] == "/jobs/new"
+    assert client.get("/jobs/new").status_code == 200
+    wrong = Client().post("/accounts/login/", {"username": "bob", "password": "nope"})
+    assert wrong.status_code == 200 and b"did not match" in wrong.content
