@@ -24,7 +24,6 @@ __all__ = [
     "backend_of",
     "jsonable",
     "measured_at_of",
-    "missing_files_of",
     "table_fields",
     "vllm_version_of",
 ]
@@ -129,20 +128,6 @@ def measured_at_of(bundle: Bundle) -> dt.datetime | None:
         if (value := _datetime(bundle.meta.get(key))) is not None:
             return value
     return None
-
-
-def missing_files_of(bundle: Bundle) -> list[str]:
-    """Files meta.yaml names that are absent, as moetables reports them.
-
-    A current entry's ``table`` is relative to its ``tp<N>/`` folder; a name that is such a
-    TP-relative path of a present table is not missing.
-    """
-    tp_relative = {
-        entry.table_path.split("/", 1)[1]
-        for entry in bundle.entries
-        if entry.layout == "current" and entry.table_path.startswith(f"tp{entry.target.tp}/")
-    }
-    return [path for path in bundle.missing_files if path not in tp_relative]
 
 
 def _range(values: np.ndarray[Any, Any]) -> tuple[int | None, int | None]:

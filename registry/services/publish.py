@@ -25,7 +25,6 @@ from registry.models import Bundle, DeploymentTable
 from registry.services.describe import (
     jsonable,
     measured_at_of,
-    missing_files_of,
     table_fields,
     vllm_version_of,
 )
@@ -200,7 +199,7 @@ def _index(
             file_count=len(manifest.files),
             manifest=manifest.as_list(),
             meta=jsonable(opened.meta),
-            missing_files=missing_files_of(opened),
+            missing_files=list(opened.missing_files),
             vllm_version=vllm_version_of(opened),
             measured_at=measured_at_of(opened),
             source=source_kind,
