@@ -285,6 +285,43 @@ class SimplexLocator:
             weights[inside] = w / w.sum(axis=1, keepdims=True)
         return found, weights
 
+    def _walk_one_3d(
+        self, cur: int, x0: float, x1: float, x2: float
+    ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+        """The scalar walk unrolled for three dimensions (the common DP+EP surface).
+
+        Returns None when undecided (step cap, or a hull face seen through a perturbed
+        frame); a point certainly outside the hull returns ``()`` as its simplex.
+        """
+        frames, neighbors, flat, proper = (
+            self._py_frames,
+            self._py_neighbors,
+            self._py_flat,
+            self._py_proper,
+        )
+        tol = -_INSIDE_TOL
+        for step in range(_MAX_STEPS):
+            if flat[cur]:
+                cur = neighbors[cur][0]
+                if cur < 0:
+                    return None
+                continue
+            t0, t1, t2, t3, t4, t5, t6, t7, t8, c0, c1, c2 = frames[cur]
+            w0 = c0 + t0 * x0 + t1 * x1 + t2 * x2
+            w1 = c1 + t3 * x0 + t4 * x1 + t5 * x2
+            w2 = c2 + t6 * x0 + t7 * x1 + t8 * x2
+            w3 = 1.0 - w0 - w1 - w2
+            if w0 >= tol and w1 >= tol and w2 >= tol and w3 >= tol:
+                w0, w1, w2, w3 = max(w0, 0.0), max(w1, 0.0), max(w2, 0.0), max(w3, 0.0)
+                total = w0 + w1 + w2 + w3
+                return self._py_simplices[cur], (w0 / total, w1 / total, w2 / total, w3 / total)
+            beyond = [i for i, w in enumerate((w0, w1, w2, w3)) if w < tol]
+            nxt = neighbors[cur][beyond[step % len(beyond)]]
+            if nxt < 0:
+                return ((), ()) if proper[cur] else None
+            cur = nxt
+        return None
+
     def locate_one(
         self, point: tuple[float, ...]
     ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
@@ -309,8 +346,13 @@ class SimplexLocator:
             c = min(self.per_axis - 1, max(0, math.floor(u * self.per_axis)))
             flat_index = flat_index * self.per_axis + c
         cur = self._py_cell_start[flat_index]
+        if d == 3:
+            walked = self._walk_one_3d(cur, x[0], x[1], x[2])
+            if walked is not None:
+                return walked if walked[0] else None
+            cur = -1  # undecided: the full search below
         frames, neighbors, flat = self._py_frames, self._py_neighbors, self._py_flat
-        for step in range(_MAX_STEPS):
+        for step in range(_MAX_STEPS if cur >= 0 else 0):
             if flat[cur]:
                 cur = neighbors[cur][0]
                 if cur < 0:
