@@ -3,8 +3,10 @@ call into `registry.jobs.services`; the worker does the rest."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from django.http import FileResponse, Http404
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -43,8 +45,9 @@ class JobParametersSerializer(serializers.Serializer[Any]):
     model = serializers.CharField(help_text="catalog id, e.g. Qwen/Qwen3-30B-A3B-Instruct-2507")
     hardware = serializers.CharField(help_text="hardware label; the queue is gpu.<hardware>")
     tp = serializers.ListField(child=serializers.IntegerField(), required=False)
-    tp_refresh = serializers.ListField(child=serializers.IntegerField(), required=False,
-                                       allow_null=True)
+    tp_refresh = serializers.ListField(
+        child=serializers.IntegerField(), required=False, allow_null=True
+    )
     dp = serializers.ListField(child=serializers.IntegerField(), required=False)
     ep = serializers.ListField(child=serializers.IntegerField(), required=False, allow_null=True)
     max_num_batched_tokens = serializers.IntegerField(required=False)
@@ -71,10 +74,30 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
     class Meta:
         model = AcquisitionJob
         fields = (
-            "id", "url", "state", "phase", "points_done", "points_total", "progress",
-            "eta_seconds", "log_tail", "error", "parameters", "queue", "result_bundle",
-            "created_by", "created_at", "started_at", "finished_at", "updated_at", "attempts",
-            "cancel_requested", "worker", "work_dir", "artifacts", "command_line",
+            "id",
+            "url",
+            "state",
+            "phase",
+            "points_done",
+            "points_total",
+            "progress",
+            "eta_seconds",
+            "log_tail",
+            "error",
+            "parameters",
+            "queue",
+            "result_bundle",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "updated_at",
+            "attempts",
+            "cancel_requested",
+            "worker",
+            "work_dir",
+            "artifacts",
+            "command_line",
         )
         read_only_fields = fields
 
@@ -92,8 +115,11 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
         if bundle is None:
             return None
         return {
-            "id": bundle.pk, "sha256": bundle.sha256, "hardware": bundle.hardware,
-            "model": bundle.model, "variant": bundle.variant,
+            "id": bundle.pk,
+            "sha256": bundle.sha256,
+            "hardware": bundle.hardware,
+            "model": bundle.model,
+            "variant": bundle.variant,
             "url": self._absolute(reverse("registry-api:bundle-detail", args=[bundle.pk])),
             "download": self._absolute(reverse("registry-api:bundle-download", args=[bundle.pk])),
         }
@@ -105,8 +131,11 @@ _UNAVAILABLE = inline_serializer(
 
 
 def _unavailable(exc: BrokerUnavailable) -> Response:
-    return Response({"error": "broker_unavailable", "message": str(exc)},
-                    status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "30"})
+    return Response(
+        {"error": "broker_unavailable", "message": str(exc)},
+        status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": "30"},
+    )
 
 
 @extend_schema(tags=["jobs"])
@@ -151,7 +180,9 @@ class JobViewSet(
         if not (user.is_staff or job.created_by_id == user.pk):
             raise PermissionDenied("only the job's creator or staff may change it")
 
-    @extend_schema(request=None, responses={200: AcquisitionJobSerializer, 409: OpenApiTypes.OBJECT})
+    @extend_schema(
+        request=None, responses={200: AcquisitionJobSerializer, 409: OpenApiTypes.OBJECT}
+    )
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
@@ -159,12 +190,35 @@ class JobViewSet(
         try:
             job = cancel_job(job)
         except JobStateError as exc:
-            return Response({"error": "conflict", "message": str(exc)},
-                            status=status.HTTP_409_CONFLICT)
+            return Response(
+                {"error": "conflict", "message": str(exc)}, status=status.HTTP_409_CONFLICT
+            )
         return Response(self.get_serializer(job).data)
 
-    @extend_schema(request=None, responses={200: AcquisitionJobSerializer, 409: OpenApiTypes.OBJECT,
-                                            503: _UNAVAILABLE})
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 404: OpenApiTypes.OBJECT}
+    )
+    @action(detail=True, methods=["get"], url_path=r"artifacts/(?P<name>[^/]+)")
+    def artifact(self, request: Request, pk: str | None = None, name: str = "") -> FileResponse:
+        """One of the job's listed artifacts (log, progress events, failure evidence)."""
+        job = self.get_object()
+        listed = next((a for a in job.artifacts if a.get("name") == name), None)
+        work = Path(job.work_dir) if job.work_dir else None
+        path = (work / listed["path"]).resolve() if listed and work else None
+        # Only files the runner listed, and only inside the job's own work folder.
+        if (
+            path is None
+            or work is None
+            or not path.is_relative_to(work.resolve())
+            or not path.is_file()
+        ):
+            raise Http404(f"job {job.pk} has no artifact {name!r}")
+        return FileResponse(path.open("rb"), as_attachment=True, filename=path.name)
+
+    @extend_schema(
+        request=None,
+        responses={200: AcquisitionJobSerializer, 409: OpenApiTypes.OBJECT, 503: _UNAVAILABLE},
+    )
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
@@ -172,8 +226,9 @@ class JobViewSet(
         try:
             job = retry_job(job)
         except JobStateError as exc:
-            return Response({"error": "conflict", "message": str(exc)},
-                            status=status.HTTP_409_CONFLICT)
+            return Response(
+                {"error": "conflict", "message": str(exc)}, status=status.HTTP_409_CONFLICT
+            )
         except BrokerUnavailable as exc:
             return _unavailable(exc)
         job.refresh_from_db()

@@ -40,4 +40,6 @@ urlpatterns = [
             name="job-cancel"),
     re_path(r"^jobs/(?P<pk>[0-9]+)/retry/?$", JobViewSet.as_view({"post": "retry"}),
             name="job-retry"),
+    re_path(r"^jobs/(?P<pk>[0-9]+)/artifacts/(?P<name>[^/]+)$",
+            JobViewSet.as_view({"get": "artifact"}), name="job-artifact"),
 ]

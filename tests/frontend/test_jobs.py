@@ -71,6 +71,7 @@ def test_it_shows_a_failed_job_with_its_error_and_artifacts(client: Client) -> N
     )
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "attribution check failed at N=4" in html and "out/failures.jsonl" in html
+    assert f"/api/v1/jobs/{job.pk}/artifacts/failures.jsonl" in html  # downloadable
     assert "30%" in html
     assert "job-cancel" not in html
 

@@ -248,3 +248,22 @@ def test_it_validates_without_importing_torch() -> None:
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=60)
+
+
+def test_it_serves_only_the_artifacts_it_listed(api: APIClient, db: None, tmp_path: Any) -> None:
+    (tmp_path / "acquisition.log").write_text("step 1\nboom\n")
+    (tmp_path / "secret.txt").write_text("not an artifact")
+    job = _job(
+        state="failed",
+        work_dir=str(tmp_path),
+        artifacts=[
+            {"name": "acquisition.log", "path": "acquisition.log", "size": 12},
+            {"name": "escape", "path": "../../etc/passwd", "size": 1},
+        ],
+    )
+    response = api.get(f"/api/v1/jobs/{job.pk}/artifacts/acquisition.log")
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == b"step 1\nboom\n"
+    assert "attachment" in response["Content-Disposition"]
+    for name in ("secret.txt", "escape", "..%2Fsecret.txt"):
+        assert api.get(f"/api/v1/jobs/{job.pk}/artifacts/{name}").status_code == 404
