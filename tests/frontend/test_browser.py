@@ -163,35 +163,26 @@ def test_it_works_at_phone_width(browser: Any, live_server: Any, bundles: tuple[
 
 # The jobs run: a real Celery worker process on the `cpu` queue with Redis, the CPU reference
 # backend on a tiny model (the same harness as tests/registry/test_jobs_worker.py).
+from tests.registry.conftest import redis_broker  # noqa: E402, F401 - a fixture
 from tests.registry.test_jobs_worker import (  # noqa: E402
     CPU_JOB,
     Worker,
-    redis_broker,  # noqa: F401 - a fixture
     tiny_model,  # noqa: F401 - a fixture
+    worker,  # noqa: F401 - a fixture
 )
 
 
-@pytest.fixture
-def cpu_worker(
-    redis_broker: str, registry_dirs: Path, tiny_model: str  # noqa: F811
-) -> Iterator[Worker]:
-    running = Worker(registry_dirs, Path(tiny_model).parent, redis_broker)
-    running.start()
-    yield running
-    running.stop()
-
-
-def _explain_jobs(worker: Worker) -> None:
+def _explain_jobs(running: Worker) -> None:
     """Printed only when the test fails (pytest shows captured output then)."""
     from registry.models import AcquisitionJob
 
     for job in AcquisitionJob.objects.all():
         print(job, job.phase, job.error, job.log_tail[-2000:])
-    print(worker.log.read_text()[-3000:])
+    print(running.log.read_text()[-3000:])
 
 
 def test_it_queues_a_cpu_job_and_watches_it_reach_100_percent(
-    page: Any, live_server: Any, transactional_db: None, cpu_worker: Worker,
+    page: Any, live_server: Any, transactional_db: None, worker: Worker,  # noqa: F811
     tiny_model: str,  # noqa: F811
     request: pytest.FixtureRequest,
 ) -> None:
@@ -214,7 +205,7 @@ def test_it_queues_a_cpu_job_and_watches_it_reach_100_percent(
     _shot(page, "job-new")
     page.click("#job-submit")
     page.wait_for_selector("#job-progress")
-    request.addfinalizer(lambda: _explain_jobs(cpu_worker))
+    request.addfinalizer(lambda: _explain_jobs(worker))
     page.wait_for_function(
         "document.getElementById('job-state').textContent.trim() === 'running' || "
         "document.getElementById('job-percent').textContent.trim() === '100%'",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from config.celery import app
 from moetables import MoeTarget, write_bundle
 from moetables.bundle import TableSpec
 from registry.services.lookup import clear_lookup_cache
@@ -183,3 +185,25 @@ def published(db: None, shipped: Path) -> Any:
     from registry.services import publish_bundle
 
     return publish_bundle(shipped).bundle
+
+
+# Redis database of the broker tests (emptied before and after each one).
+REDIS_URL = os.environ.get("REGISTRY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+@pytest.fixture
+def redis_broker() -> Iterator[Any]:
+    """Celery on a real, empty Redis (skipped where none answers); yields the Redis client."""
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    client.flushdb()
+    saved = (app.conf.broker_url, app.conf.broker_transport_options)
+    app.conf.broker_url = REDIS_URL
+    app.conf.broker_transport_options = {"visibility_timeout": 3600}
+    yield client
+    app.conf.broker_url, app.conf.broker_transport_options = saved
+    client.flushdb()

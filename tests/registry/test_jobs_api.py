@@ -22,25 +22,7 @@ from registry.models import AcquisitionJob
 pytestmark = [pytest.mark.django_db]
 
 REPO = Path(__file__).resolve().parents[2]
-REDIS_URL = os.environ.get("REGISTRY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 QWEN = "Qwen/Qwen3-30B-A3B-Instruct-2507"
-
-
-@pytest.fixture
-def redis_broker() -> Iterator[Any]:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    client.flushdb()
-    saved = (app.conf.broker_url, app.conf.broker_transport_options)
-    app.conf.broker_url = REDIS_URL
-    app.conf.broker_transport_options = {"visibility_timeout": 3600}
-    yield client
-    app.conf.broker_url, app.conf.broker_transport_options = saved
-    client.flushdb()
 
 
 @pytest.fixture

@@ -22,14 +22,13 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from config.celery import app
 from moetables.bundle import validate_bundle
 from registry.models import AcquisitionJob
+from tests.registry.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 REPO = Path(__file__).resolve().parents[2]
-REDIS_URL = os.environ.get("REGISTRY_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 NODE = "jobs-test@localhost"
 
 TINY_CONFIG = {
@@ -43,23 +42,6 @@ CPU_JOB = {
     "rounds": 2, "iterations": 1, "warmup_cycles": 0, "backend": "torch-reference",
     "device": "cpu", "cache_bytes": 1, "quality_tolerance": 0.9, "cudagraph_mode": "NONE",
 }
-
-
-@pytest.fixture
-def redis_broker() -> Iterator[str]:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    client.flushdb()
-    saved = (app.conf.broker_url, app.conf.broker_transport_options)
-    app.conf.broker_url = REDIS_URL
-    app.conf.broker_transport_options = {"visibility_timeout": 3600}
-    yield REDIS_URL
-    app.conf.broker_url, app.conf.broker_transport_options = saved
-    client.flushdb()
 
 
 @pytest.fixture
@@ -122,8 +104,8 @@ class Worker:
 
 
 @pytest.fixture
-def worker(redis_broker: str, registry_dirs: Path, tiny_model: str) -> Iterator[Worker]:
-    running = Worker(registry_dirs, Path(tiny_model).parent, redis_broker)
+def worker(redis_broker: Any, registry_dirs: Path, tiny_model: str) -> Iterator[Worker]:
+    running = Worker(registry_dirs, Path(tiny_model).parent, REDIS_URL)
     running.start()
     yield running
     running.stop()
