@@ -50,7 +50,7 @@ from acquisition.adapters.vllm_capabilities import (
     probe_surface,
     qualified_name,
 )
-from acquisition.adapters.vllm_modular import clone_banks, unique_storage_bytes
+from acquisition.adapters.vllm_modular import UnquantizedExpertBanks
 from moetables.bundle import EXPERTS
 
 if TYPE_CHECKING:
@@ -480,7 +480,7 @@ class _Wrapper:
         return self._session.native_forward(self._hidden.clone())
 
 
-class VllmLiveSession:
+class VllmLiveSession(UnquantizedExpertBanks):
     """A component engine and the native callables of its MoE layer."""
 
     def __init__(
@@ -877,16 +877,6 @@ class VllmLiveSession:
             ),
         }
 
-    def expert_weight_bytes(self) -> int:
-        return unique_storage_bytes((self.w13, self.w2))
-
-    def expert_bank_bytes(self) -> int:
-        # Admitted layers are unquantized: the processed weights are the whole native state.
-        return self.expert_weight_bytes()
-
-    def allocate_banks(self, count: int) -> None:
-        self.banks = [(b[0], b[1]) for b in clone_banks((self.w13, self.w2), count)]
-
     def local_forward(self, component: str, rows: int) -> Any:
         if component == "gate_routing":
             return _GateRouting(self, rows)
@@ -916,10 +906,6 @@ class VllmLiveSession:
             shared_experts=None,
             shared_experts_input=None,
         )
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            self._torch.cuda.synchronize()
 
     def close(self) -> None:
         self.banks = []

@@ -413,7 +413,34 @@ def unique_storage_bytes(tensors: tuple[Any, ...]) -> int:
     return sum(seen.values())
 
 
-class VllmModularSession:
+class UnquantizedExpertBanks:
+    """Bank handling of sessions whose local experts are two unquantized tensors, w13 and w2.
+
+    Such experts own no scales or other native per-weight state, so a conditioned clone owns
+    exactly the weights (R33); clones keep aliases, offsets and strides (``clone_banks``).
+    """
+
+    w13: Any
+    w2: Any
+    device: Any
+    _torch: Any
+    banks: list[tuple[Any, Any]]
+
+    def expert_weight_bytes(self) -> int:
+        return unique_storage_bytes((self.w13, self.w2))
+
+    def expert_bank_bytes(self) -> int:
+        return self.expert_weight_bytes()
+
+    def allocate_banks(self, count: int) -> None:
+        self.banks = [(b[0], b[1]) for b in clone_banks((self.w13, self.w2), count)]
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            self._torch.cuda.synchronize()
+
+
+class VllmModularSession(UnquantizedExpertBanks):
     """vLLM's modular kernel, gate and router for one target rank, with synthetic weights."""
 
     def __init__(
@@ -863,16 +890,6 @@ class VllmModularSession:
             ),
         }
 
-    def expert_weight_bytes(self) -> int:
-        return unique_storage_bytes((self.w13, self.w2))
-
-    def expert_bank_bytes(self) -> int:
-        # Unquantized modular experts own no scales or other native per-weight state.
-        return self.expert_weight_bytes()
-
-    def allocate_banks(self, count: int) -> None:
-        self.banks = [(b[0], b[1]) for b in clone_banks((self.w13, self.w2), count)]
-
     def local_forward(self, component: str, rows: int) -> Any:
         if component == "gate_routing":
             return _GateRouting(self, rows)
@@ -900,10 +917,6 @@ class VllmModularSession:
         if self.choice.prepare_kind == NO_DP_EP:
             self._check_alias(prepared, self._prepare(prepared))
         return self._experts(prepared, self.w13, self.w2, prepared.reference_output)
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            self._torch.cuda.synchronize()
 
     def close(self) -> None:
         self.banks = []
