@@ -19,12 +19,12 @@ export PYTHONPATH="$PWD:/tmp/registry-deps${PYTHONPATH:+:$PYTHONPATH}"
 export REGISTRY_VAR_DIR=/tmp/registry-var DJANGO_DEBUG=0 PYTHONUNBUFFERED=1
 export DJANGO_ALLOWED_HOSTS=127.0.0.1,localhost
 rm -rf "$REGISTRY_VAR_DIR"
-{
+( set -e
   python3 --version
   python3 -c 'import django, rest_framework, celery, torch, vllm; print("django", django.__version__, "drf", rest_framework.VERSION, "celery", celery.__version__, "torch", torch.__version__, "vllm", vllm.__version__)'
   python3 manage.py migrate --noinput
   python3 -c 'from config.celery import ensure_broker_folders; ensure_broker_folders()'
-} >"$OUT_DIR/setup.log" 2>&1 || { cat "$OUT_DIR/setup.log"; exit 1; }
+) >"$OUT_DIR/setup.log" 2>&1 || { cat "$OUT_DIR/setup.log"; exit 1; }
 token=$(python3 manage.py upload_token h200-operator)
 
 python3 -m celery -A config worker --pool solo --concurrency 1 --queues gpu.H200 \
