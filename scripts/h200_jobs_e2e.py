@@ -104,7 +104,13 @@ def main() -> int:
     (args.out / "bundle.json").write_text(json.dumps(bundle, indent=2) + "\n")
     log(f"GET /api/v1/bundles/{bundle_id}/ -> {status} sha256={bundle.get('sha256')} "
         f"tables={len(bundle.get('tables', []))}")
-    table = bundle["tables"][0]
+    download = urllib.request.urlopen(f"{args.base}/api/v1/bundles/{bundle_id}/download",
+                                      timeout=60)
+    archive = args.out / "published_bundle.tar.gz"
+    archive.write_bytes(download.read())
+    log(f"GET /api/v1/bundles/{bundle_id}/download -> {download.status} "
+        f"{archive.stat().st_size} bytes, ETag {download.headers.get('ETag')}")
+    target = bundle["tables"][0]["target"]
     queries = [
         {"component": "gate_routing", "tokens": 64},
         {"component": "experts", "tokens": 64, "activated_experts": 64,
@@ -112,7 +118,7 @@ def main() -> int:
         {"component": "experts", "tokens": 1, "activated_experts": 8, "local_assignments": 8},
     ]
     body = {"bundle": bundle_id,
-            "target": {"tp": table["tp"], "dp": table["dp"], "rank": table["rank"]},
+            "target": {key: target[key] for key in ("tp", "dp", "rank")},
             "queries": queries}
     status, answer = call(args.base, "POST", "/api/v1/lookup", body)
     (args.out / "lookup.json").write_text(json.dumps({"request": body, "answer": answer},
