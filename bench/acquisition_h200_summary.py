@@ -21,6 +21,17 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _measuring_wall(records: list[dict]) -> float:
+    """Seconds spent inside sessions: a resumed run's idle gap between sessions is not work."""
+    spans: list[list[float]] = []
+    for record in records:
+        if record["type"] == "session" or not spans:
+            spans.append([])
+        if "at" in record:
+            spans[-1].append(record["at"])
+    return sum(max(span) - min(span) for span in spans if span) or float("nan")
+
+
 def summarize(root: Path, bandwidth: float) -> None:
     for samples in sorted((root / "_acquisition").rglob("samples.jsonl")):
         records = _records(samples)
@@ -28,8 +39,7 @@ def summarize(root: Path, bandwidth: float) -> None:
         points = [r for r in records if r["type"] == "point" and r["status"] == "measured"]
         controls = [r for r in records if r["type"] == "control"]
         sessions = [r for r in records if r["type"] == "session"]
-        stamps = [r["at"] for r in records if "at" in r]
-        wall = max(stamps) - min(stamps) if stamps else float("nan")
+        wall = _measuring_wall(records)
         first = [c for c in controls if c["attempt"] == 0]
         passed_first = sum(c["passed"] for c in first)
         expert_points = [p for p in points if p["point"].startswith("experts:")]

@@ -27,6 +27,7 @@ from moetables.bundle import load_table
 from moetables.lookup import ComponentTables
 
 H200 = ROOT / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+TORCH_REF = ROOT / "bundles/H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 RTX = ROOT / "bundles/llmservingsim-rtxpro6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 OUT = ROOT / "docs/figures"
 
@@ -128,8 +129,37 @@ def leave_one_out() -> None:
     plt.close(fig)
 
 
+def torch_reference_against_vllm() -> None:
+    """One H200, one target, two expert implementations: where the plain PyTorch loop loses."""
+    vllm = ComponentTables(H200).deployment(1, 2, 0)
+    torch_ref = ComponentTables(TORCH_REF).deployment(1, 2, 0)
+    tokens = sorted({round(2 ** (k / 4)) for k in range(0, 49)})
+    expert_bytes = 3 * 2048 * 768 * 2  # gate, up and down projections of one expert, bf16
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for active, colour in ((8, "tab:blue"), (64, "tab:green")):
+        for deployment, style, name in ((vllm, "-", "vLLM TritonExperts"),
+                                        (torch_ref, "--", "torch-reference")):
+            xs, ys = _lookup_line(deployment, tokens, active)
+            ax.plot(xs, ys, style, color=colour, label=f"{name}, A={active}")
+        bound = active * expert_bytes / 4.8e12 * 1e6
+        ax.axhline(bound, color=colour, linestyle=":", linewidth=1,
+                   label=f"A={active} weights / 4.8 TB/s ({bound:.1f} us)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("N, gathered rows into the expert kernel")
+    ax.set_ylabel("experts time (us, eager, summed CUDA activity)")
+    ax.set_title("H200, Qwen3-30B-A3B bf16, TP1/DP2/EP2 rank 0: balanced M, A = min(A, M)",
+                 fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(OUT / "h200_torch_reference_vs_vllm_experts.png", dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    torch_reference_against_vllm()
     experts_side_by_side()
     local_components()
     leave_one_out()
