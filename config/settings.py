@@ -165,6 +165,10 @@ REGISTRY = {
     "JOB_TIME_LIMIT_S": _int("REGISTRY_JOB_TIME_LIMIT", 24 * 3600),
     # A running job not written by its worker for this long has lost its worker.
     "JOB_STALE_S": _int("REGISTRY_JOB_STALE_S", 120),
+    # The orphan sweep (Celery beat, registry.jobs.sweep) runs this often; 0 schedules none.
+    "JOB_SWEEP_S": _int("REGISTRY_JOB_SWEEP_S", 60),
+    # A job that loses its worker after this many starts is failed, not sent again.
+    "JOB_MAX_ATTEMPTS": _int("REGISTRY_JOB_MAX_ATTEMPTS", 3),
 }
 
 FILE_UPLOAD_TEMP_DIR = None
@@ -237,6 +241,8 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_DEFAULT_QUEUE = "default"
+# Celery beat's record of the last runs (config/celery.py schedules the orphan sweep).
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celery" / "beat-schedule")
 
 LOGGING = {
     "version": 1,

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.signals import worker_ready
 
-__all__ = ["run_acquisition_job"]
+__all__ = ["run_acquisition_job", "sweep_orphaned_jobs"]
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,25 @@ def run_acquisition_job(self: Task, job_id: int) -> str:
     return run_job(job_id, worker=self.request.hostname or socket.gethostname())
 
 
+@shared_task(
+    name="registry.sweep_orphaned_jobs",
+    # Sent by beat every JOB_SWEEP_S (config/celery.py); a lost run is simply the next one.
+    acks_late=False,
+    ignore_result=True,
+)
+def sweep_orphaned_jobs() -> list[str]:
+    """Re-send, fail or cancel the jobs no worker will finish (registry.jobs.sweep)."""
+    from registry.jobs.sweep import sweep_orphaned_jobs as sweep
+
+    return [str(released) for released in sweep()]
+
+
 @worker_ready.connect
 def recover_orphaned_jobs(sender: Any = None, **_: Any) -> None:
-    """On start, re-send jobs that a dead worker of these queues left running."""
+    """On start, release the jobs that a dead worker of these queues left running.
+
+    The periodic sweep would find them too, after JOB_STALE_S; a restarted node need not wait.
+    """
     from registry.jobs.runner import recover_jobs
 
     try:

@@ -4,7 +4,7 @@
 # SQLite at var/db.sqlite3 and Celery's embedded filesystem broker under var/celery.
 # Environment: DATABASE_URL, CELERY_BROKER_URL, REDIS_URL (see config/settings.py),
 # REGISTRY_BIND (default 127.0.0.1:8000), REGISTRY_WEB_WORKERS (default 2),
-# REGISTRY_RUN_WORKER=0 to start no Celery worker beside the web server.
+# REGISTRY_RUN_WORKER=0 to start no Celery workers (nor beat) beside the web server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,18 +13,26 @@ py=.venv/bin/python
 "$py" manage.py import_bundle bundles
 bind=${REGISTRY_BIND:-127.0.0.1:8000}
 
-worker_pid=""
+worker_pids=()
 if [ "${REGISTRY_RUN_WORKER:-1}" = "1" ]; then
   "$py" -c 'from config.celery import ensure_broker_folders; ensure_broker_folders()' \
     </dev/null
-  # One worker for registry work and CPU reference acquisitions (queue cpu); a GPU host adds
-  # its own worker on gpu.<hardware> (docs/jobs.md). solo: one job at a time, and a job's
-  # subprocess dies with the worker.
-  .venv/bin/celery -A config worker --pool solo --concurrency 1 --queues default,cpu \
+  # CPU reference acquisitions (queue cpu); a GPU host adds its own worker on gpu.<hardware>
+  # (docs/jobs.md). solo: one job at a time, and a job's subprocess dies with the worker.
+  .venv/bin/celery -A config worker --pool solo --concurrency 1 --queues cpu \
     -n "local@%h" --loglevel WARNING &
-  worker_pid=$!
+  worker_pids+=($!)
+  # Housekeeping (queue default) with the embedded Celery beat (-B, schedule file under
+  # var/celery): the orphan sweep every REGISTRY_JOB_SWEEP_S seconds. A worker of its own, so
+  # that a long job never holds the sweep up and a job worker that dies is still swept.
+  .venv/bin/celery -A config worker --pool solo --concurrency 1 --queues default -B \
+    -n "registry@%h" --loglevel WARNING &
+  worker_pids+=($!)
 fi
-stop() { if [ -n "$worker_pid" ]; then kill "$worker_pid" 2>/dev/null || true; fi; }
+stop() {
+  local pid
+  for pid in ${worker_pids[@]+"${worker_pids[@]}"}; do kill "$pid" 2>/dev/null || true; done
+}
 trap stop EXIT INT TERM
 
 echo "serving the registry on http://$bind (API docs: http://$bind/api/docs/)"

@@ -171,7 +171,8 @@ class JobViewSet(
             return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
         except BrokerUnavailable as exc:
             return _unavailable(exc)
-        job.refresh_from_db()
+        # The job as this request left it (queued): a free worker may claim it the moment its
+        # message is sent, so a re-read here would answer either state (GET shows the live one).
         body = self.get_serializer(job).data
         return Response(body, status=status.HTTP_201_CREATED, headers={"Location": body["url"]})
 
@@ -231,5 +232,5 @@ class JobViewSet(
             )
         except BrokerUnavailable as exc:
             return _unavailable(exc)
-        job.refresh_from_db()
+        # As queued by the retry, not re-read: see create().
         return Response(self.get_serializer(job).data)

@@ -15,3 +15,6 @@ class JobState(models.TextChoices):
 
 ACTIVE_STATES = (JobState.QUEUED, JobState.RUNNING)
 FINISHED_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+# The runner's phase while it publishes the finished bundle: past this point a cancel is refused.
+PUBLISHING_PHASE = "registry-publish"

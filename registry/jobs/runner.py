@@ -2,10 +2,15 @@
 progress events into the row, publish the bundle.
 
 Every step can run again without loss, because a worker may die at any point and the message
-is then delivered again (acks_late) or re-sent by `recover_jobs` when a worker starts:
+is then delivered again (acks_late) or re-sent by `recover_jobs` when a worker starts, or by the
+periodic orphan sweep (registry.jobs.sweep):
 
 - the claim is a conditional update (a finished job, or one another live worker runs, is
-  skipped);
+  skipped), and it counts an attempt;
+- every later write of the runner is fenced by that attempt (``state=running,
+  attempts=<mine>``): when the job was taken away meanwhile (swept as orphaned, cancelled as
+  stale, claimed again by a redelivery) the write matches no row, and the runner stops its
+  subprocess and leaves the row to its new owner (`JobLost`);
 - the work folder is the job's own (``JOBS_DIR/job-<id>``), so a rerun finds its
   ``samples.jsonl`` and the acquisition resumes instead of measuring again;
 - a run whose progress already ended in ``done`` is not run again, only published;
@@ -41,11 +46,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from registry.choices import BundleSource
-from registry.jobs.choices import JobState
+from registry.jobs.choices import PUBLISHING_PHASE, JobState
 from registry.jobs.models import AcquisitionJob
 from registry.jobs.parameters import acquisition_argv
 
-__all__ = ["claim_job", "recover_jobs", "run_job"]
+__all__ = ["JobLost", "begin_publishing", "claim_job", "recover_jobs", "run_job"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +61,17 @@ TERMINATE_GRACE_S = 60.0
 EXIT_CANCELLED = 130
 
 
+class JobLost(RuntimeError):
+    """The job is no longer this runner's attempt: another owner or a final state took it."""
+
+
 def _jobs_dir() -> Path:
     return Path(settings.REGISTRY["JOBS_DIR"])
+
+
+def _mine(job: AcquisitionJob) -> Any:
+    """The job's row, only while it is still this runner's attempt (the fence)."""
+    return AcquisitionJob.objects.filter(pk=job.pk, state=JobState.RUNNING, attempts=job.attempts)
 
 
 def claim_job(job_id: int, worker: str) -> AcquisitionJob | None:
@@ -163,7 +177,11 @@ def _artifacts(work: Path, failed: bool) -> list[dict[str, Any]]:
 
 
 def _save(job: AcquisitionJob, fields: Iterable[str]) -> None:
-    job.save(update_fields=[*fields, "updated_at"])
+    """Write ``fields`` and the heartbeat, fenced by this attempt; `JobLost` if it is not ours."""
+    job.updated_at = timezone.now()
+    values = {name: getattr(job, name) for name in fields}
+    if not _mine(job).update(**values, updated_at=job.updated_at):
+        raise JobLost(f"job {job.pk}: attempt {job.attempts} on {job.worker} no longer owns it")
 
 
 _PROGRESS_FIELDS = ("phase", "points_done", "points_total", "eta_seconds", "log_tail")
@@ -177,7 +195,6 @@ def _run_subprocess(job: AcquisitionJob, work: Path) -> tuple[int, dict[str, Any
     argv = [sys.executable, "-m", "acquisition",
             *acquisition_argv(job.parameters, out_root=work / "out", progress_json=progress)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    limit_s = float(settings.REGISTRY["JOB_TIME_LIMIT_S"])
     with log_path.open("ab") as log_file:
         log_file.write(f"\n=== attempt {job.attempts} on {job.worker} at "
                        f"{timezone.now().isoformat()}\n$ {shlex.join(argv)}\n".encode())
@@ -187,6 +204,34 @@ def _run_subprocess(job: AcquisitionJob, work: Path) -> tuple[int, dict[str, Any
             stderr=subprocess.STDOUT, env=env, start_new_session=True,
             preexec_fn=_die_with_parent,
         )
+    try:
+        return _follow(job, proc, follower, log_path)
+    except Exception:
+        # JobLost (the job was taken from this runner) or a failure of the runner itself: the
+        # acquisition must not go on writing into the work folder unwatched.
+        _stop(proc)
+        raise
+    except BaseException:
+        # The worker is going down: do not hold it up (PR_SET_PDEATHSIG covers a hard death).
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGTERM)
+        raise
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)  # the acquisition keeps its samples
+    try:
+        proc.wait(TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _follow(job: AcquisitionJob, proc: subprocess.Popen[bytes], follower: ProgressFollower,
+            log_path: Path) -> tuple[int, dict[str, Any] | None, str]:
+    limit_s = float(settings.REGISTRY["JOB_TIME_LIMIT_S"])
     started = time.monotonic()
     last: dict[str, Any] | None = None
     stopped = ""
@@ -234,11 +279,34 @@ def _finish(job: AcquisitionJob, state: JobState, *, error: str = "", failed: bo
                 "artifacts", "result_bundle"])
 
 
+def begin_publishing(job: AcquisitionJob) -> bool:
+    """Enter the publishing phase unless a cancel was requested first; False if it was.
+
+    One conditional update decides between a cancel request and publishing: `cancel_job`
+    changes the row under its lock, so exactly one of them sees the other. A request accepted
+    before this point ends the job cancelled, even when the acquisition had already finished
+    (its finished run is kept: a retry only publishes it); after it, cancel is refused.
+    """
+    now = timezone.now()
+    if _mine(job).filter(cancel_requested=False).update(phase=PUBLISHING_PHASE, updated_at=now):
+        job.phase = PUBLISHING_PHASE
+        job.updated_at = now
+        return True
+    if not _mine(job).exists():
+        raise JobLost(f"job {job.pk}: attempt {job.attempts} on {job.worker} no longer owns it")
+    return False
+
+
+def _publish_or_cancel(job: AcquisitionJob, bundle_dir: Path) -> None:
+    if begin_publishing(job):
+        _publish(job, bundle_dir)
+    else:
+        _finish(job, JobState.CANCELLED, phase="cancelled")
+
+
 def _publish(job: AcquisitionJob, bundle_dir: Path) -> None:
     from registry.services import PublishError, publish_bundle
 
-    job.phase = "registry-publish"
-    _save(job, ["phase"])
     try:
         result = publish_bundle(
             bundle_dir, source_kind=BundleSource.ACQUISITION,
@@ -271,11 +339,11 @@ def run_job(job_id: int, worker: str) -> str:
         # A run that already finished (the worker died while publishing) is only published.
         bundle = _bundle_of(_last_event(work / "progress.jsonl"))
         if bundle is not None:
-            _publish(job, bundle)
+            _publish_or_cancel(job, bundle)
             return str(job.state)
         rc, last, stopped = _run_subprocess(job, work)
         if rc == 0 and (bundle := _bundle_of(last)) is not None:
-            _publish(job, bundle)
+            _publish_or_cancel(job, bundle)
         elif stopped == "cancelled":
             _finish(job, JobState.CANCELLED, phase="cancelled")
         elif stopped:
@@ -286,37 +354,43 @@ def run_job(job_id: int, worker: str) -> str:
                 lines = [ln for ln in _tail(work / "acquisition.log", 2048).splitlines() if ln]
                 error = f"the acquisition exited with status {rc}: " + " | ".join(lines[-3:])
             _finish(job, JobState.FAILED, failed=True, phase="failed", error=str(error))
+    except JobLost as exc:
+        return _lost(exc)
     except Exception:
         log.exception("job %s failed in the worker", job_id)
-        _finish(job, JobState.FAILED, failed=True, phase="failed",
-                error="the worker failed: " + traceback.format_exc(limit=5))
+        try:
+            _finish(job, JobState.FAILED, failed=True, phase="failed",
+                    error="the worker failed: " + traceback.format_exc(limit=5))
+        except JobLost as exc:
+            return _lost(exc)
     return str(job.state)
 
 
+def _lost(exc: JobLost) -> str:
+    log.warning("%s; its subprocess was stopped and the row left to its new owner", exc)
+    return "lost"
+
+
 def recover_jobs(worker: str, queues: Iterable[str]) -> list[int]:
-    """Re-send the running jobs of ``queues`` whose worker died.
+    """Release the running jobs of ``queues`` whose worker died; returns the re-sent ids.
 
     Called when a worker starts: a job still marked running on this very node name cannot be
     running (the node was just started), and one nobody has written for JOB_STALE_S seconds has
     lost its worker. With Redis the original message would come back only after the visibility
-    timeout (longer than the longest job); the embedded broker never brings it back.
+    timeout (longer than the longest job); the embedded broker never brings it back. Each job
+    is released as the periodic sweep releases it (`registry.jobs.sweep.release_orphan`):
+    re-sent, or failed after JOB_MAX_ATTEMPTS starts, or cancelled if that was asked.
     """
-    from registry.jobs.services import BrokerUnavailable, send_job
+    from registry.jobs.sweep import SweepAction, release_orphan, silence_reason
 
     stale = timezone.now() - timedelta(seconds=settings.REGISTRY["JOB_STALE_S"])
     orphans = AcquisitionJob.objects.filter(state=JobState.RUNNING, queue__in=list(queues)).filter(
-        Q(worker=worker) | Q(updated_at__lt=stale))
+        Q(worker=worker) | Q(updated_at__lt=stale)).order_by("updated_at", "id")
     recovered = []
     for job in orphans:
-        updated = AcquisitionJob.objects.filter(pk=job.pk, state=JobState.RUNNING).update(
-            state=JobState.QUEUED, phase="requeued", updated_at=timezone.now())
-        if not updated:
-            continue
-        try:
-            send_job(job)
-        except BrokerUnavailable:
-            log.exception("job %s: could not be re-sent", job.pk)
-            continue
-        log.warning("job %s: its worker %s died; re-sent to %s", job.pk, job.worker, job.queue)
-        recovered.append(job.pk)
+        why = (f"its worker {worker} restarted while running it" if job.worker == worker
+               else silence_reason(job))
+        done = release_orphan(job, why)
+        if done is not None and done.action == SweepAction.REQUEUED:
+            recovered.append(job.pk)
     return recovered

@@ -26,6 +26,7 @@ def test_it_queues_a_message_on_the_embedded_broker(tmp_path: Path) -> None:
     app.conf.broker_transport_options = {
         "data_folder_in": str(queue), "data_folder_out": str(queue),
         "processed_folder": str(tmp_path / "processed"),
+        "control_folder": str(tmp_path / "control"),  # kombu's default is ./control
     }
     app.conf.result_backend = f"file://{tmp_path / 'results'}"
     try:

@@ -4,6 +4,11 @@ reference backend on a tiny model (4 experts, top-2, hidden 16), so that a job t
 Queue through the API, follow progress, see the bundle published and served; kill -9 the
 worker mid-job and start it again (the job resumes from its samples); cancel a running job,
 keep its samples, and retry it.
+
+"Mid-job" is made certain, not likely: the kill and cancel tests run their worker with
+`hold_after_first_point/` on PYTHONPATH, so that the acquisition stops after its first point
+until SIGTERM reaches it (see that folder's sitecustomize.py). Without it the tiny model
+finishes its remaining points in about the time it takes to see the first one and act.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "jobs-test@localhost"
+HOLD = Path(__file__).resolve().parent / "hold_after_first_point"
 
 TINY_CONFIG = {
     "model_type": "qwen3_moe", "hidden_size": 16, "moe_intermediate_size": 8, "num_experts": 4,
@@ -65,7 +71,7 @@ def _database_url() -> str:
 class Worker:
     """A Celery worker process on the `cpu` queue, sharing this test's database and folders."""
 
-    def __init__(self, var: Path, models: Path, broker: str) -> None:
+    def __init__(self, var: Path, models: Path, broker: str, *, hold: bool = False) -> None:
         self.var = var
         self.env = {
             **os.environ, "DATABASE_URL": _database_url(), "REGISTRY_VAR_DIR": str(var),
@@ -73,6 +79,9 @@ class Worker:
             "REGISTRY_JOB_MODEL_ROOTS": str(models),
             "PYTHONUNBUFFERED": "1",
         }
+        if hold:  # the acquisitions it runs hold after their first point (module docstring)
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(HOLD), os.environ.get("PYTHONPATH")]))
         self.log = var / "worker.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -111,6 +120,15 @@ def worker(redis_broker: Any, registry_dirs: Path, tiny_model: str) -> Iterator[
     running.stop()
 
 
+@pytest.fixture
+def holding_worker(redis_broker: Any, registry_dirs: Path, tiny_model: str) -> Iterator[Worker]:
+    """A worker whose acquisitions hold after their first point until SIGTERM reaches them."""
+    running = Worker(registry_dirs, Path(tiny_model).parent, REDIS_URL, hold=True)
+    running.start()
+    yield running
+    running.stop()
+
+
 def wait_for(
     check: Callable[[], Any], timeout: float, what: str, explain: Callable[[], str] | None = None
 ) -> Any:
@@ -144,7 +162,7 @@ def test_it_runs_a_queued_job_and_publishes_its_bundle(
     worker: Worker, uploader: APIClient, tiny_model: str, api: APIClient
 ) -> None:
     created = _queue(uploader, tiny_model, max_num_batched_tokens=4)
-    assert created["state"] in ("queued", "running")  # a free worker may already have it
+    assert created["state"] == "queued"  # as queued, even if the free worker already has it
     assert created["queue"] == "cpu"
     pk = created["id"]
     seen = wait_for(lambda: job_state(pk, "running", "succeeded", "failed"), 60, "the job to start")
@@ -184,6 +202,11 @@ def _resumed_points(work_dir: str) -> int:
     return max((e["points_done"] for e in events if "resumed" in e.get("message", "")), default=0)
 
 
+def _last_phase(work_dir: str) -> str:
+    lines = (Path(work_dir) / "progress.jsonl").read_text().splitlines()
+    return str(json.loads(lines[-1])["phase"]) if lines else ""
+
+
 def _samples(work_dir: str) -> int:
     files = list((Path(work_dir) / "out" / "_acquisition").rglob("samples.jsonl"))
     return sum(len(f.read_text().splitlines()) for f in files)
@@ -193,25 +216,29 @@ LONG = {"max_num_batched_tokens": 64, "rounds": 3, "iterations": 2}
 
 
 def test_it_resumes_a_job_after_its_worker_is_killed(
-    worker: Worker, uploader: APIClient, tiny_model: str, api: APIClient
+    holding_worker: Worker, uploader: APIClient, tiny_model: str, api: APIClient
 ) -> None:
+    worker = holding_worker
     pk = _queue(uploader, tiny_model, **LONG)["id"]
     mid = wait_for(
         lambda: (j := AcquisitionJob.objects.get(pk=pk)).points_done >= 1 and j, 90,
         "the first measured point",
     )
     worker.kill()
-    time.sleep(1.0)  # the acquisition child gets SIGTERM from the kernel and stops
+    # The kernel sends the acquisition SIGTERM when its worker dies (PR_SET_PDEATHSIG): it
+    # stops and keeps its samples before the restarted worker resumes in the same folder.
+    wait_for(lambda: _last_phase(mid.work_dir) == "cancelled", 60,
+             "the acquisition to stop with its worker")
     killed = AcquisitionJob.objects.get(pk=pk)
     assert killed.state == "running", _explain(worker, pk)
-    assert killed.points_done < killed.points_total, "the job ended before the kill"
+    assert (killed.points_done, killed.points_total) == (1, 20)
     assert _samples(mid.work_dir) >= 1
 
     worker.start()
     done = wait_for(lambda: job_state(pk, "succeeded", "failed"), 120, "the resumed job to end")
     assert done.state == "succeeded", _explain(worker, pk)
     assert done.attempts == 2
-    assert _resumed_points(done.work_dir) >= 1
+    assert _resumed_points(done.work_dir) == 1
     bundle = done.result_bundle
     assert bundle is not None
     from registry.services import checkout_bundle
@@ -222,8 +249,9 @@ def test_it_resumes_a_job_after_its_worker_is_killed(
 
 
 def test_it_cancels_a_running_job_and_a_retry_resumes_it(
-    worker: Worker, uploader: APIClient, tiny_model: str
+    holding_worker: Worker, uploader: APIClient, tiny_model: str
 ) -> None:
+    worker = holding_worker
     pk = _queue(uploader, tiny_model, **LONG)["id"]
     wait_for(lambda: AcquisitionJob.objects.get(pk=pk).points_done >= 1, 90, "a measured point")
     response = uploader.post(f"/api/v1/jobs/{pk}/cancel")
@@ -233,14 +261,18 @@ def test_it_cancels_a_running_job_and_a_retry_resumes_it(
                          "the job to stop")
     assert cancelled.state == "cancelled", _explain(worker, pk)
     assert cancelled.finished_at is not None
+    assert (cancelled.points_done, cancelled.points_total) == (1, 20)
     kept = _samples(cancelled.work_dir)
     assert kept >= 1, "the partial samples are kept"
     assert uploader.post(f"/api/v1/jobs/{pk}/cancel").status_code == 409
 
     retried = uploader.post(f"/api/v1/jobs/{pk}/retry")
     assert retried.status_code == 200
-    assert retried.json()["state"] == "queued"
+    # The job as the retry left it, although the idle worker may claim it at once.
+    body = retried.json()
+    assert (body["state"], body["error"], body["cancel_requested"]) == ("queued", "", False)
     done = wait_for(lambda: job_state(pk, "succeeded", "failed"), 120, "the retried job to end")
     assert done.state == "succeeded", _explain(worker, pk)
-    assert _resumed_points(done.work_dir) >= 1
+    assert done.attempts == 2
+    assert _resumed_points(done.work_dir) == 1
     assert done.result_bundle is not None
