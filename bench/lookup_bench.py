@@ -5,6 +5,9 @@
 Measures, on this machine, as medians over ``--repeat`` runs:
 - batch expert lookups on a current-layout table of >= 2,000 N/A/M points;
 - scalar lookups, uncached (distinct queries) and cached (repeated queries);
+- the same batch and uncached scalar lookups with the locator's exact search alone (the
+  walk every query took before the cell candidates), and the build time and memory of the
+  deployment's tables;
 - the baseline: the historical method in plain per-query Python (bisect over rows, linear
   interpolation), uncached, on the real LLMServingSim bundle;
 - open + validate of the real bundle and of the 2,000-point bundle;
@@ -26,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -191,10 +195,24 @@ def main() -> None:
         points = int(sum((t.component == "experts").sum() for t in report.tables.values()))
         results["table_expert_points"] = points
 
-        tables = ComponentTables(path)
-        start = time.perf_counter()
-        deployment = tables.deployment(1, 2, 0)
-        results["surface_build_s"] = time.perf_counter() - start
+        builds = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            deployment = ComponentTables(path).deployment(1, 2, 0)
+            builds.append(time.perf_counter() - start)
+        results["surface_build_s"] = statistics.median(builds)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        kept = ComponentTables(path).deployment(1, 2, 0)
+        results["deployment_memory_mb"] = (tracemalloc.get_traced_memory()[0] - before) / 2**20
+        tracemalloc.stop()
+        del kept
+        surface = deployment._experts[("experts", "eager")]
+        assert isinstance(surface, ExpertSurface) and surface._locator is not None
+        locator = surface._locator
+        results["locator_cells"] = locator.cell_count
+        results["locator_cells_per_axis"] = locator.cells_per_axis
+        results["locator_candidates"] = len(locator.cell_candidates)
 
         n, a, m = random_queries(g, args.queries, seed=1)
         deployment.batch("experts", n[:1000], a[:1000], m[:1000])
@@ -202,6 +220,12 @@ def main() -> None:
         answered = float((deployment.batch("experts", n, a, m).code == 0).mean())
         results["batch_queries_per_s"] = args.queries / batch_s
         results["batch_answered_share"] = answered
+        # The same lookups with the locator's exact search alone (the walk every query took
+        # before the cell candidates), for a ratio measured in this process.
+        locator.search = locator.search_by_walk  # type: ignore[method-assign]
+        walk_s = median_time(lambda: deployment.batch("experts", n, a, m), args.repeat)
+        del locator.search
+        results["batch_queries_per_s_exact_walk"] = args.queries / walk_s
 
         count = 20_000
         sn, sa, sm = (x.tolist() for x in random_queries(g, count * args.repeat, seed=2))
@@ -214,13 +238,20 @@ def main() -> None:
                 except (LookupError, ValueError):
                     pass
 
-        runs = []
-        for r in range(args.repeat):
-            deployment.time_us.cache_clear()
-            start = time.perf_counter()
-            scalar(r * count)
-            runs.append(time.perf_counter() - start)
-        results["scalar_uncached_queries_per_s"] = count / statistics.median(runs)
+        def uncached() -> float:
+            runs = []
+            for r in range(args.repeat):
+                deployment.time_us.cache_clear()
+                start = time.perf_counter()
+                scalar(r * count)
+                runs.append(time.perf_counter() - start)
+            return count / statistics.median(runs)
+
+        results["scalar_uncached_queries_per_s"] = uncached()
+        walk_one = locator.locate_one_by_walk
+        locator.locate_one_3d = lambda y0, y1, y2: walk_one((y0, y1, y2))  # type: ignore[method-assign]
+        results["scalar_uncached_queries_per_s_exact_walk"] = uncached()
+        del locator.locate_one_3d
         hot = [(sn[i], sa[i], sm[i]) for i in range(1000)]
         for q in hot:
             try:
@@ -277,6 +308,8 @@ def main() -> None:
             results[f"{key}_over_baseline"] = (
                 results[key] / results["baseline_historical_per_query_per_s"]
             )  # type: ignore[operator]
+        for key in ("batch_queries_per_s", "scalar_uncached_queries_per_s"):
+            results[f"{key}_over_exact_walk"] = results[key] / results[f"{key}_exact_walk"]  # type: ignore[operator]
 
         hist = ComponentTables(SHARED).bundle
         from moetables.bundle import load_table

@@ -2,10 +2,11 @@
 
     python bench/registry_bench.py                       # SQLite, the run command's default
     python bench/registry_bench.py --postgres            # a scratch PostgreSQL database
+    python bench/registry_bench.py --threads 1           # one thread per gunicorn worker
 
 Each run starts from an empty database in a scratch folder: migrate, import the shipped bundle,
 publish 1,000 SYNTHETIC bundles (bench/registry_synthetic.py), start gunicorn (2 workers,
-gthread, 2 threads each, keep-alive), then measure:
+gthread, 2 threads each unless --threads says otherwise, keep-alive), then measure:
   - POST /api/v1/lookup with 10,000 queries per request   (target p50 <= 50 ms), on the shipped
     historical bundle and on a current-layout SYNTHETIC one
   - POST /api/v1/lookup with 1 query per request          (target p50 <= 3 ms, >= 1,000 req/s)
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--bundles", type=int, default=1000)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--threads", type=int, default=2, help="gthread threads per worker")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="registry-bench-"))
@@ -152,7 +154,8 @@ def main() -> None:
             bodies[name] = path
         bind = f"127.0.0.1:{args.port}"
         gunicorn = [str(REPO / ".venv" / "bin" / "gunicorn"), "--bind", bind, "--workers", "2",
-                    "--worker-class", "gthread", "--threads", "2", "--log-level", "warning"]
+                    "--worker-class", "gthread", "--threads", str(args.threads),
+                    "--log-level", "warning"]
         baseline = subprocess.Popen([*gunicorn, "registry_baseline_wsgi:app"],
                                     cwd=REPO / "bench", env=env)
         base = f"http://{bind}"
@@ -185,6 +188,7 @@ def main() -> None:
             result["name"] = name
             results.append(result)
         database = "PostgreSQL 127.0.0.1" if args.postgres else "SQLite"
+        database += f", {args.threads} thread{'s' if args.threads != 1 else ''} per worker"
         print(f"\n| scenario ({database}) | requests | concurrency | p50 ms | p90 ms | p99 ms "
               "| req/s | errors |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")

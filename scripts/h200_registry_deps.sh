@@ -17,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
   gunicorn==27.0.1 dj-database-url==3.1.2 whitenoise==6.12.0 asgiref sqlparse billiard vine \
   amqp click click-didyoumean click-repl click-plugins python-dateutil six tzdata tzlocal \
   prompt-toolkit wcwidth uritemplate inflection jsonschema jsonschema-specifications \
-  referencing rpds-py attrs packaging
+  referencing rpds-py attrs packaging orjson==3.13.0
 find "$work/site" -path '*/locale/*/LC_MESSAGES' -prune -exec rm -rf {} +
 find "$work/site" -name __pycache__ -prune -exec rm -rf {} +
 rm -rf "$work/site/django/contrib/gis" "$work/site/bin"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -27,7 +28,7 @@ from moetables.errors import CoverageError, QueryError
 from moetables.geometry import ExpertGeometry
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.lookup.curves import LocalCurve
-from moetables.lookup.locate import HintMap, SimplexLocator
+from moetables.lookup.locate import HintMap, SimplexLocator, Snap
 
 __all__ = ["Coordinates", "ExpertSurface"]
 
@@ -41,6 +42,9 @@ _RANK_TOL = 1e-9
 
 # Batches at least this large are split over a thread per core.
 _PARALLEL_ROWS = 1 << 17
+# Largest stored coordinate for which per-axis tables of stored values are kept (keys hold
+# 21 bits a coordinate anyway).
+_OCCURS_LIMIT = 1 << 21
 
 
 @functools.cache
@@ -82,6 +86,10 @@ class ExpertSurface:
     ) -> None:
         self.geometry = geometry
         self.label = label
+        self._log = coordinates == "log"
+        self._local_experts = geometry.local_experts
+        self._top_k = geometry.top_k
+        self._floor_per_token = max(0, geometry.top_k - geometry.remote_experts)
         self.coordinates: Coordinates = coordinates
         self._exact = {
             (int(n), int(a), int(m)): float(t)
@@ -92,6 +100,13 @@ class ExpertSurface:
         self._keys = keys[order]
         self._key_times = times[order]
         self._limit = int(max(tokens.max(), active.max(), pairs.max())) + 1
+        # Per axis, which values occur among the stored rows: most queries fail one of these
+        # three table reads and skip the exact-key search (tables stay small: values are rows).
+        self._stored_values = (
+            [self._occurs(column) for column in (tokens, active, pairs)]
+            if self._limit <= _OCCURS_LIMIT
+            else None
+        )
         remote = (active == 0) & (pairs == 0)
         self.remote: LocalCurve | None = (
             LocalCurve(tokens[remote], times[remote], f"{label} all-remote (A=M=0)")
@@ -103,7 +118,7 @@ class ExpertSurface:
             (int(tokens[positive].min()), int(tokens[positive].max())) if positive.any() else (0, 0)
         )
         self._times = times[positive]
-        self._times_py = self._times.tolist()
+        self._times_py: list[float] = self._times.tolist()
         points = self._transform(
             tokens[positive].astype(np.float64),
             active[positive].astype(np.float64),
@@ -125,35 +140,97 @@ class ExpertSurface:
         self._full = rank == 3
         self._mean_py = [float(v) for v in self._mean]
         self._basis_py = [[float(v) for v in row] for row in self._basis]
-        hint = self._pairs_per_token_hint() if self._full else None
-        self._locator = SimplexLocator(reduced, hint_map=hint) if rank >= 2 else None
+        hint = self._assignment_position_hint() if self._full else None
+        self._locator = (
+            SimplexLocator(
+                reduced, hint_map=hint, snap=self._integer_snap() if self._full else None
+            )
+            if rank >= 2
+            else None
+        )
+        if self._locator is not None:
+            # The time at each corner of each simplex, one row per corner, for batch answers.
+            self._corner_times = np.ascontiguousarray(self._times[self._locator.simplices].T)
         if rank == 1:
             order1 = np.argsort(reduced[:, 0], kind="stable")
             self._line_x = reduced[order1, 0]
             self._line_t = self._times[order1]
 
-    def _pairs_per_token_hint(self) -> HintMap:
-        """Lay start hints over (N, A, M/N): M's range grows with N, its ratio does not."""
-        mean = self._mean
+    def _occurs(self, column: IntArray) -> npt.NDArray[np.bool_]:
+        table = np.zeros(self._limit, dtype=bool)
+        table[column[column >= 0]] = True
+        return table
+
+    def _integer_snap(self) -> Snap:
+        """Queries come at integer N, A, M: move sample points onto the nearest of those."""
+        mean = self._mean_py
         log = self.coordinates == "log"
 
-        def forward(y: FloatArray) -> FloatArray:
-            x = y + mean
-            out = x.copy()
-            out[:, 2] = x[:, 2] - x[:, 0] if log else x[:, 2] / np.maximum(x[:, 0], 1e-12)
+        def snap(y: Sequence[FloatArray]) -> list[FloatArray]:
+            out = []
+            for axis, column in enumerate(y):
+                x = column + mean[axis]
+                if log:
+                    with np.errstate(over="ignore"):
+                        x = np.exp(x)
+                x = np.maximum(np.rint(x), 1.0)
+                if log:
+                    x = np.log(x)
+                out.append(x - mean[axis])
             return out
 
-        def inverse(h: FloatArray) -> FloatArray:
-            x = h.copy()
-            x[:, 2] = h[:, 2] + h[:, 0] if log else h[:, 2] * h[:, 0]
-            return x - mean
+        return snap
 
-        mean_py = self._mean_py
+    def _assignment_position_hint(self) -> HintMap:
+        """Lay the cell grid over (N, A, t), t the position of M between its bounds at N, A.
 
-        def forward_one(y: list[float]) -> list[float]:
-            x = [v + mean_py[i] for i, v in enumerate(y)]
-            x[2] = x[2] - x[0] if log else x[2] / max(x[0], 1e-12)
-            return x
+        The feasible region is a box in these coordinates (M's range grows with N and A,
+        t's does not), so cells follow it. Hint coordinates are the centred N and A (a
+        shift of an axis moves no cell boundary relative to the vertices) and t; in log
+        coordinates t is the position of log M between the logs of its bounds. Only the
+        order in which candidates are tried depends on this, never an answer.
+        """
+        mean = self._mean
+        g = self.geometry
+        log = self.coordinates == "log"
+        k = float(g.top_k)
+        floor_per_token = float(max(0, g.top_k - g.remote_experts))
+        if log:
+            k = math.log(k)
+            floor_per_token = math.log(floor_per_token) if floor_per_token > 0 else -math.inf
+        # (In raw coordinates a floor of 0 is no floor: low is A itself.)
+
+        def bounds(tokens: FloatArray, active: FloatArray) -> tuple[FloatArray, FloatArray]:
+            if log:
+                low = np.maximum(active, tokens + floor_per_token)
+                return low, np.minimum(active, k) + tokens
+            low = np.maximum(active, tokens * floor_per_token) if floor_per_token else active
+            return low, np.minimum(active, k) * tokens
+
+        def forward(y: Sequence[FloatArray]) -> list[FloatArray]:
+            low, high = bounds(y[0] + mean[0], y[1] + mean[1])
+            high -= low
+            position = y[2] + mean[2]
+            position -= low
+            np.divide(position, high, out=position, where=high > 0.0)
+            return [y[0], y[1], position]
+
+        def inverse(h: Sequence[FloatArray]) -> list[FloatArray]:
+            low, high = bounds(h[0] + mean[0], h[1] + mean[1])
+            return [h[0], h[1], low + h[2] * (high - low) - mean[2]]
+
+        mean0, mean1, mean2 = self._mean_py
+
+        def forward_one(y: Sequence[float]) -> Sequence[float]:
+            tokens, active = y[0] + mean0, y[1] + mean1
+            if log:
+                low, high = max(active, tokens + floor_per_token), min(active, k) + tokens
+            else:
+                low = max(active, tokens * floor_per_token) if floor_per_token else active
+                high = min(active, k) * tokens
+            high -= low
+            position = y[2] + mean2 - low
+            return (y[0], y[1], position / high if high > 0.0 else position)
 
         return forward, inverse, forward_one
 
@@ -190,18 +267,38 @@ class ExpertSurface:
         rows = np.flatnonzero(~remote & (codes == OK))
         if rows.size == 0:
             return values, codes
-        n, a, m = tokens[rows], active[rows], pairs[rows]
-        measurable = (n < self._limit) & (a < self._limit) & (m < self._limit)
-        keys = _key(
-            np.where(measurable, n, 0), np.where(measurable, a, 0), np.where(measurable, m, 0)
-        )
-        slot = np.clip(np.searchsorted(self._keys, keys), 0, len(self._keys) - 1)
-        exact = measurable & (self._keys[slot] == keys)
-        values[rows[exact]] = self._key_times[slot[exact]]
-        rest = ~exact
-        if not rest.any():
-            return values, codes
-        rows, n, a, m = rows[rest], n[rest], a[rest], m[rest]
+        if rows.size == count:  # the common case: every row to answer, no copies
+            n, a, m = tokens, active, pairs
+        else:
+            n, a, m = tokens[rows], active[rows], pairs[rows]
+        # Stored rows first, verbatim: only rows whose three values all occur in the table
+        # can be one, so only those are looked up among the stored keys.
+        if self._stored_values is not None:
+            occurs_n, occurs_a, occurs_m = self._stored_values
+            maybe = occurs_n.take(n, mode="clip")
+            maybe &= occurs_a.take(a, mode="clip")
+            maybe &= occurs_m.take(m, mode="clip")
+            look = np.flatnonzero(maybe)
+        else:
+            look = np.arange(len(n))
+        if look.size:
+            ln, la, lm = n[look], a[look], m[look]
+            measurable = (ln < self._limit) & (la < self._limit) & (lm < self._limit)
+            keys = _key(
+                np.where(measurable, ln, 0),
+                np.where(measurable, la, 0),
+                np.where(measurable, lm, 0),
+            )
+            slot = np.clip(np.searchsorted(self._keys, keys), 0, len(self._keys) - 1)
+            exact = measurable & (self._keys[slot] == keys)
+            hit = look[exact]
+            values[rows[hit]] = self._key_times[slot[exact]]
+            if hit.size:
+                rest = np.ones(len(n), dtype=bool)
+                rest[hit] = False
+                rows, n, a, m = rows[rest], n[rest], a[rest], m[rest]
+                if rows.size == 0:
+                    return values, codes
         got, ok = self._interpolate(
             n.astype(np.float64), a.astype(np.float64), m.astype(np.float64)
         )
@@ -232,35 +329,39 @@ class ExpertSurface:
     def _interpolate_chunk(
         self, n: FloatArray, a: FloatArray, m: FloatArray
     ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
-        centred = self._transform(n, a, m) - self._mean
-        if self._full:
-            reduced = centred
-            on_plane = np.ones(len(n), dtype=bool)
-        else:
-            reduced = centred @ self._basis.T
-            # A query off the measured affine subspace (EP1's M = N*k plane, or an axis the
-            # plan held fixed) has no enclosing simplex.
-            residual = (
-                np.abs(centred - reduced @ self._basis).max(axis=1) if len(centred) else np.zeros(0)
-            )
-            on_plane = residual <= 1e-9 * max(self._scale, 1.0)
+        # Centred coordinates, one array per axis, in the arithmetic ``_interpolate_one``
+        # does for one query, so that both reach the same simplex and number.
+        centred = [self._column(x) - self._mean_py[axis] for axis, x in enumerate((n, a, m))]
+        if self._full and self._locator is not None:
+            return self._locator.interpolate(centred, self._corner_times)
+        c0, c1, c2 = centred
+        reduced = [row[0] * c0 + row[1] * c1 + row[2] * c2 for row in self._basis_py]
+        # A query off the measured affine subspace (EP1's M = N*k plane, or an axis the
+        # plan held fixed) has no enclosing simplex.
+        residual = np.zeros(len(n))
+        for j in range(3):
+            back = reduced[0] * self._basis_py[0][j]
+            for i in range(1, len(reduced)):
+                back += reduced[i] * self._basis_py[i][j]
+            np.maximum(residual, np.abs(centred[j] - back), out=residual)
+        on_plane = ~(residual > 1e-9 * max(self._scale, 1.0))
         values = np.full(len(n), np.nan)
         ok = np.zeros(len(n), dtype=bool)
         if self._locator is not None:
-            simplex, weights = self._locator.locate(reduced)
-            ok = on_plane & (simplex >= 0)
-            if ok.all():  # the common case: no masked copies
-                values = np.einsum(
-                    "ij,ij->i", weights, self._times[self._locator.simplices[simplex]]
-                )
-            else:
-                vertices = self._locator.simplices[simplex[ok]]
-                values[ok] = np.einsum("ij,ij->i", weights[ok], self._times[vertices])
+            got, inside = self._locator.interpolate(reduced, self._corner_times)
+            ok = on_plane & inside
+            values[ok] = got[ok]
         elif self.dimension == 1:
-            x = reduced[:, 0]
+            x = reduced[0]
             ok = on_plane & (x >= self._line_x[0]) & (x <= self._line_x[-1])
             values[ok] = np.interp(x[ok], self._line_x, self._line_t)
         return values, ok
+
+    def _column(self, x: FloatArray) -> FloatArray:
+        if self._log:
+            with np.errstate(divide="ignore"):
+                return np.log(x)
+        return x
 
     # -- one query ----------------------------------------------------------------------
 
@@ -276,7 +377,14 @@ class ExpertSurface:
             if self.remote is None:
                 raise CoverageError(f"{self.label}: this table has no all-remote (A=M=0) rows")
             return self.remote.time(tokens)
-        if not g.feasible(tokens, active, pairs):
+        # ExpertGeometry.feasible for A, M not both 0, inlined: this runs once a query.
+        if not (
+            tokens >= 1
+            and 1 <= active <= self._local_experts
+            and max(active, tokens * self._floor_per_token)
+            <= pairs
+            <= tokens * min(self._top_k, active)
+        ):
             low, high = g.assignment_bounds(tokens, active) if tokens >= 1 else (0, 0)
             raise QueryError(
                 f"{self.label}: N={tokens} A={active} M={pairs} is infeasible "
@@ -285,42 +393,55 @@ class ExpertSurface:
         exact = self._exact.get((tokens, active, pairs))
         if exact is not None:
             return exact
-        values, ok = (
-            self._interpolate(
-                np.array([tokens], dtype=np.float64),
-                np.array([active], dtype=np.float64),
-                np.array([pairs], dtype=np.float64),
-            )
-            if self._locator is None
-            else self._interpolate_one(tokens, active, pairs)
+        value = (
+            self._interpolate_one(tokens, active, pairs)
+            if self._locator is not None
+            else self._interpolate_line(tokens, active, pairs)
         )
-        if not ok[0]:
+        if value is None:
             raise CoverageError(
                 f"{self.label}: N={tokens} A={active} M={pairs} is outside the measured support "
                 f"(tokens {self.support[0]}..{self.support[1]}); no extrapolation"
             )
-        return float(values[0])
+        return value
 
-    def _interpolate_one(self, n: int, a: int, m: int) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
-        assert self._locator is not None
-        if self.coordinates == "log":
-            x = (math.log(n), math.log(a), math.log(m))
+    def _interpolate_line(self, n: int, a: int, m: int) -> float | None:
+        values, ok = self._interpolate(
+            np.array([n], dtype=np.float64),
+            np.array([a], dtype=np.float64),
+            np.array([m], dtype=np.float64),
+        )
+        return float(values[0]) if ok[0] else None
+
+    def _interpolate_one(self, n: int, a: int, m: int) -> float | None:
+        locator = self._locator
+        assert locator is not None
+        mean0, mean1, mean2 = self._mean_py
+        if self._log:
+            c0, c1, c2 = math.log(n) - mean0, math.log(a) - mean1, math.log(m) - mean2
         else:
-            x = (float(n), float(a), float(m))
-        mean = self._mean_py
-        c = (x[0] - mean[0], x[1] - mean[1], x[2] - mean[2])
+            c0, c1, c2 = n - mean0, a - mean1, m - mean2
         if self._full:
-            y: tuple[float, ...] = c
-        else:
-            basis = self._basis_py
-            y = tuple(row[0] * c[0] + row[1] * c[1] + row[2] * c[2] for row in basis)
-            back = [sum(y[i] * basis[i][j] for i in range(len(y))) for j in range(3)]
-            if max(abs(c[j] - back[j]) for j in range(3)) > 1e-9 * max(self._scale, 1.0):
-                return np.array([np.nan]), np.array([False])
-        located = self._locator.locate_one(y)
+            located = locator.locate_one_3d(c0, c1, c2)
+            if located is None:
+                return None
+            # Summed corner by corner, as ExpertSurface.batch sums: the same number.
+            (v0, v1, v2, v3), (w0, w1, w2, w3) = located
+            times = self._times_py
+            return w0 * times[v0] + w1 * times[v1] + w2 * times[v2] + w3 * times[v3]
+        basis = self._basis_py
+        y = tuple(row[0] * c0 + row[1] * c1 + row[2] * c2 for row in basis)
+        back = [sum(y[i] * basis[i][j] for i in range(len(y))) for j in range(3)]
+        c = (c0, c1, c2)
+        if max(abs(c[j] - back[j]) for j in range(3)) > 1e-9 * max(self._scale, 1.0):
+            return None
+        located = locator.locate_one(y)
         if located is None:
-            return np.array([np.nan]), np.array([False])
+            return None
+        # Summed corner by corner from 0.0, as ExpertSurface.batch sums: the same number.
         vertices, weights = located
         times = self._times_py
-        value = sum(w * times[v] for v, w in zip(vertices, weights, strict=True))
-        return np.array([value]), np.array([True])
+        value = 0.0
+        for i, v in enumerate(vertices):
+            value += weights[i] * times[v]
+        return value

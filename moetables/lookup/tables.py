@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,128 @@ def parse_query(raw: Any) -> Query:
         _int(raw, "activated_experts", -1),
         _int(raw, "local_assignments", -1),
     )
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _lookup(table: Mapping[Any, int], keys: list[Any]) -> list[int]:
+    """``table.get(key, -1)`` for each key; unhashable keys (a JSON list or object) get -1."""
+    try:
+        return [table.get(k, -1) for k in keys]
+    except TypeError:
+        found = []
+        for k in keys:
+            try:
+                found.append(table.get(k, -1))
+            except TypeError:
+                found.append(-1)
+        return found
+
+
+def _int64(column: list[Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """The column as int64, and where it held a plain int that fits (-1 elsewhere)."""
+    if set(map(type, column)) == {int}:
+        try:
+            return np.array(column, dtype=np.int64), np.ones(len(column), dtype=bool)
+        except OverflowError:
+            pass
+    fits = [type(v) is int and _INT64_MIN <= v <= _INT64_MAX for v in column]
+    values = [v if ok else -1 for v, ok in zip(column, fits, strict=True)]
+    return np.array(values, dtype=np.int64), np.array(fits, dtype=bool)
+
+
+# Batches this small are read query by query: array set-up would cost more than the reading.
+_FEW = 16
+
+
+def _read_few(
+    queries: Sequence[Any], groups: Mapping[tuple[str, str], int]
+) -> tuple[list[Any], list[int]]:
+    """``read_columns`` for a few queries, one at a time, by the same rule (lists, not arrays)."""
+    columns: list[tuple[list[int], list[int], list[int], list[int]] | None] = [None] * len(groups)
+    rest: list[int] = []
+    for i, q in enumerate(queries):
+        g = -1
+        if type(q) is dict:
+            component, mode = q.get("component"), q.get("mode", "eager")
+            n = q.get("tokens")
+            a = q.get("activated_experts", -1)
+            m = q.get("local_assignments", -1)
+            if type(component) is str and type(mode) is str:
+                g = groups.get((component, mode), -1)
+            if (
+                g >= 0
+                and type(n) is int
+                and type(a) is int
+                and type(m) is int
+                and all(_INT64_MIN <= v <= _INT64_MAX for v in (n, a, m))
+                and (component != EXPERTS or ("activated_experts" in q and "local_assignments" in q))
+            ):
+                found = columns[g]
+                if found is None:
+                    found = columns[g] = ([], [], [], [])
+                for column, value in zip(found, (i, n, a, m), strict=True):
+                    column.append(value)
+                continue
+        rest.append(i)
+    return list(columns), rest
+
+
+def read_columns(
+    queries: Sequence[Any], groups: Mapping[tuple[str, str], int]
+) -> tuple[list[Any], list[int]]:
+    """Well-formed queries of known (component, mode) ``groups``, read column by column.
+
+    Well formed here: a dict of a known component and mode with plain int coordinates that
+    fit int64, and both expert coordinates given for experts; ``parse_query`` reads exactly
+    these without converting anything. Returns, per group in ``groups`` order, (rows,
+    tokens, activated_experts, local_assignments) in query order (lists for a few queries,
+    int64 arrays otherwise), or None; and the rows left for ``parse_query``.
+    """
+    count = len(queries)
+    if count == 0:
+        return [None] * len(groups), []
+    if count <= _FEW:
+        return _read_few(queries, groups)
+    if set(map(type, queries)) == {dict}:
+        rows = np.arange(count)
+        objects = list(queries)
+    else:
+        rows = np.array([i for i, q in enumerate(queries) if type(q) is dict], dtype=np.int64)
+        objects = [queries[i] for i in rows.tolist()]
+    components = [q.get("component") for q in objects]
+    modes = [q.get("mode", "eager") for q in objects]
+    try:
+        one_mode = len(set(modes)) <= 1
+    except TypeError:  # an unhashable mode
+        one_mode = False
+    if one_mode:
+        mode = modes[0] if modes else "eager"
+        of_mode = {c: g for (c, m), g in groups.items() if m == mode}
+        group = np.array(_lookup(of_mode, components), dtype=np.int64)
+    else:
+        keys = [(c, m) if type(c) is str and type(m) is str else None
+                for c, m in zip(components, modes, strict=True)]
+        group = np.array(_lookup(groups, keys), dtype=np.int64)
+    n_col, good = _int64([q.get("tokens") for q in objects])
+    # An absent expert coordinate reads as -1, as it does for a local component.
+    a_col, a_ok = _int64([q.get("activated_experts", -1) for q in objects])
+    m_col, m_ok = _int64([q.get("local_assignments", -1) for q in objects])
+    good &= (group >= 0) & a_ok & m_ok
+    expert = np.isin(group, [g for (c, _), g in groups.items() if c == EXPERTS])
+    for i in np.flatnonzero(good & expert & ((a_col == -1) | (m_col == -1))).tolist():
+        good[i] = "activated_experts" in objects[i] and "local_assignments" in objects[i]
+    if len(rows) == count:
+        taken = rows[~good].tolist()
+    else:  # with the rows that are not dicts
+        taken = sorted(set(range(count)) - set(rows[good].tolist()))
+    parts: list[tuple[npt.NDArray[np.int64], ...] | None] = []
+    picked = np.where(good, group, -1)
+    for g in range(len(groups)):
+        pick = np.flatnonzero(picked == g)
+        parts.append((rows[pick], n_col[pick], a_col[pick], m_col[pick]) if pick.size else None)
+    return parts, taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +257,13 @@ class DeploymentTables:
         mode: str = "eager",
     ) -> float:
         """Microseconds for one query; QueryError if malformed, CoverageError if unmeasured."""
+        try:
+            surface = self._experts.get((component, mode))
+        except TypeError:  # unhashable, so unknown: _known words the error
+            surface = None
+        if surface is not None:  # the hot path: a known component and mode, experts
+            return surface.time(tokens, activated_experts, local_assignments)
         self._known(component, mode)
-        if component == EXPERTS:
-            return self._experts[(component, mode)].time(
-                tokens, activated_experts, local_assignments
-            )
         if activated_experts != -1 or local_assignments != -1:
             raise QueryError(f"{component} is a local component: give no expert coordinates")
         if tokens < 1:
@@ -171,66 +296,130 @@ class DeploymentTables:
     def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]:
         """One answer per query, in order: ``{"time_us": x}`` or ``{"error": ..., "message": ...}``.
 
-        Queries are grouped by component and mode and answered in batches; refused rows are
-        asked again one by one only to word their message.
+        Well-formed queries are read column by column and grouped by component and mode;
+        anything else is parsed strictly, one by one. Each group is answered in one batch,
+        and refused rows are asked again one by one only to word their message.
         """
         answers: list[dict[str, Any] | None] = [None] * len(queries)
-        # Per (component, mode): row indices and the three coordinate columns.
-        groups: dict[tuple[str, str], tuple[list[int], list[int], list[int], list[int]]] = {}
-        known = {(c, m) for c in self.components for m in self.modes}
-        for i, raw in enumerate(queries):
-            # Fast path for the common well-formed dict; anything else is parsed strictly.
-            if type(raw) is dict:
-                key = (raw.get("component"), raw.get("mode", "eager"))
-                n = raw.get("tokens")
-                a = raw.get("activated_experts", -1)
-                m = raw.get("local_assignments", -1)
-                if (
-                    key in known
-                    and type(n) is int
-                    and type(a) is int
-                    and type(m) is int
-                    and (
-                        key[0] != EXPERTS
-                        or ("activated_experts" in raw and "local_assignments" in raw)
-                    )
-                ):
-                    group = groups.get(key)  # type: ignore[arg-type]
-                    if group is None:
-                        group = groups[key] = ([], [], [], [])  # type: ignore[index]
-                    group[0].append(i)
-                    group[1].append(n)
-                    group[2].append(a)
-                    group[3].append(m)
-                    continue
+        known = self._group_index()
+        parts, rest = read_columns(queries, known)
+        groups: dict[tuple[str, str], list[tuple[Any, Any, Any, Any]]] = {}
+        for key, part in zip(known, parts, strict=True):
+            if part is not None:
+                groups[key] = [part]
+        strict: dict[tuple[str, str], tuple[list[int], list[int], list[int], list[int]]] = {}
+        wording: dict[int, Query] = {}  # rows whose refusal names coordinates no batch holds
+        for i in rest:
             try:
-                query = parse_query(raw)
+                query = parse_query(queries[i])
                 self._known(query.component, query.mode)
             except QueryError as exc:
                 answers[i] = {"error": "invalid", "message": str(exc)}
                 continue
-            group = groups.setdefault((query.component, query.mode), ([], [], [], []))
-            group[0].append(i)
-            group[1].append(query.tokens)
-            group[2].append(query.activated_experts)
-            group[3].append(query.local_assignments)
-        for (component, mode), (rows, n_col, a_col, m_col) in groups.items():
-            result = (
-                self.batch(component, n_col, a_col, m_col, mode=mode)
-                if component == EXPERTS
-                else self.batch(component, n_col, mode=mode)
+            coordinates = (query.tokens, query.activated_experts, query.local_assignments)
+            if not all(_INT64_MIN <= v <= _INT64_MAX for v in coordinates):
+                if query.component == EXPERTS or not _INT64_MIN <= query.tokens <= _INT64_MAX:
+                    answers[i] = self._one(query)  # beyond what a batch can hold
+                    continue
+                # A local batch never reads the expert coordinates; a refusal still words them.
+                coordinates = (query.tokens, -1, -1)
+                wording[i] = query
+            group = strict.setdefault((query.component, query.mode), ([], [], [], []))
+            for column, value in zip(group, (i, *coordinates), strict=True):
+                column.append(value)
+        for key, columns in strict.items():
+            if len(columns[0]) > _FEW:
+                rows_, n_, a_, m_ = (np.array(c, dtype=np.int64) for c in columns)
+                groups.setdefault(key, []).append((rows_, n_, a_, m_))
+            else:
+                groups.setdefault(key, []).append(columns)
+        for (component, mode), found in groups.items():
+            if len(found) == 1:
+                rows, n_col, a_col, m_col = found[0]
+            else:  # in query order, as one batch
+                rows, n_col, a_col, m_col = (np.concatenate(c) for c in zip(*found, strict=True))
+                order = np.argsort(rows, kind="stable")
+                rows, n_col, a_col, m_col = rows[order], n_col[order], a_col[order], m_col[order]
+            values, codes = self._group(component, mode, n_col, a_col, m_col)
+            if isinstance(codes, list):  # a few rows, in plain Python
+                for i, n, a, m, value, code in zip(
+                    rows, n_col, a_col, m_col, values, codes, strict=True
+                ):
+                    answers[i] = {"time_us": value} if code == OK else self._refusal(
+                        wording.get(i) or Query(component, mode, n, a, m), code
+                    )
+                continue
+            good = codes == OK
+            answered = zip(rows.tolist(), values.tolist(), strict=True) if good.all() else zip(
+                rows[good].tolist(), values[good].tolist(), strict=True
             )
-            for j, (value, code) in enumerate(
-                zip(result.time_us.tolist(), result.code.tolist(), strict=True)
-            ):
-                if code == OK:
-                    answers[rows[j]] = {"time_us": value}
-                else:
-                    query = Query(component, mode, n_col[j], a_col[j], m_col[j])
-                    answers[rows[j]] = self._refusal(query, code)
+            for i, value in answered:
+                answers[i] = {"time_us": value}
+            for j in np.flatnonzero(~good).tolist():
+                i = int(rows[j])
+                query = wording.get(i) or Query(
+                    component, mode, int(n_col[j]), int(a_col[j]), int(m_col[j])
+                )
+                answers[i] = self._refusal(query, int(codes[j]))
         return [
             a if a is not None else {"error": "invalid", "message": "unanswered"} for a in answers
         ]
+
+    def _group_index(self) -> dict[tuple[str, str], int]:
+        """Each measured (component, mode), numbered (built once)."""
+        index: dict[tuple[str, str], int] | None = self.__dict__.get("_groups")
+        if index is None:
+            pairs = [(c, m) for c in self.components for m in self.modes]
+            index = self.__dict__["_groups"] = {key: g for g, key in enumerate(pairs)}
+        return index
+
+    def _group(
+        self,
+        component: str,
+        mode: str,
+        tokens: Any,
+        activated_experts: Any,
+        local_assignments: Any,
+    ) -> tuple[Any, Any]:
+        """Times and codes of one group of queries, as ``batch`` gives them: arrays, or lists
+        for a few rows (given as lists).
+
+        A few rows of a local component go through its curve's scalar path, which answers
+        exactly as its batch does and costs less than setting up the arrays.
+        """
+        few = isinstance(tokens, list)
+        if few and component != EXPERTS:
+            curve = self._local[(component, mode)]
+            values: list[float] = []
+            codes: list[int] = []
+            for n in tokens:
+                try:
+                    values.append(curve.time(n) if n >= 1 else math.nan)
+                    codes.append(OK if n >= 1 else INVALID)
+                except CoverageError:
+                    values.append(math.nan)
+                    codes.append(OUT_OF_SUPPORT)
+            return values, codes
+        result = (
+            self.batch(component, tokens, activated_experts, local_assignments, mode=mode)
+            if component == EXPERTS
+            else self.batch(component, tokens, mode=mode)
+        )
+        if few:
+            return result.time_us.tolist(), result.code.tolist()
+        return result.time_us, result.code
+
+    def _one(self, query: Query) -> dict[str, Any]:
+        """A query answered by the scalar path alone."""
+        try:
+            return {"time_us": self._time_us(
+                query.component, query.tokens, query.activated_experts,
+                query.local_assignments, query.mode,
+            )}
+        except QueryError as exc:
+            return {"error": "invalid", "message": str(exc)}
+        except CoverageError as exc:
+            return {"error": "out_of_support", "message": str(exc)}
 
     def _refusal(self, query: Query, code: int) -> dict[str, Any]:
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.urls import re_path
 
 from registry.api.jobs import JobViewSet
-from registry.api.views import ApiRootView, BundleViewSet, LookupView
+from registry.api.views import ApiRootView, BundleViewSet, lookup
 
 app_name = "registry-api"
 
@@ -32,7 +32,7 @@ urlpatterns = [
         BundleViewSet.as_view({"get": "files"}),
         name="bundle-files",
     ),
-    re_path(r"^lookup/?$", LookupView.as_view(), name="lookup"),
+    re_path(r"^lookup/?$", lookup, name="lookup"),
     re_path(r"^jobs/?$", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
     re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}),
             name="job-detail"),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import mimetypes
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from django.conf import settings
-from django.http import FileResponse, HttpResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -21,7 +23,6 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from moetables.errors import BundleError, CoverageError
 from registry.api.serializers import (
     SUMMARY_FIELDS,
     BundleDetailSerializer,
@@ -38,20 +39,14 @@ from registry.api.throttles import LookupThrottle
 from registry.filtersets import BundleFilterSet
 from registry.models import Bundle
 from registry.services import PublishError, bundle_archive_chunks, publish_upload
-from registry.services.checkout import BlobDriftError
-from registry.services.lookup import (
-    LookupRequestError,
-    answer_lookup,
-    parse_lookup_request,
-    resolve_bundle,
-)
+from registry.services.lookup import run_lookup
 from registry.storage import bundle_storage, open_blob
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
     from rest_framework.request import Request
 
-__all__ = ["ApiRootView", "BundleViewSet", "LookupView"]
+__all__ = ["ApiRootView", "BundleViewSet", "LookupView", "lookup"]
 
 CONTENT_TYPES = {".csv": "text/csv", ".yaml": "application/yaml", ".yml": "application/yaml",
                  ".json": "application/json", ".jsonl": "application/jsonl"}
@@ -197,10 +192,6 @@ class BundleViewSet(
         return response
 
 
-def _lookup_error(code: str, message: str, http_status: int) -> Response:
-    return Response({"error": code, "message": message}, status=http_status)
-
-
 class JSONOnlyNegotiation(BaseContentNegotiation):
     """The lookup speaks JSON only: skip parsing Accept headers (DRF's documented pattern)."""
 
@@ -211,12 +202,29 @@ class JSONOnlyNegotiation(BaseContentNegotiation):
         return (renderers[0], renderers[0].media_type)
 
 
+class FastJSONRenderer(JSONRenderer):
+    """DRF's compact JSON (no indent: the negotiation above never asks for one), written by
+    orjson: 10,000 answers in about 1 ms instead of 25. Floats print in their shortest
+    round-trip form, as json's do (``1e-7`` where json writes ``1e-07``)."""
+
+    def render(
+        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
+    ) -> bytes:
+        if data is None:
+            return b""
+        try:
+            return orjson.dumps(data)
+        except TypeError:  # a type orjson does not write: DRF's encoder does
+            return super().render(data, accepted_media_type, renderer_context)
+
+
 @extend_schema(tags=["lookup"])
 class LookupView(APIView):
     """Component times from a bundle, interpolated inside measured support only.
 
     Kept lean because simulators call it per step: JSON in and out, no negotiation, and a
-    throttle only when a rate is configured.
+    throttle only when a rate is configured. The URL is served by ``lookup`` below, which
+    answers the common request itself and hands every other one to this view.
     """
 
     # Anonymous, or a token (so that a throttle can count per user); no session lookups.
@@ -224,7 +232,7 @@ class LookupView(APIView):
     permission_classes = (AllowAny,)
     throttle_classes = (LookupThrottle,)
     parser_classes = (JSONParser,)
-    renderer_classes = (JSONRenderer,)
+    renderer_classes = (FastJSONRenderer,)
     content_negotiation_class = JSONOnlyNegotiation
 
     def get_throttles(self) -> list[Any]:
@@ -242,22 +250,76 @@ class LookupView(APIView):
     )
     def post(self, request: Request) -> Response:
         """One answer per query: ``{"time_us": t}`` or ``{"error": code, "message": why}``."""
-        try:
-            lookup = parse_lookup_request(
-                request.data, max_queries=settings.REGISTRY["MAX_LOOKUP_QUERIES"]
-            )
-        except LookupRequestError as exc:
-            return Response({"error": "invalid", "problems": exc.problems}, status=400)
-        ref = resolve_bundle(lookup)
-        if ref is None:
-            return _lookup_error("not_found", "no published bundle matches", 404)
-        try:
-            answers = answer_lookup(ref, lookup)
-        except CoverageError as exc:
-            return _lookup_error("no_coverage", str(exc), 422)
-        except (BundleError, BlobDriftError) as exc:
-            return _lookup_error("corrupt_bundle", str(exc), 409)
-        return Response(
-            {"bundle": {"id": ref.id, "sha256": ref.sha256}, "target": lookup.target,
-             "answers": answers}
-        )
+        http_status, body = run_lookup(request.data)
+        return Response(body, status=http_status)
+
+
+_lookup_view = LookupView.as_view()
+_RENDERER = FastJSONRenderer()
+# A run of 19 digits (every digit made "0", then searched: ten times faster than a regular
+# expression): maybe an integer beyond int64, which orjson reads as a float and json as an
+# int. A float with that many digits merely takes the json path too.
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_NUMBER = b"0" * 19
+_UTF8 = ("utf-8", "utf8")
+
+
+def plain_lookup_body(request: HttpRequest) -> Any:
+    """The body of a common lookup request, read by orjson; None for any other request.
+
+    Common: a POST of a JSON body (UTF-8, no larger than Django reads into memory) with no
+    credentials while no throttle is configured. orjson reads such a body exactly as DRF's
+    JSONParser (json) does, except where it refuses (NaN, 1e400, lone surrogates, a BOM,
+    invalid UTF-8: json's reading or error then stands) and for integers beyond int64, which
+    the digit check sends to json.
+    """
+    meta = request.META
+    if (
+        request.method != "POST"
+        or "HTTP_AUTHORIZATION" in meta
+        or settings.REGISTRY.get("LOOKUP_THROTTLE")
+        or request.content_params.get("charset", settings.DEFAULT_CHARSET).lower() not in _UTF8
+    ):
+        return None
+    try:
+        length = int(meta.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return None
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if length <= 0 or (limit is not None and length > limit):
+        return None
+    body = request.body
+    if _LONG_NUMBER in body.translate(_DIGITS_AS_ZERO):
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+@csrf_exempt
+def lookup(request: HttpRequest) -> HttpResponse:
+    """POST /api/v1/lookup, as ``LookupView`` answers it, without DRF's request cycle for
+    the common request (``plain_lookup_body``): simulators send one per step. Every other
+    request, and every error DRF words (a malformed body, a method, a token, a throttle),
+    goes to the view.
+    """
+    data = plain_lookup_body(request)
+    if data is None:
+        return _lookup_view(request)  # type: ignore[no-any-return]
+    return lookup_response(data)
+
+
+def lookup_response(data: Any) -> HttpResponse:
+    """LookupView's response to a parsed body, written by orjson."""
+    http_status, body = run_lookup(data)
+    response = HttpResponse(
+        _RENDERER.render(body), content_type="application/json", status=http_status
+    )
+    response["Allow"] = "POST, OPTIONS"  # as LookupView's responses carry it
+    return response
+
+
+# The schema generator (drf-spectacular) documents the URL through the view it names.
+lookup.cls = LookupView  # type: ignore[attr-defined]
+lookup.initkwargs = {}  # type: ignore[attr-defined]

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+from moetables.errors import BundleError, CoverageError
 from moetables.lookup import ComponentTables
 from registry.models import Bundle
-from registry.services.checkout import checkout_bundle
+from registry.services.checkout import BlobDriftError, checkout_bundle
 
 __all__ = [
     "BundleRef",
@@ -31,12 +32,16 @@ __all__ = [
     "clear_lookup_cache",
     "parse_lookup_request",
     "resolve_bundle",
+    "run_lookup",
     "tables_for",
 ]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _lock = threading.Lock()
 _tables: OrderedDict[str, Any] = OrderedDict()
+# Per thread: the database stamp and the bundles resolved under it (at most this many).
+_resolved = threading.local()
+RESOLVED_LIMIT = 1024
 
 
 class LookupRequestError(ValueError):
@@ -145,12 +150,49 @@ def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
     )
 
 
+def _database_stamp() -> tuple[Any, int, int] | None:
+    """A value that changes whenever the database may have, read without a query; None
+    where there is none (PostgreSQL: there every lookup asks the database).
+
+    On SQLite: this thread's connection, its ``PRAGMA data_version`` (which changes when any
+    other connection, of this process or another, commits a change) and its total_changes
+    (the rows it has written itself, committed or not).
+    """
+    db = connections[DEFAULT_DB_ALIAS]  # the thread's connection, looked up once
+    if db.vendor != "sqlite":
+        return None
+    if db.connection is None:
+        db.ensure_connection()
+    raw = db.connection
+    (version,) = raw.execute("PRAGMA data_version").fetchone()
+    return raw, version, raw.total_changes
+
+
 def resolve_bundle(request: LookupRequest) -> BundleRef | None:
     """The bundle the request names, by one indexed query.
 
     Written as SQL because it runs once per lookup request, and building the same query
-    through the ORM costs more than answering a small batch.
+    through the ORM costs more than answering a small batch. Where the database tells
+    cheaply that nothing has changed since (``_database_stamp``), the thread reuses what it
+    found: a publication or a deletion anywhere changes the stamp.
     """
+    stamp = _database_stamp()
+    if stamp is None:
+        return _query_bundle(request)
+    memo = _resolved.__dict__
+    if memo.get("stamp") != stamp:
+        memo["stamp"], memo["found"] = stamp, {}
+    found: dict[Any, BundleRef | None] = memo["found"]
+    key = (request.bundle_id, request.sha256, request.name)
+    if key not in found:
+        ref = _query_bundle(request)
+        if len(found) >= RESOLVED_LIMIT:
+            found.clear()
+        found[key] = ref
+    return found[key]
+
+
+def _query_bundle(request: LookupRequest) -> BundleRef | None:
     table = connection.ops.quote_name(Bundle._meta.db_table)
     if request.bundle_id is not None:
         where, params = "id = %s", [request.bundle_id]
@@ -186,6 +228,7 @@ def tables_for(ref: BundleRef) -> Any:
 def clear_lookup_cache() -> None:
     with _lock:
         _tables.clear()
+    _resolved.__dict__.clear()
 
 
 def answer_lookup(ref: BundleRef, request: LookupRequest) -> list[dict[str, Any]]:
@@ -199,3 +242,25 @@ def answer_lookup(ref: BundleRef, request: LookupRequest) -> list[dict[str, Any]
     )
     answers: list[dict[str, Any]] = deployment.answer(request.queries)
     return answers
+
+
+def run_lookup(data: Any) -> tuple[int, dict[str, Any]]:
+    """A whole lookup, from the parsed request body to the HTTP status and the JSON body."""
+    try:
+        request = parse_lookup_request(data, max_queries=settings.REGISTRY["MAX_LOOKUP_QUERIES"])
+    except LookupRequestError as exc:
+        return 400, {"error": "invalid", "problems": exc.problems}
+    ref = resolve_bundle(request)
+    if ref is None:
+        return 404, {"error": "not_found", "message": "no published bundle matches"}
+    try:
+        answers = answer_lookup(ref, request)
+    except CoverageError as exc:
+        return 422, {"error": "no_coverage", "message": str(exc)}
+    except (BundleError, BlobDriftError) as exc:
+        return 409, {"error": "corrupt_bundle", "message": str(exc)}
+    return 200, {
+        "bundle": {"id": ref.id, "sha256": ref.sha256},
+        "target": request.target,
+        "answers": answers,
+    }
