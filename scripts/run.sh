@@ -3,7 +3,8 @@
 # registry on http://127.0.0.1:8000 (API docs at /api/docs/). Defaults need no server:
 # SQLite at var/db.sqlite3 and Celery's embedded filesystem broker under var/celery.
 # Environment: DATABASE_URL, CELERY_BROKER_URL, REDIS_URL (see config/settings.py),
-# REGISTRY_BIND (default 127.0.0.1:8000), REGISTRY_WEB_WORKERS (default 2),
+# REGISTRY_BIND (default 127.0.0.1:8000), REGISTRY_WEB_WORKERS (default 2), REGISTRY_WEB_THREADS
+# (default 4; 1 for a lookup-heavy registry, docs/benchmarks.md),
 # REGISTRY_RUN_WORKER=0 to start no Celery workers (nor beat) beside the web server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,6 @@ stop() {
 trap stop EXIT INT TERM
 
 echo "serving the registry on http://$bind (API docs: http://$bind/api/docs/)"
-.venv/bin/gunicorn config.wsgi --worker-class gthread --threads 4 \
+.venv/bin/gunicorn config.wsgi --worker-class gthread --threads "${REGISTRY_WEB_THREADS:-4}" \
   --bind "$bind" --workers "${REGISTRY_WEB_WORKERS:-2}" \
   --access-logfile - --error-logfile - --log-level warning

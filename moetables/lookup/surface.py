@@ -399,11 +399,15 @@ class ExpertSurface:
             else self._interpolate_line(tokens, active, pairs)
         )
         if value is None:
-            raise CoverageError(
-                f"{self.label}: N={tokens} A={active} M={pairs} is outside the measured support "
-                f"(tokens {self.support[0]}..{self.support[1]}); no extrapolation"
-            )
+            raise CoverageError(self.outside_message(tokens, active, pairs))
         return value
+
+    def outside_message(self, tokens: int, active: int, pairs: int) -> str:
+        """The refusal of a feasible point (A, M not both 0) that no simplex holds."""
+        return (
+            f"{self.label}: N={tokens} A={active} M={pairs} is outside the measured support "
+            f"(tokens {self.support[0]}..{self.support[1]}); no extrapolation"
+        )
 
     def _interpolate_line(self, n: int, a: int, m: int) -> float | None:
         values, ok = self._interpolate(

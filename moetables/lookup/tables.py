@@ -422,6 +422,18 @@ class DeploymentTables:
             return {"error": "out_of_support", "message": str(exc)}
 
     def _refusal(self, query: Query, code: int) -> dict[str, Any]:
+        surface = self._experts.get((query.component, query.mode))
+        if (
+            code == OUT_OF_SUPPORT
+            and type(surface) is ExpertSurface
+            and (query.activated_experts, query.local_assignments) != (0, 0)
+        ):
+            # Batch and scalar locate alike (bit for bit), so the batch's refusal stands:
+            # word it without walking the triangulation a second time.
+            message = surface.outside_message(
+                query.tokens, query.activated_experts, query.local_assignments
+            )
+            return {"error": "out_of_support", "message": message}
         try:
             self._time_us(
                 query.component,

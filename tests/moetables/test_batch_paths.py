@@ -212,3 +212,26 @@ def test_answer_takes_integers_beyond_int64_one_by_one(shared_copy: Path) -> Non
         assert answers[0]["error"] == "out_of_support" and str(huge) in answers[0]["message"]
         assert answers[1] == deployment.answer([{"component": "gate_routing", "tokens": 4}])[0]
         assert answers[2]["error"] == "invalid" and answers[3]["error"] == "invalid"
+
+
+def test_answer_words_each_refusal_as_the_scalar_call_does(current_bundle: Path) -> None:
+    """R40, R43: a refused query's answer is the scalar call's own error, code and message alike,
+    though `answer` words current-layout refusals without locating the point again."""
+    deployment = ComponentTables(current_bundle).deployment(1, 2, 0)
+    queries = _mixed_queries(random.Random(11), 3000, 120)
+    refused = 0
+    for query, got in zip(queries, deployment.answer(queries), strict=True):
+        if "time_us" in got:
+            continue
+        refused += 1
+        try:
+            parsed = parse_query(query)
+            deployment.time_us(parsed.component, parsed.tokens, parsed.activated_experts,
+                               parsed.local_assignments, parsed.mode)
+        except QueryError as exc:
+            assert got == {"error": "invalid", "message": str(exc)}
+        except CoverageError as exc:
+            assert got == {"error": "out_of_support", "message": str(exc)}
+        else:
+            raise AssertionError(f"{query}: answer refused what the scalar call answers")
+    assert refused > 100
