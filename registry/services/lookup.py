@@ -78,6 +78,18 @@ class BundleRef:
     sha256: str
 
 
+# Bundle ids are 64-bit database keys: a larger number names no bundle and overflows the query.
+_ID_MAX = 2**63 - 1
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _count(raw: Any, key: str, low: int, problems: list[str]) -> int:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -108,13 +120,17 @@ def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
             "name the bundle one way: bundle (id), sha256, or hardware + model + variant"
         )
     if bundle_id is not None and (
-        isinstance(bundle_id, bool) or not isinstance(bundle_id, int) or bundle_id < 1
+        isinstance(bundle_id, bool) or not isinstance(bundle_id, int)
+        or not 1 <= bundle_id <= _ID_MAX
     ):
         problems.append(f"bundle: must be a positive integer id, got {bundle_id!r}")
     if sha256 is not None and not (isinstance(sha256, str) and _SHA256.match(sha256)):
         problems.append("sha256: must be 64 lowercase hexadecimal digits")
     if given and (len(given) != 3 or not all(isinstance(n, str) and n for n in given)):
         problems.append("hardware, model and variant go together, as non-empty strings")
+    elif given and not all(_is_text(n) for n in given):
+        # JSON can carry lone surrogates; no database can store or compare them.
+        problems.append("hardware, model and variant must be valid Unicode text")
     raw = data.get("target")
     tp = dp = 1
     rank = 0

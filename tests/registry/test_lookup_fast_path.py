@@ -114,6 +114,10 @@ def test_every_way_answers_alike(
         (b'{"bundle": 1, "target": "\xff"}', 400),
         (b"[1, 2,]", 400),
         (b'"just a string"', 400),
+        # Once 500s: a bundle id past 64 bits, and a lone surrogate in a bundle's name.
+        (b'{"bundle": 9223372036854775808, "target": {"tp": 1, "dp": 1, "rank": 0}}', 400),
+        (b'{"hardware": "\\udc00", "model": "m", "variant": "v", '
+         b'"target": {"tp": 1, "dp": 1, "rank": 0}}', 400),
     ],
 )
 def test_bodies_orjson_reads_otherwise_take_the_json_way(
