@@ -35,6 +35,8 @@ __all__ = [
     "ComponentBackend",
     "ComponentSession",
     "EngineLimits",
+    "GateRoutingForward",
+    "GateRoutingSession",
     "LocalForward",
     "RuntimeInfo",
 ]
@@ -142,6 +144,31 @@ class LocalForward(Protocol):
 
     def reference(self) -> Any:
         """The eager reference output for the same inputs."""
+
+
+class GateRoutingSession(Protocol):
+    """What `GateRoutingForward` needs of a session."""
+
+    hidden: int
+
+    def random(self, shape: tuple[int, ...], *, seed: int, scale: float = 1.0) -> Any: ...
+
+    def gate_routing(self, hidden: Any) -> Any: ...
+
+
+class GateRoutingForward:
+    """gate_routing on fixed random rows (seeded by the row count): one workload for every
+    backend, so that their gate tables measure the same inputs."""
+
+    def __init__(self, session: GateRoutingSession, rows: int) -> None:
+        self._session = session
+        self._hidden = session.random((rows, session.hidden), seed=rows)
+
+    def run(self) -> Any:
+        return self._session.gate_routing(self._hidden)
+
+    def reference(self) -> Any:
+        return self._session.gate_routing(self._hidden.clone())
 
 
 @runtime_checkable

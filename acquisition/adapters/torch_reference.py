@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from acquisition.adapters.base import Admission, RuntimeInfo
+from acquisition.adapters.base import Admission, GateRoutingForward, RuntimeInfo
 from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget, linear_expert_map
 
@@ -90,18 +90,6 @@ class _PreparedExperts:
     topk_ids: Any
     topk_weights: Any
     output: Any
-
-
-class _GateRouting:
-    def __init__(self, session: TorchReferenceSession, rows: int) -> None:
-        self._session = session
-        self._hidden = session.random((rows, session.hidden), seed=rows)
-
-    def run(self) -> Any:
-        return self._session.gate_routing(self._hidden)
-
-    def reference(self) -> Any:
-        return self._session.gate_routing(self._hidden.clone())
 
 
 class _FinalizeCopy:
@@ -219,7 +207,7 @@ class TorchReferenceSession:
 
     def local_forward(self, component: str, rows: int) -> Any:
         if component == "gate_routing":
-            return _GateRouting(self, rows)
+            return GateRoutingForward(self, rows)
         if component == "finalize_copy":
             return _FinalizeCopy(self, rows)
         raise ValueError(f"torch-reference has no local component {component!r}")

@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from acquisition.adapters.base import Admission, EngineLimits, RuntimeInfo
+from acquisition.adapters.base import Admission, EngineLimits, GateRoutingForward, RuntimeInfo
 from acquisition.adapters.vllm_capabilities import (
     LIVE_SYMBOLS,
     CapabilityError,
@@ -451,17 +451,15 @@ class _Prepared:
     topk_weights: Any
 
 
-class _GateRouting:
+class _GateRouting(GateRoutingForward):
     def __init__(self, session: VllmLiveSession, rows: int) -> None:
-        self._session = session
-        self._hidden = session.random((rows, session.hidden), seed=rows)
-
-    def run(self) -> Any:
-        return self._session.gate_routing(self._hidden)
+        super().__init__(session, rows)
+        self._live = session
 
     def reference(self) -> Any:
-        self._session.check_state()
-        return self._session.gate_routing(self._hidden.clone())
+        # The engine's own layer: its parameters must not have moved since the build.
+        self._live.check_state()
+        return super().reference()
 
 
 class _Wrapper:

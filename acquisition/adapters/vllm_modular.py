@@ -38,7 +38,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from acquisition.adapters.base import Admission, RuntimeInfo
+from acquisition.adapters.base import Admission, GateRoutingForward, RuntimeInfo
 from acquisition.adapters.vllm_capabilities import (
     MODULAR_PARAMETERS,
     MODULAR_SYMBOLS,
@@ -350,18 +350,6 @@ class _Gate:
 
     def __call__(self, x: Any) -> Any:
         return self.method.apply(self, x, None)
-
-
-class _GateRouting:
-    def __init__(self, session: VllmModularSession, rows: int) -> None:
-        self._session = session
-        self._hidden = session.random((rows, session.hidden), seed=rows)
-
-    def run(self) -> Any:
-        return self._session.gate_routing(self._hidden)
-
-    def reference(self) -> Any:
-        return self._session.gate_routing(self._hidden.clone())
 
 
 class _FinalizeCopy:
@@ -892,7 +880,7 @@ class VllmModularSession(UnquantizedExpertBanks):
 
     def local_forward(self, component: str, rows: int) -> Any:
         if component == "gate_routing":
-            return _GateRouting(self, rows)
+            return GateRoutingForward(self, rows)
         if component == "finalize_copy" and "finalize_copy" in self.components:
             return _FinalizeCopy(self, rows)
         raise ValueError(f"vllm-modular has no local component {component!r} for this target")
