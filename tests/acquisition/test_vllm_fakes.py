@@ -709,3 +709,25 @@ def live_namespace(**overrides: Any) -> dict[str, Any]:
     namespace["vllm.forward_context:set_forward_context"] = set_forward_context
     namespace.update(overrides)
     return namespace
+
+
+def fake_runtime(
+    device: str = "cpu", available: bool = False, limits: Any = None
+) -> Any:
+    """The RuntimeInfo of a machine without vLLM or a GPU, as the adapters' tests see it."""
+    from acquisition.adapters.base import RuntimeInfo
+
+    return RuntimeInfo(
+        device=device,
+        device_name="fake",
+        accelerator_available=available,
+        torch_version=str(torch.__version__),
+        cuda_version=None,
+        capability=None,
+        cache_bytes=1 << 16,
+        cache_source="test",
+        total_memory=None,
+        uuid=None,
+        host="test",
+        limits=limits,
+    )

@@ -16,7 +16,7 @@ import test_vllm_fakes as fv
 import torch
 from tiny_moe import write_model
 
-from acquisition.adapters.base import AdapterRefusal, EngineLimits, RuntimeInfo
+from acquisition.adapters.base import AdapterRefusal, EngineLimits
 from acquisition.adapters.vllm_capabilities import LIVE_SYMBOLS, CapabilityError, probe_surface
 from acquisition.adapters.vllm_live import (
     WRAPPER,
@@ -45,23 +45,7 @@ TP1 = MoeTarget(tp=1, dp=1, ep=1, rank=0, sequence_parallel=False)
 LIMITS = EngineLimits(max_num_batched_tokens=64, max_num_seqs=16, kv_cache_memory_bytes=1 << 30)
 
 
-def runtime(
-    device: str = "cpu", available: bool = False, limits: EngineLimits | None = None
-) -> RuntimeInfo:
-    return RuntimeInfo(
-        device=device,
-        device_name="fake",
-        accelerator_available=available,
-        torch_version=str(torch.__version__),
-        cuda_version=None,
-        capability=None,
-        cache_bytes=1 << 16,
-        cache_source="test",
-        total_memory=None,
-        uuid=None,
-        host="test",
-        limits=limits,
-    )
+runtime = fv.fake_runtime
 
 
 @pytest.fixture

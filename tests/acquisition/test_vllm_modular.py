@@ -16,7 +16,6 @@ import torch
 from tiny_moe import write_model
 
 from acquisition.adapters import AdmissionError, select_backend
-from acquisition.adapters.base import RuntimeInfo
 from acquisition.adapters.vllm_capabilities import CapabilityError
 from acquisition.adapters.vllm_modular import (
     NAIVE_DP_EP,
@@ -34,20 +33,7 @@ DP1 = MoeTarget(tp=1, dp=1, ep=1, rank=0, sequence_parallel=False)
 DP2_RANK1 = MoeTarget(tp=1, dp=2, ep=2, rank=1, sequence_parallel=False)
 
 
-def runtime(device: str = "cpu", available: bool = False) -> RuntimeInfo:
-    return RuntimeInfo(
-        device=device,
-        device_name="fake",
-        accelerator_available=available,
-        torch_version=str(torch.__version__),
-        cuda_version=None,
-        capability=None,
-        cache_bytes=1 << 16,
-        cache_source="test",
-        total_memory=None,
-        uuid=None,
-        host="test",
-    )
+runtime = fv.fake_runtime
 
 
 @pytest.fixture
