@@ -23,11 +23,13 @@ from moetables.lookup.tables import DeploymentTables
 __all__ = [
     "ExpertSlice",
     "compare_figures",
+    "conservation_figure",
     "expert_points_figure",
     "expert_slice_figure",
     "expert_slices",
     "local_curves_figure",
     "stability",
+    "stability_figures",
 ]
 
 TIME = "time (µs)"
@@ -453,3 +455,187 @@ def compare_figures(
         }
     )
     return figures
+
+
+_OK = "#1f77b4"
+_BAD = "#d62728"
+_RETRIED = "#ff7f0e"
+
+
+def _band(tolerance: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "line", "xref": "paper", "x0": 0, "x1": 1,
+            "y0": tolerance * 100, "y1": tolerance * 100,
+            "line": {"color": _BAD, "dash": "dash"},
+        }
+    ]
+
+
+def _band_note(tolerance: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "xref": "paper", "x": 1, "y": tolerance * 100, "text": f"tolerance {tolerance:.0%}",
+            "showarrow": False, "yanchor": "bottom", "xanchor": "right",
+        }
+    ]
+
+
+def _point_label(p: dict[str, Any]) -> str:
+    b = "n/a" if p["b_median_us"] is None else f"{p['b_median_us']:.2f}"
+    b2 = "n/a" if p["b2_median_us"] is None else f"{p['b2_median_us']:.2f}"
+    verdict = "passed" if p["passed"] else "FAILED"
+    published = ", published" if p["published"] else ""
+    return (
+        f"N={p['tokens']} A={p['activated_experts']} M={p['local_assignments']}<br>"
+        f"attempt {p['attempt']} ({verdict}{published})<br>B {b} µs · 2B {b2} µs"
+    )
+
+
+def _groups(points: list[dict[str, Any]], retried: set[tuple[int, int, int]]) -> list[
+    tuple[str, str, str, list[dict[str, Any]]]
+]:
+    """Passed first attempts, retried points' passing attempts, failed attempts."""
+    def key(p: dict[str, Any]) -> tuple[int, int, int]:
+        return (p["tokens"], p["activated_experts"], p["local_assignments"])
+
+    return [
+        ("passed", _OK, "circle",
+         [p for p in points if p["passed"] and key(p) not in retried]),
+        ("passed after a retry", _RETRIED, "diamond",
+         [p for p in points if p["passed"] and key(p) in retried]),
+        ("failed attempt", _BAD, "x", [p for p in points if not p["passed"]]),
+    ]
+
+
+def stability_figures(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """B against 2B with the tolerance band, and the relative change over N and over A.
+
+    Every control is drawn, failed and retried attempts marked; nothing is drawn for a table
+    whose bundle publishes no per-point evidence (the page says why instead).
+    """
+    points = payload["points"]
+    if not points:
+        return {}
+    tolerance = float(payload["quality"]["tolerance"])
+    retried = {
+        (p["tokens"], p["activated_experts"], p["local_assignments"])
+        for p in points if p["attempt"] > 0
+    }
+    groups = _groups(points, retried)
+    figures: dict[str, dict[str, Any]] = {}
+    pairs = [p for p in points if p["b_median_us"] and p["b2_median_us"]]
+    if pairs:
+        low = min(min(p["b_median_us"], p["b2_median_us"]) for p in pairs) * 0.9
+        high = max(max(p["b_median_us"], p["b2_median_us"]) for p in pairs) * 1.1
+        line = [low, high]
+        traces: list[dict[str, Any]] = [
+            {"type": "scatter", "mode": "lines", "x": line, "y": line, "name": "2B = B",
+             "line": {"color": "#7f7f7f", "width": 1}, "hoverinfo": "skip"},
+            {"type": "scatter", "mode": "lines", "x": line,
+             "y": [v * (1 + tolerance) for v in line], "name": f"+{tolerance:.0%} band",
+             "line": {"color": _BAD, "dash": "dash", "width": 1}, "hoverinfo": "skip"},
+            {"type": "scatter", "mode": "lines", "x": line,
+             "y": [v * (1 - tolerance) for v in line], "name": f"−{tolerance:.0%} band",
+             "line": {"color": _BAD, "dash": "dash", "width": 1}, "hoverinfo": "skip",
+             "showlegend": False},
+        ]
+        for name, color, symbol, group in groups:
+            group = [p for p in group if p in pairs]
+            if group:
+                traces.append({
+                    "type": "scatter", "mode": "markers", "name": name,
+                    "x": [p["b_median_us"] for p in group],
+                    "y": [p["b2_median_us"] for p in group],
+                    "text": [_point_label(p) for p in group],
+                    "marker": {"color": color, "symbol": symbol, "size": 6 if symbol != "circle"
+                               else 5, "opacity": 0.8},
+                    "hovertemplate": "%{text}<extra></extra>",
+                })
+        figures["stability_b2b"] = {
+            "data": traces,
+            "layout": _layout(
+                f"Stability: 2B median against B median per control ({tolerance:.0%} band)",
+                xaxis={**_log("B arm median (µs)"), "minor": {"showgrid": False}},
+                yaxis={**_log("2B arm median (µs): the published value"),
+                       "minor": {"showgrid": False}},
+                hovermode="closest",
+            ),
+        }
+    for axis, key, title, log in (
+        ("n", "tokens", N_AXIS, True),
+        ("a", "activated_experts", A_AXIS, False),
+    ):
+        traces = []
+        for name, color, symbol, group in groups:
+            if group:
+                traces.append({
+                    "type": "scatter", "mode": "markers", "name": name,
+                    "x": [p[key] for p in group],
+                    "y": [round(p["relative_change"] * 100, 4) for p in group],
+                    "text": [_point_label(p) for p in group],
+                    "marker": {"color": color, "symbol": symbol, "size": 6, "opacity": 0.8},
+                    "hovertemplate": "%{text}<br>%{y:.2f} %<extra></extra>",
+                })
+        figures[f"stability_{axis}"] = {
+            "data": traces,
+            "layout": _layout(
+                f"Stability: relative change |2B − B| / B over {key.replace('_', ' ')}",
+                xaxis=_log(title) if log else {"title": {"text": title}},
+                yaxis={"title": {"text": "relative change (%)"}, "rangemode": "tozero"},
+                shapes=_band(tolerance),
+                annotations=_band_note(tolerance),
+            ),
+        }
+    return figures
+
+
+_PART_COLORS = {
+    "gate_routing": "#1f77b4",
+    "experts": "#2ca02c",
+    "finalize_copy": "#9467bd",
+    "wrapper": "#8c564b",
+    "outside_scopes": "#d62728",
+}
+
+
+def conservation_figure(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """Stacked component sums (and what fell outside the scopes) against each traced native
+    forward's whole CUDA activity."""
+    forwards = payload["forwards"]
+    if not forwards:
+        return None
+    labels = [f"N={f['tokens']} (forward {f['forward']})" for f in forwards]
+    names = [c for c in _PART_COLORS if c != "outside_scopes"
+             and any(c in f["components_us"] for f in forwards)]
+    traces: list[dict[str, Any]] = []
+    for name in names:
+        traces.append({
+            "type": "bar", "name": name, "x": labels,
+            "y": [f["components_us"].get(name, 0.0) for f in forwards],
+            "marker": {"color": _PART_COLORS[name]},
+            "hovertemplate": f"{name}: %{{y:.3f}} µs<extra></extra>",
+        })
+    traces.append({
+        "type": "bar", "name": "outside every scope", "x": labels,
+        "y": [f["outside_scopes_us"] for f in forwards],
+        "marker": {"color": _PART_COLORS["outside_scopes"]},
+        "hovertemplate": "outside: %{y:.3f} µs<extra></extra>",
+    })
+    traces.append({
+        "type": "scatter", "mode": "markers", "name": "native forward total",
+        "x": labels, "y": [f["native_total_us"] for f in forwards],
+        "marker": {"symbol": "line-ew-open", "size": 28, "color": "#000",
+                   "line": {"width": 3}},
+        "hovertemplate": "whole forward: %{y:.3f} µs<extra></extra>",
+    })
+    return {
+        "data": traces,
+        "layout": _layout(
+            "Conservation: components stacked against each traced native forward",
+            barmode="stack",
+            xaxis={"title": {"text": "traced native forward"}},
+            yaxis={"title": {"text": "CUDA activity (µs)"}, "rangemode": "tozero"},
+            hovermode="x unified",
+        ),
+    }

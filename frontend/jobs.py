@@ -21,7 +21,9 @@ from registry.jobs import (
     cancel_job,
     job_parameter_fields,
     queue_job,
+    retry_job,
 )
+from registry.services.requests import waiting_for_worker
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
@@ -50,8 +52,23 @@ def _params(data: Any) -> dict[str, str]:
     return {k: v.strip() for k, v in data.items() if k in names and v.strip()}
 
 
+def _may_change(user: Any, job: AcquisitionJob) -> bool:
+    """The API's rule (registry.api.jobs): the job's creator or staff."""
+    return bool(user.is_authenticated and (user.is_staff or job.created_by_id == user.pk))
+
+
+def _job_context(request: HttpRequest, job: AcquisitionJob) -> dict[str, Any]:
+    return {
+        "job": job,
+        "waiting": waiting_for_worker(job),
+        "can_retry": job.state in ("failed", "cancelled") and _may_change(request.user, job),
+    }
+
+
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = AcquisitionJob.objects.select_related("result_bundle").order_by("-id")[:100]
+    jobs = AcquisitionJob.objects.select_related("result_bundle", "created_by").order_by("-id")[
+        :100
+    ]
     return render(request, "frontend/jobs.html", {"jobs": jobs})
 
 
@@ -79,13 +96,13 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(AcquisitionJob.objects.select_related("result_bundle"), pk=pk)
-    return render(request, "frontend/job.html", {"job": job})
+    return render(request, "frontend/job.html", _job_context(request, job))
 
 
 def job_progress(request: HttpRequest, pk: int) -> HttpResponse:
     """The live part of a job page (an htmx fragment, polled while the job is active)."""
     job = get_object_or_404(AcquisitionJob.objects.select_related("result_bundle"), pk=pk)
-    return render(request, "frontend/_job_progress.html", {"job": job})
+    return render(request, "frontend/_job_progress.html", _job_context(request, job))
 
 
 @require_POST
@@ -96,4 +113,21 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         cancel_job(job)
     except JobStateError as exc:
         messages.error(request, str(exc))
+    return redirect("frontend:job", pk=pk)
+
+
+@require_POST
+@login_required
+def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    """Queue a failed or cancelled job again, as ``POST /api/v1/jobs/{id}/retry`` does."""
+    job = get_object_or_404(AcquisitionJob, pk=pk)
+    if not _may_change(request.user, job):
+        messages.error(request, "only the job's creator or staff may retry it")
+        return redirect("frontend:job", pk=pk)
+    try:
+        retry_job(job)
+    except JobStateError as exc:
+        messages.error(request, str(exc))
+    except BrokerUnavailable as exc:
+        messages.error(request, f"the job queue does not answer: {exc}")
     return redirect("frontend:job", pk=pk)

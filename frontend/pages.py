@@ -7,10 +7,11 @@ from typing import Any
 
 from frontend import figures
 from moetables.bundle import EXPERTS
-from moetables.errors import CoverageError, QueryError
+from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.lookup.explain import explain_expert
 from registry.models import AcquisitionJob, Bundle, DeploymentTable
 from registry.services.figures import load_deployment
+from registry.services.quality import conservation_payload, stability_payload
 
 FILTER_KEYS = (
     "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "layout",
@@ -163,8 +164,17 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         charts["surface"] = figures.expert_slice_figure(
             loaded.lookups, loaded.rows, geometry, chosen, mode
         )
-    if stability.figure is not None:
-        charts["stability"] = stability.figure
+    evidence_error = None
+    try:
+        stable = stability_payload(table)
+        conserved = conservation_payload(table)
+    except BundleError as exc:
+        evidence_error = str(exc)
+        stable = conserved = None
+    if stable is not None:
+        charts.update(figures.stability_figures(stable))
+    if conserved is not None and (fig := figures.conservation_figure(conserved)) is not None:
+        charts["conservation"] = fig
     sel = loaded.rows.select(EXPERTS, mode) & (loaded.rows.activated_experts > 0)
     example = (
         (int(loaded.rows.tokens[sel][0]), int(loaded.rows.activated_experts[sel][0]),
@@ -180,6 +190,8 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         "chosen": chosen,
         "charts": charts,
         "stability": stability,
+        "evidence": {"stability": stable, "conservation": conserved, "error": evidence_error},
+        "graph_missing": raw_mode == "graph" and mode != "graph",
         "contract": contract_summary(table.contract, table.bundle.meta),
         "coverage": coverage_summary(table),
         "example": example,

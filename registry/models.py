@@ -41,6 +41,11 @@ class Bundle(models.Model):
     # never change after publication, so the copy cannot go stale).
     targets = models.JSONField(default=list, help_text="brief tables, as the list shows them")
     vllm_version = models.CharField(max_length=64, blank=True)
+    exploratory = models.BooleanField(
+        default=False,
+        help_text="a table was measured with a B/2B tolerance above the method's 3 %; "
+        "name lookups skip it unless asked",
+    )
     measured_at = models.DateTimeField(null=True, blank=True)
     published_at = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=16, choices=BundleSource.choices)
@@ -147,3 +152,8 @@ class DeploymentTable(models.Model):
 from registry.jobs.models import AcquisitionJob  # noqa: E402
 
 __all__ += ["AcquisitionJob"]
+
+# Coverage requests and worker presence (registry/coverage_models.py).
+from registry.coverage_models import CoverageRequest, WorkerPresence  # noqa: E402
+
+__all__ += ["CoverageRequest", "WorkerPresence"]

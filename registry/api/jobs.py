@@ -70,6 +70,9 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
     progress = serializers.FloatField(source="progress_fraction", read_only=True)
     command_line = serializers.CharField(read_only=True)
     url = serializers.SerializerMethodField()
+    waiting_for_worker = serializers.SerializerMethodField(
+        help_text="for a queued job whose queue has no online worker: says so, else null"
+    )
 
     class Meta:
         model = AcquisitionJob
@@ -98,12 +101,19 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
             "work_dir",
             "artifacts",
             "command_line",
+            "waiting_for_worker",
         )
         read_only_fields = fields
 
     def _absolute(self, path: str) -> str:
         request = self.context.get("request")
         return request.build_absolute_uri(path) if request is not None else path
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_waiting_for_worker(self, job: AcquisitionJob) -> str | None:
+        from registry.services.requests import waiting_for_worker
+
+        return waiting_for_worker(job)
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_url(self, job: AcquisitionJob) -> str:

@@ -104,7 +104,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
         fields = (
             "id", "url", "sha256", "hardware", "model", "variant", "layout", "vllm_version",
             "size", "file_count", "measured_at", "published_at", "source", "download_url",
-            "tables",
+            "tables", "exploratory",
         )
 
     def get_download_url(self, bundle: Bundle) -> str:
@@ -114,7 +114,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
 SUMMARY_FIELDS = (
     "id", "sha256", "hardware", "model", "variant", "layout", "vllm_version", "size",
-    "file_count", "measured_at", "published_at", "source", "targets",
+    "file_count", "measured_at", "published_at", "source", "targets", "exploratory",
 )
 
 
@@ -151,6 +151,7 @@ def bundle_summaries(rows: list[dict[str, Any]], request: Any) -> list[dict[str,
             "source": row["source"],
             "download_url": f"{prefix}{row['id']}/download",
             "tables": row["targets"],
+            "exploratory": row["exploratory"],
         }
         for row in rows
     ]
@@ -223,6 +224,12 @@ class LookupRequestSerializer(serializers.Serializer[Any]):
     variant = serializers.CharField(required=False, max_length=128)
     target = TargetSerializer()
     queries = QuerySerializer(many=True, required=False)
+    include_exploratory = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="a lookup by hardware + model + variant skips exploratory bundles (B/2B "
+        "tolerance above 3 %) unless this is true",
+    )
 
 
 class AnswerSerializer(serializers.Serializer[Any]):

@@ -201,6 +201,7 @@ def _index(
             meta=jsonable(opened.meta),
             missing_files=list(opened.missing_files),
             vllm_version=vllm_version_of(opened),
+            exploratory=any(entry.exploratory for entry in opened.entries),
             measured_at=measured_at_of(opened),
             source=source_kind,
             source_detail=source_detail[:512],
@@ -214,6 +215,11 @@ def _index(
         DeploymentTable.objects.bulk_create(tables)
         bundle.targets = [table.brief() for table in tables]
         bundle.save(update_fields=["targets"])
+        if source_kind != BundleSource.ACQUISITION:
+            # A job's runner closes the requests itself, naming the job that filled them.
+            from registry.services.requests import close_filled_requests
+
+            close_filled_requests(bundle)
     return bundle
 
 
