@@ -60,7 +60,9 @@ def table_lookup(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def compare(request: HttpRequest) -> HttpResponse:
-    context = pages.compare_context(request.GET.get("a"), request.GET.get("b"))
+    context = pages.compare_context(
+        request.GET.get("a"), request.GET.get("b"), request.GET.getlist("also")
+    )
     return render(request, "frontend/compare.html", context)
 
 

@@ -37,10 +37,10 @@ def h200(transactional_db: None) -> list[Any]:
     return [publish_bundle(path).bundle for path in H200]
 
 
-def _markers(page: Any, selector: str) -> int:
+def _markers(view: Any, selector: str) -> int:
     """Points drawn by the figure's marker traces (lines and bands excluded)."""
-    page.wait_for_selector(f"{selector}[data-rendered]")
-    return int(page.eval_on_selector(
+    view.wait_for_selector(f"{selector}[data-rendered]")
+    return int(view.eval_on_selector(
         selector,
         "el => el.data.filter(t => t.mode === 'markers' || t.type === 'bar')"
         ".reduce((n, t) => n + t.x.length, 0)",
@@ -48,7 +48,7 @@ def _markers(page: Any, selector: str) -> int:
 
 
 def test_every_h200_table_draws_its_stability_and_conservation(
-    page: Any, live_server: Any, h200: list[Any]
+    page: Any, live_server: Any, h200: list[Any]  # noqa: F811 - the imported fixture
 ) -> None:
     """R18, R26: the evidence published in each H200 bundle is drawn, point by point."""
     for bundle in h200:
@@ -80,7 +80,7 @@ def test_every_h200_table_draws_its_stability_and_conservation(
 
 
 def test_it_shows_the_coverage_matrix_and_records_a_request(
-    page: Any, live_server: Any, h200: list[Any]
+    page: Any, live_server: Any, h200: list[Any]  # noqa: F811 - the imported fixture
 ) -> None:
     from django.contrib.auth import get_user_model
 
