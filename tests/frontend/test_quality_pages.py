@@ -107,3 +107,9 @@ def test_the_coverage_page_lists_tables_and_gaps(client: Client, current_bundle:
     assert 'id="coverage-matrix"' in html and "gap" in html
     assert f'href="/tables/{current_bundle.tables.first().pk}/"' in html
     assert "Request this" not in html  # signed out
+
+
+def test_an_exploratory_bundle_is_labelled(client: Client, current_bundle: Any) -> None:
+    type(current_bundle).objects.filter(pk=current_bundle.pk).update(exploratory=True)
+    html = client.get(f"/bundles/{current_bundle.pk}/").content.decode()
+    assert 'id="bundle-exploratory"' in html and "above the method's 3 %" in html
