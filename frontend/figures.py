@@ -180,7 +180,7 @@ def expert_slice_figure(
         title,
         xaxis=_log(N_AXIS, ns),
         yaxis={"title": {"text": A_AXIS}},
-        meta={"cells_with_data": measured},
+        meta={"cells_with_data": measured, "link": "tokens"},
     )
     return {"data": traces, "layout": layout}
 
@@ -247,6 +247,7 @@ def local_curves_figure(rows: ComponentTable) -> dict[str, Any]:
             )
     layout = _layout(
         "Local components over their own rows (log-log)",
+        meta={"link": "rows"},
         xaxis=_log("rows (tokens)", rows.tokens),
         yaxis=_log(TIME, rows.time_us[rows.component != EXPERTS]),
     )
@@ -412,6 +413,7 @@ def compare_figures(
             "data": overlay,
             "layout": _layout(
                 "Local components, every table (log-log)",
+                meta={"link": "rows"},
                 xaxis=_log("rows (tokens)", rows_a.tokens),
                 yaxis=_log(TIME),
             ),
@@ -422,6 +424,7 @@ def compare_figures(
             "data": ratio,
             "layout": _layout(
                 f"Local components: each table / {name_a}",
+                meta={"link": "rows"},
                 xaxis=_log("rows (tokens)", rows_a.tokens),
                 yaxis={"title": {"text": "time ratio (table / first)"}},
             ),
@@ -468,6 +471,7 @@ def compare_figures(
             "data": expert_overlay,
             "layout": _layout(
                 "Expert rows, every table (log-log)",
+                meta={"link": "tokens"},
                 xaxis=_log(N_AXIS, rows_a.tokens),
                 yaxis=_log(TIME, rows_a.time_us),
             ),
@@ -478,6 +482,7 @@ def compare_figures(
             "data": expert_ratio,
             "layout": _layout(
                 f"Experts: each table / {name_a} at the first table's measured points",
+                meta={"link": "tokens"},
                 xaxis=_log(N_AXIS, rows_a.tokens),
                 yaxis={"title": {"text": "time ratio (table / first)"}},
             ),
@@ -620,6 +625,7 @@ def stability_figures(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 yaxis={"title": {"text": "relative change (%)"}, "rangemode": "tozero"},
                 shapes=_band(tolerance),
                 annotations=_band_note(tolerance),
+                meta={"link": "tokens"} if log else {},
             ),
         }
     return figures

@@ -104,3 +104,20 @@ def test_it_shows_the_coverage_matrix_and_records_a_request(
     request = CoverageRequest.objects.get()
     assert request.state == "open" and request.requested_by.username == "alice"
     _shot(page, "coverage")
+
+
+def test_figures_over_n_zoom_together(page: Any, live_server: Any,  # noqa: F811
+                                      h200: list[Any]) -> None:
+    """The surface and the stability figure over N share their x axis: zooming one zooms both."""
+    table = h200[0].tables.get(dp=2, rank=0)
+    page.goto(live_server.url + f"/tables/{table.pk}/")
+    page.wait_for_selector("#fig-surface[data-rendered]")
+    page.wait_for_selector("#fig-stability-n[data-rendered]")
+    page.evaluate("Plotly.relayout(document.getElementById('fig-surface'), "
+                  "{'xaxis.range': [1, 2]})")
+    page.wait_for_function(
+        "() => { const r = document.getElementById('fig-stability-n').layout.xaxis.range;"
+        " return r && Math.abs(r[0] - 1) < 1e-9 && Math.abs(r[1] - 2) < 1e-9; }"
+    )
+    local = page.eval_on_selector("#fig-local", "el => el.layout.xaxis.range")
+    assert local != [1, 2]  # rows of local components are another quantity: not linked
