@@ -212,3 +212,11 @@ def test_every_shipped_h200_bundle_carries_its_evidence(root: Path) -> None:
             assert evidence.conservation and len(evidence.conservation) >= 3
         else:
             assert evidence.conservation_absent
+
+
+def test_validate_reports_each_tables_evidence(capsys: pytest.CaptureFixture[str]) -> None:
+    from moetables.cli import main
+
+    assert main(["validate", str(H200[1])]) == 0
+    out = capsys.readouterr().out
+    assert "31 B/2B controls (from files), 3 traced forwards conserved" in out
