@@ -176,9 +176,17 @@ def expert_slice_figure(
         },
     ]
     title = f"Expert time over N and A, {chosen.label} ({mode}); blank = outside measured support"
+    # The x axis spans the N columns that hold data at this M (half a column either side), not
+    # every N of the table: a slice of one large M is otherwise a thin stripe at one edge.
+    filled = ns[np.isfinite(z).any(axis=0)] if z.size else ns
+    xaxis = _log(N_AXIS, filled if filled.size else ns)
+    if filled.size:
+        low, high = math.log10(float(filled.min())), math.log10(float(filled.max()))
+        pad = max(0.15, (high - low) * 0.04)
+        xaxis["range"] = [low - pad, high + pad]
     layout = _layout(
         title,
-        xaxis=_log(N_AXIS, ns),
+        xaxis=xaxis,
         yaxis={"title": {"text": A_AXIS}},
         meta={"cells_with_data": measured, "link": "tokens"},
     )
