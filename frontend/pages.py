@@ -175,6 +175,9 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         stable = conserved = None
     if stable is not None:
         charts.update(figures.stability_figures(stable))
+        peak = stable["summary"]["max_relative_change"]
+        # The same rounding as the coverage card ("2.38%"), so the two never seem to disagree.
+        stable["summary"]["max_change_text"] = f"{peak:.2%}" if peak is not None else "n/a"
     if conserved is not None and (fig := figures.conservation_figure(conserved)) is not None:
         charts["conservation"] = fig
     sel = loaded.rows.select(EXPERTS, mode) & (loaded.rows.activated_experts > 0)
@@ -194,6 +197,10 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         "stability": stability,
         "evidence": {"stability": stable, "conservation": conserved, "error": evidence_error},
         "graph_missing": raw_mode == "graph" and mode != "graph",
+        "compact_change": (
+            f"{stability.max_relative_change:.2%}"
+            if stability.max_relative_change is not None else "n/a"
+        ),
         "contract": contract_summary(table.contract, table.bundle.meta),
         "coverage": coverage_summary(table),
         "example": example,

@@ -26,6 +26,7 @@ class QualitySerializer(serializers.Serializer[Any]):
     label = serializers.ChoiceField(choices=["method", "exploratory"])
     tolerance = serializers.FloatField()
     max_relative_change = serializers.FloatField(allow_null=True)
+    max_change_text = serializers.CharField(allow_null=True, help_text="as a percentage")
 
 
 class StabilityPointSerializer(serializers.Serializer[Any]):
