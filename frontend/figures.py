@@ -221,10 +221,15 @@ def expert_points_figure(rows: ComponentTable, mode: str = "eager") -> dict[str,
         "name": "measured rows",
         "hovertemplate": "N=%{x}<br>A=%{y}<br>M=%{customdata}<br>%{z:.2f} µs<extra></extra>",
     }
+    def axis3d(title: str, values: Any) -> dict[str, Any]:
+        axis = _log(title, values)
+        axis.pop("minor", None)  # 3-D scenes have no minor ticks
+        return axis
+
     scene = {
-        "xaxis": {"title": {"text": "N (tokens)"}, "type": "log"},
+        "xaxis": axis3d("N (tokens)", tokens),
         "yaxis": {"title": {"text": "A (experts)"}},
-        "zaxis": {"title": {"text": TIME}, "type": "log"},
+        "zaxis": axis3d(TIME, times),
     }
     return {"data": [trace], "layout": _layout(f"Measured expert rows ({mode})", scene=scene)}
 

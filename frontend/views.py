@@ -93,7 +93,7 @@ def coverage_request(request: HttpRequest) -> HttpResponse:
             "backend": data["backend"], "tp": int(data["tp"]), "dp": int(data["dp"]),
             "rank": int(data["rank"]), "sequence_parallel": data["sequence_parallel"] == "1",
         }
-        made = request_cell(request.user, cell)
+        made, _ = request_cell(request.user, cell)
     except (KeyError, ValueError) as exc:
         messages.error(request, f"cannot request this cell: {exc}")
     except JobParameterError as exc:

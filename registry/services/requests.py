@@ -110,8 +110,10 @@ def _job_parameters(cell: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageRequest:
+def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> tuple[CoverageRequest, bool]:
     """Record (or join) the request for ``cell``; queue a job when its queue is online.
+
+    Returns the request and whether this call created it (False: joined an open one).
 
     ``cell`` has hardware, model, variant, backend, tp, dp, rank, sequence_parallel. Raises
     ValueError for a cell that already has a table, and the job service's errors when the
@@ -146,11 +148,13 @@ def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageReques
         )
         if existing is not None:
             existing.requesters.add(user)
-            return existing
+            return existing, False
+        created = True
         try:
             with transaction.atomic():
                 request = CoverageRequest.objects.create(**cell, requested_by=user)
         except IntegrityError:  # someone asked at the same moment: join theirs
+            created = False
             request = CoverageRequest.objects.exclude(state="closed").get(
                 **{k: cell[k] for k in keys}
             )
@@ -161,7 +165,7 @@ def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageReques
             state=CoverageRequest.State.QUEUED, job=job
         )
         request.refresh_from_db()
-    return request
+    return request, created
 
 
 def close_filled_requests(bundle: Bundle, job: AcquisitionJob | None = None) -> int:
