@@ -215,3 +215,30 @@ def test_the_api_records_a_request_with_a_token(
         "problems"][0]
     listed = api.get("/api/v1/coverage/requests").json()
     assert [r["deployment"] for r in listed] == ["tp1 dp2_ep2_rank0_sp0"]
+
+
+def test_publication_refuses_evidence_that_does_not_match(db: None, tmp_path: Path) -> None:
+    """The registry validates the evidence like the reader: a changed stability.csv is refused."""
+    import shutil
+
+    from registry.services import PublishError
+
+    copy = tmp_path / "bf16"
+    shutil.copytree(H200["H200-vllm-live"], copy)
+    path = next(copy.rglob("stability.csv"))
+    path.write_bytes(path.read_bytes().replace(b",0.03,1,1\n", b",0.03,1,0\n", 1))
+    with pytest.raises(PublishError) as caught:
+        publish_bundle(copy)
+    assert "stability.csv" in " ".join(caught.value.problems)
+
+
+def test_a_queue_is_online_only_while_its_workers_stamp_it(db: None) -> None:
+    from datetime import timedelta
+
+    from registry.services.requests import queue_online, record_presence
+
+    assert not queue_online("gpu.H200")
+    record_presence("gpu0@host", ["gpu.H200"])
+    assert queue_online("gpu.H200") and not queue_online("gpu.B200")
+    WorkerPresence.objects.update(last_seen=timezone.now() - timedelta(minutes=5))
+    assert not queue_online("gpu.H200")
