@@ -22,7 +22,7 @@ from rest_framework.permissions import IsAuthenticated, IsAuthenticatedOrReadOnl
 from rest_framework.response import Response
 
 from registry.jobs.models import AcquisitionJob
-from registry.jobs.parameters import JobParameterError
+from registry.jobs.parameters import JobParameterError, JobParametersSerializer
 from registry.jobs.services import (
     BrokerUnavailable,
     JobStateError,
@@ -36,32 +36,6 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
 
 __all__ = ["AcquisitionJobSerializer", "JobParametersSerializer", "JobViewSet"]
-
-
-class JobParametersSerializer(serializers.Serializer[Any]):
-    """The request body: `docs/jobs.md` lists every parameter; checked by the CLI's own code."""
-
-    command = serializers.ChoiceField(choices=["slice", "profile"], default="slice")
-    model = serializers.CharField(help_text="catalog id, e.g. Qwen/Qwen3-30B-A3B-Instruct-2507")
-    hardware = serializers.CharField(help_text="hardware label; the queue is gpu.<hardware>")
-    tp = serializers.ListField(child=serializers.IntegerField(), required=False)
-    tp_refresh = serializers.ListField(
-        child=serializers.IntegerField(), required=False, allow_null=True
-    )
-    dp = serializers.ListField(child=serializers.IntegerField(), required=False)
-    ep = serializers.ListField(child=serializers.IntegerField(), required=False, allow_null=True)
-    max_num_batched_tokens = serializers.IntegerField(required=False)
-    max_num_seqs = serializers.IntegerField(required=False)
-    rounds = serializers.IntegerField(required=False)
-    iterations = serializers.IntegerField(required=False)
-    grid_factor = serializers.FloatField(required=False)
-    backend = serializers.CharField(required=False)
-    device = serializers.ChoiceField(choices=["cuda", "cpu"], required=False)
-    dtype = serializers.CharField(required=False)
-    cudagraph_mode = serializers.CharField(required=False)
-    warmup_cycles = serializers.IntegerField(required=False)
-    quality_tolerance = serializers.FloatField(required=False)
-    cache_bytes = serializers.IntegerField(required=False, allow_null=True)
 
 
 class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
@@ -162,7 +136,7 @@ class JobViewSet(
     )
     def create(self, request: Request) -> Response:
         # The service checks every field (and refuses unknown ones) the way the CLI does; the
-        # serializer above only documents the body.
+        # serializer (derived from acquisition.options like the check) documents the body.
         data = request.data
         params = data.dict() if hasattr(data, "dict") else data
         try:
