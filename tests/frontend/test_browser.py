@@ -26,7 +26,11 @@ ARGS = [
 ]
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS", "")
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="apt-get install -y chromium")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="apt-get install -y chromium"),
+]
 
 
 @pytest.fixture(scope="module")
