@@ -85,6 +85,7 @@ def main() -> None:
                 except (LookupError, ValueError) as exc:
                     out.append(type(exc).__name__)
             return out
+
         return run
 
     mine, theirs = here.batch("experts", n, a, m), there.batch("experts", n, a, m)
@@ -94,8 +95,9 @@ def main() -> None:
     )
     identical_scalar = scalar(here, args.rounds)() == scalar(there, args.rounds)()
     ratios: dict[str, list[float]] = {"batch": [], "scalar": []}
-    rates: dict[str, list[float]] = {k: [] for k in
-                                     ("batch_here", "batch_other", "scalar_here", "scalar_other")}
+    rates: dict[str, list[float]] = {
+        k: [] for k in ("batch_here", "batch_other", "scalar_here", "scalar_other")
+    }
     for r in range(args.rounds):
         order = [(here, "here"), (there, "other")]
         if r % 2:
@@ -103,22 +105,30 @@ def main() -> None:
         got: dict[str, float] = {}
         for deployment, side in order:
             got[f"batch_{side}"] = args.queries / _seconds(
-                lambda d=deployment: d.batch("experts", n, a, m))
+                lambda d=deployment: d.batch("experts", n, a, m)
+            )
             got[f"scalar_{side}"] = args.scalar / _seconds(scalar(deployment, r))
         for key, value in got.items():
             rates[key].append(value)
         ratios["batch"].append(got["batch_here"] / got["batch_other"])
         ratios["scalar"].append(got["scalar_here"] / got["scalar_other"])
-    print(json.dumps({
-        "queries": args.queries, "scalar_queries": args.scalar, "rounds": args.rounds,
-        "identical_batch_answers": identical_batch,
-        "identical_scalar_answers": identical_scalar,
-        **{f"{k}_per_s_median": statistics.median(v) for k, v in rates.items()},
-        "batch_here_over_other_median": statistics.median(ratios["batch"]),
-        "scalar_here_over_other_median": statistics.median(ratios["scalar"]),
-        "batch_ratio_range": [min(ratios["batch"]), max(ratios["batch"])],
-        "scalar_ratio_range": [min(ratios["scalar"]), max(ratios["scalar"])],
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "queries": args.queries,
+                "scalar_queries": args.scalar,
+                "rounds": args.rounds,
+                "identical_batch_answers": identical_batch,
+                "identical_scalar_answers": identical_scalar,
+                **{f"{k}_per_s_median": statistics.median(v) for k, v in rates.items()},
+                "batch_here_over_other_median": statistics.median(ratios["batch"]),
+                "scalar_here_over_other_median": statistics.median(ratios["scalar"]),
+                "batch_ratio_range": [min(ratios["batch"]), max(ratios["batch"])],
+                "scalar_ratio_range": [min(ratios["scalar"]), max(ratios["scalar"])],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

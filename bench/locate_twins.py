@@ -39,8 +39,9 @@ from moetables.lookup.surface import ExpertSurface
 Answer = tuple[tuple[int, ...], tuple[float, ...]] | None
 
 
-def _rate(call: Callable[[Sequence[float]], Answer], points: list[tuple[float, ...]],
-          repeat: int) -> float:
+def _rate(
+    call: Callable[[Sequence[float]], Answer], points: list[tuple[float, ...]], repeat: int
+) -> float:
     rates = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -75,8 +76,9 @@ def main() -> None:
     assert locator.dim == 3
     n, a, m = random_queries(geometry, args.queries, seed=2)
     points = [(float(x), float(y), float(z)) for x, y, z in zip(n, a, m, strict=True)]
-    unit = [tuple(locator._unit([np.array([c]) for c in p])[k][0] for k in range(3))
-            for p in points]
+    unit = [
+        tuple(locator._unit([np.array([c]) for c in p])[k][0] for k in range(3)) for p in points
+    ]
     walk_3d: Callable[[Sequence[float]], Answer] = lambda x: locator._walk_one(x, 0)  # noqa: E731
     walk_nd: Callable[[Sequence[float]], Answer] = lambda x: locator.walk_one_nd(x, 0)  # noqa: E731
     result = {

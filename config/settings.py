@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -149,7 +150,7 @@ STORAGES = {
 }
 
 # Registry limits and working folders.
-REGISTRY = {
+REGISTRY: dict[str, Any] = {
     # Checked-out bundle trees that lookups read (a cache rebuilt from the blobs).
     "CHECKOUT_DIR": VAR_DIR / "checkouts",
     # Where uploads are unpacked and validated before anything is stored.

@@ -5,7 +5,9 @@ from django.contrib import admin
 from registry.models import Bundle, DeploymentTable
 
 
-class DeploymentTableInline(admin.TabularInline):
+# Not subscripted: Django's admin classes are generic only in django-stubs (a dev tool), and a
+# base class is evaluated at run time.
+class DeploymentTableInline(admin.TabularInline):  # type: ignore[type-arg]
     model = DeploymentTable
     fields = ("tp", "dp", "ep", "rank", "sequence_parallel", "backend", "row_count", "table_path")
     readonly_fields = fields
@@ -14,7 +16,7 @@ class DeploymentTableInline(admin.TabularInline):
 
 
 @admin.register(Bundle)
-class BundleAdmin(admin.ModelAdmin):
+class BundleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("id", "hardware", "model", "variant", "layout", "vllm_version", "published_at")
     list_filter = ("hardware", "layout", "source")
     search_fields = ("hardware", "model", "variant", "sha256")

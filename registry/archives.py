@@ -17,7 +17,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from registry.manifest import ManifestError, check_member_path
 
@@ -165,7 +165,7 @@ def _unpack_tar_gz(source: Path, dest: Path, limits: ArchiveLimits) -> None:
     # Headers count against the cap too: BLOCK per entry plus PAX records.
     cap = limits.max_unpacked_bytes + (limits.max_entries + 4) * 2 * BLOCK + RECORD
     with gzip.open(source, "rb") as raw:
-        stream = io.BufferedReader(_CappedReader(raw, cap), buffer_size=1 << 16)
+        stream = io.BufferedReader(_CappedReader(cast("IO[bytes]", raw), cap), buffer_size=1 << 16)
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 path = budget.entry(member.name)

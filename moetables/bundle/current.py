@@ -46,7 +46,7 @@ def _read_entry(root: Path, tp: int, raw: Any, *, where: str) -> TableEntry:
     if target.tp != tp:
         raise BundleError(f"{where}.target.tp", f"is {target.tp} under per_tp.{tp}")
     table_path, _ = resolve_inside(root, f"tp{tp}", raw.get("table"), where=f"{where}.table")
-    contract = raw.get("contract")
+    contract: Any = raw.get("contract")  # entry_geometry checks that it is a mapping
     geometry, components, modes = entry_geometry(contract, target, where=f"{where}.contract")
     if modes != ("eager",):
         raise BundleError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -127,7 +127,7 @@ def open_bundle(path: str | Path) -> Bundle:
             )
         seen[entry.target.key] = entry
     missing = sorted(f for f in _referenced_files(meta) if not (root / f).is_file())
-    layout = "historical" if all(e.layout == "historical" for e in entries) else "current"
+    layout: Literal["current", "historical"] = "historical" if all(e.layout == "historical" for e in entries) else "current"
     return Bundle(
         root=root, layout=layout, meta=meta, entries=tuple(entries), missing_files=tuple(missing)
     )

@@ -39,7 +39,9 @@ __all__ = ["AcquisitionJobSerializer", "JobParametersSerializer", "JobViewSet"]
 
 
 class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
     result_bundle = serializers.SerializerMethodField()
     progress = serializers.FloatField(source="progress_fraction", read_only=True)
     command_line = serializers.CharField(read_only=True)

@@ -9,7 +9,7 @@ is committed (the callers send from ``transaction.on_commit``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from celery import current_app
@@ -89,8 +89,13 @@ def send_job(job: AcquisitionJob) -> str:
         with current_app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
             current_app.send_task(
-                RUN_TASK, args=(job.pk,), queue=job.queue, connection=connection, retry=False,
-                task_id=task_id, ignore_result=True,
+                RUN_TASK,
+                args=(job.pk,),
+                queue=job.queue,
+                connection=connection,
+                retry=False,
+                task_id=task_id,
+                ignore_result=True,
             )
     except broker_errors() as exc:
         raise BrokerUnavailable(f"the job queue (Celery broker) does not answer: {exc}") from exc
@@ -104,7 +109,8 @@ def ready_messages(queue: str) -> int:
     with current_app.connection_for_read() as connection:
         connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
         try:
-            declared = connection.default_channel.queue_declare(queue=queue, passive=True)
+            channel: Any = connection.default_channel  # kombu's virtual channel
+            declared = channel.queue_declare(queue=queue, passive=True)
         except connection.channel_errors:
             return 0  # Redis keeps no key for an empty queue: passive declare says not found
         return int(declared.message_count)

@@ -22,8 +22,9 @@ FINISHED_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 # the sweep), succeeded, failed, cancelled; failed or cancelled -> queued (retry).
 LEGAL_MOVES: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
-    JobState.RUNNING: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.SUCCEEDED,
-                                 JobState.FAILED, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {JobState.RUNNING, JobState.QUEUED, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    ),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset({JobState.QUEUED}),
     JobState.CANCELLED: frozenset({JobState.QUEUED}),

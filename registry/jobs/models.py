@@ -76,7 +76,10 @@ class AcquisitionJob(models.Model):
     objects = JobQuerySet.as_manager()
 
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="acquisition_jobs",
     )
     created_at = models.DateTimeField(default=timezone.now)
@@ -93,7 +96,10 @@ class AcquisitionJob(models.Model):
     parameters = models.JSONField(help_text="validated acquisition parameters, defaults filled")
     queue = models.CharField(max_length=128, help_text="gpu.<hardware>, or cpu")
     result_bundle = models.ForeignKey(
-        "registry.Bundle", null=True, blank=True, on_delete=models.SET_NULL,
+        "registry.Bundle",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="acquisition_jobs",
     )
     work_dir = models.CharField(max_length=1024, blank=True)

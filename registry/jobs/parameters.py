@@ -44,15 +44,20 @@ def job_parameter_fields() -> list[dict[str, Any]]:
     """The parameters with defaults and choices, for a form."""
     return [
         {
-            "name": o.name, "kind": o.kind, "default": o.default, "required": o.required,
-            "nullable": o.nullable, "choices": list(o.choices), "option": o.flag,
+            "name": o.name,
+            "kind": o.kind,
+            "default": o.default,
+            "required": o.required,
+            "nullable": o.nullable,
+            "choices": list(o.choices),
+            "option": o.flag,
             "help": o.help,
         }
         for o in job_options()
     ]
 
 
-def validate_parameters(raw: Mapping[str, Any]) -> dict[str, Any]:
+def validate_parameters(raw: object) -> dict[str, Any]:
     """Parameters with defaults filled, or `JobParameterError` with every field's problem."""
     roots = settings.REGISTRY.get("JOB_MODEL_ROOTS", ())
     try:
@@ -77,7 +82,8 @@ def _field(option: Option) -> serializers.Field[Any, Any, Any, Any]:
     if option.kind == "ints":
         return serializers.ListField(child=serializers.IntegerField(), **common)
     if option.kind == "int":
-        return serializers.IntegerField(min_value=option.minimum, **common)
+        low = None if option.minimum is None else int(option.minimum)
+        return serializers.IntegerField(min_value=low, **common)
     if option.kind == "float":
         return serializers.FloatField(min_value=option.minimum, **common)
     if option.choices:

@@ -8,10 +8,9 @@ made, so "the broker is down" is a clear refusal (503) instead of a job that nev
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -23,7 +22,7 @@ from registry.jobs.models import AcquisitionJob, JobStateError
 from registry.jobs.parameters import queue_for, validate_parameters
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 
 __all__ = [
     "BrokerUnavailable",
@@ -52,16 +51,15 @@ def _send_after_commit(job: AcquisitionJob) -> None:
         raise
 
 
-def queue_job(
-    user: AbstractBaseUser | AnonymousUser | None, params: Mapping[str, Any]
-) -> AcquisitionJob:
+def queue_job(user: AbstractBaseUser | AnonymousUser | None, params: object) -> AcquisitionJob:
     """Validate ``params`` like the CLI, create the job, and send it once the row is committed.
 
     Raises `JobParameterError` (``.errors``: ``{field: [message]}``) or `BrokerUnavailable`.
     """
     clean = validate_parameters(params)
     check_broker()
-    owner = user if user is not None and user.is_authenticated else None
+    # AUTH_USER_MODEL is Django's User; the request hands it over as its base class.
+    owner = cast("User", user) if user is not None and user.is_authenticated else None
     with transaction.atomic():
         job = AcquisitionJob.objects.create(
             created_by=owner, parameters=clean, queue=queue_for(clean),

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
     reject_on_worker_lost=True,
     ignore_result=True,
 )
-def run_acquisition_job(self: Task, job_id: int) -> str:
+def run_acquisition_job(self: Task[Any, Any], job_id: int) -> str:
     return run_job(job_id, worker=self.request.hostname or socket.gethostname())
 
 

@@ -217,7 +217,7 @@ def _index(
     return bundle
 
 
-def publish_upload(upload: UploadedFile, *, published_by: Any = None) -> PublishResult:
+def publish_upload(upload: UploadedFile[bytes], *, published_by: Any = None) -> PublishResult:
     """Publish an archive received over HTTP: size-checked before a byte is unpacked."""
     budget = limits()
     if upload.size is not None and upload.size > budget.max_archive_bytes:

@@ -58,9 +58,19 @@ def test_it_lists_the_adapters_names_as_backend_choices() -> None:
 
 def test_it_round_trips_a_job_through_the_argv_the_worker_runs(tmp_path: Path) -> None:
     """R7: the argv of validated parameters parses back to the same values."""
-    params = validate_job({"model": QWEN, "hardware": "H200", "command": "profile",
-                           "tp": "1,2", "dp": [2], "ep": [2, 4], "rounds": 5,
-                           "grid_factor": 1.5, "cache_bytes": 1 << 30})
+    params = validate_job(
+        {
+            "model": QWEN,
+            "hardware": "H200",
+            "command": "profile",
+            "tp": "1,2",
+            "dp": [2],
+            "ep": [2, 4],
+            "rounds": 5,
+            "grid_factor": 1.5,
+            "cache_bytes": 1 << 30,
+        }
+    )
     argv = job_argv(params, out_root=tmp_path, progress_json=tmp_path / "p.jsonl")
     options = from_namespace(build_parser().parse_args(argv))
     for option in job_options():
@@ -88,8 +98,7 @@ def test_it_round_trips_a_job_through_the_argv_the_worker_runs(tmp_path: Path) -
         ({"max_num_seqs": 9, "max_num_batched_tokens": 8}, "max_num_seqs", "exceeds"),
     ],
 )
-def test_it_files_each_error_under_its_field(raw: dict[str, Any], field: str,
-                                             words: str) -> None:
+def test_it_files_each_error_under_its_field(raw: dict[str, Any], field: str, words: str) -> None:
     """R8: a refused option is named by a typed error, not found in a message."""
     with pytest.raises(OptionErrors) as caught:
         validate_job({"model": QWEN, "hardware": "H200", **raw})
@@ -104,8 +113,7 @@ def test_it_refuses_a_model_folder_outside_the_allowed_roots(tmp_path: Path) -> 
         validate_job({"model": str(folder), "hardware": "H200"})
     assert "unknown model" in caught.value.errors["model"][0]
     with pytest.raises(OptionErrors) as caught:
-        validate_job({"model": str(folder), "hardware": "H200"},
-                     model_roots=[tmp_path / "models"])
+        validate_job({"model": str(folder), "hardware": "H200"}, model_roots=[tmp_path / "models"])
     # Allowed now, and read: a folder without config.json is the model's problem.
     assert list(caught.value.errors) == ["model"]
     assert "config.json" in caught.value.errors["model"][0]
@@ -113,12 +121,14 @@ def test_it_refuses_a_model_folder_outside_the_allowed_roots(tmp_path: Path) -> 
 
 def test_it_refuses_what_is_not_an_object_and_unknown_names() -> None:
     with pytest.raises(OptionErrors) as caught:
-        validate_job(["model"])  # type: ignore[arg-type]
+        validate_job(["model"])
     assert list(caught.value.errors) == [NON_FIELD]
     with pytest.raises(OptionErrors) as caught:
         validate_job({"model": QWEN, "hardware": "H200", "out_root": "/", "force": True})
-    assert caught.value.errors == {"force": ["unknown parameter"],
-                                   "out_root": ["unknown parameter"]}
+    assert caught.value.errors == {
+        "force": ["unknown parameter"],
+        "out_root": ["unknown parameter"],
+    }
 
 
 def test_it_keeps_the_docs_table_equal_to_the_schema() -> None:

@@ -144,8 +144,7 @@ def test_it_has_no_import_circle_among_the_projects_modules() -> None:
     assert _circles(GRAPH) == []
 
 
-def _violations(package: str, allowed: tuple[str, ...], forbidden: tuple[str, ...]
-                ) -> list[str]:
+def _violations(package: str, allowed: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
     bad = []
     for name, path in MODULES.items():
         if name != package and not name.startswith(f"{package}."):
@@ -162,18 +161,35 @@ def _violations(package: str, allowed: tuple[str, ...], forbidden: tuple[str, ..
     ("package", "allowed", "forbidden"),
     [
         # The pure core: no Django, no torch, no vLLM, nothing of the project above it.
-        ("moetables", (), ("django", "rest_framework", "celery", "torch", "vllm", "acquisition",
-                           "registry", "frontend", "config")),
+        (
+            "moetables",
+            (),
+            (
+                "django",
+                "rest_framework",
+                "celery",
+                "torch",
+                "vllm",
+                "acquisition",
+                "registry",
+                "frontend",
+                "config",
+            ),
+        ),
         # The GPU side runs without Django.
-        ("acquisition", (), ("django", "rest_framework", "celery", "registry", "frontend",
-                             "config")),
+        (
+            "acquisition",
+            (),
+            ("django", "rest_framework", "celery", "registry", "frontend", "config"),
+        ),
         # The registry and the pages import one module of acquisition: its options schema.
         ("registry", ("acquisition.options",), ("acquisition", "frontend", "torch", "vllm")),
         ("frontend", ("acquisition.options",), ("acquisition", "torch", "vllm")),
     ],
 )
-def test_it_points_imports_one_way(package: str, allowed: tuple[str, ...],
-                                   forbidden: tuple[str, ...]) -> None:
+def test_it_points_imports_one_way(
+    package: str, allowed: tuple[str, ...], forbidden: tuple[str, ...]
+) -> None:
     assert _violations(package, allowed, forbidden) == []
 
 

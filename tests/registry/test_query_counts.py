@@ -33,17 +33,27 @@ def _bundles(published: Bundle, make_bundle: Any, count: int) -> list[Bundle]:
 def _jobs(count: int, bundle: Bundle) -> None:
     for i in range(count):
         AcquisitionJob.objects.create(
-            parameters={"command": "slice", "model": "synthetic/m", "hardware": "H200",
-                        "tp": [1], "tp_refresh": [1], "dp": [1]},
-            queue="gpu.H200", state="succeeded" if i % 2 else "running",
+            parameters={
+                "command": "slice",
+                "model": "synthetic/m",
+                "hardware": "H200",
+                "tp": [1],
+                "tp_refresh": [1],
+                "dp": [1],
+            },
+            queue="gpu.H200",
+            state="succeeded" if i % 2 else "running",
             result_bundle=bundle if i % 2 else None,
         )
 
 
 @pytest.mark.parametrize("extra", [1, 4])
 def test_it_lists_bundles_in_a_fixed_number_of_queries(
-    api: APIClient, published: Bundle, make_bundle: Any,
-    django_assert_max_num_queries: MaxQueries, extra: int,
+    api: APIClient,
+    published: Bundle,
+    make_bundle: Any,
+    django_assert_max_num_queries: MaxQueries,
+    extra: int,
 ) -> None:
     _bundles(published, make_bundle, extra)
     with django_assert_max_num_queries(BUNDLE_LIST):
@@ -51,7 +61,9 @@ def test_it_lists_bundles_in_a_fixed_number_of_queries(
 
 
 def test_it_shows_a_bundle_in_a_fixed_number_of_queries(
-    api: APIClient, published: Bundle, django_assert_max_num_queries: MaxQueries,
+    api: APIClient,
+    published: Bundle,
+    django_assert_max_num_queries: MaxQueries,
 ) -> None:
     with django_assert_max_num_queries(BUNDLE_DETAIL):
         assert api.get(f"/api/v1/bundles/{published.pk}/").status_code == 200
@@ -59,8 +71,11 @@ def test_it_shows_a_bundle_in_a_fixed_number_of_queries(
 
 @pytest.mark.parametrize("extra", [1, 4])
 def test_it_renders_the_home_page_in_a_fixed_number_of_queries(
-    client: Client, published: Bundle, make_bundle: Any,
-    django_assert_max_num_queries: MaxQueries, extra: int,
+    client: Client,
+    published: Bundle,
+    make_bundle: Any,
+    django_assert_max_num_queries: MaxQueries,
+    extra: int,
 ) -> None:
     _bundles(published, make_bundle, extra)
     with django_assert_max_num_queries(HOME):
@@ -69,8 +84,11 @@ def test_it_renders_the_home_page_in_a_fixed_number_of_queries(
 
 @pytest.mark.parametrize("count", [2, 8])
 def test_it_lists_jobs_in_a_fixed_number_of_queries(
-    api: APIClient, client: Client, published: Bundle,
-    django_assert_max_num_queries: MaxQueries, count: int,
+    api: APIClient,
+    client: Client,
+    published: Bundle,
+    django_assert_max_num_queries: MaxQueries,
+    count: int,
 ) -> None:
     _jobs(count, published)
     with django_assert_max_num_queries(JOB_LIST_PAGE):

@@ -130,7 +130,7 @@ class Triangulation:
         # sorted by cell. Hand it these frames (its own attribute, filled lazily and one
         # simplex at a time otherwise) so both paths test containment identically.
         if getattr(tri, "_transform", False) is None:
-            tri._transform = np.concatenate(
+            tri._transform = np.concatenate(  # type: ignore[attr-defined]
                 [
                     np.where(self.flat[:, None, None], np.nan, self.transform),
                     self.offset[:, None, :],
@@ -153,7 +153,6 @@ class Triangulation:
         self._neighbor_rows: IntArray = self.neighbors.ravel().copy()
         # Which faces of each simplex lie on the hull (no neighbour across them).
         self._hull_face: BoolArray = np.ascontiguousarray((self.neighbors < 0).T)
-
 
     # The triangulation as Python objects, for the scalar path: built on its first query
     # (a process that only asks batches never pays for them).
