@@ -197,3 +197,20 @@ def test_it_keeps_the_apps_off_the_project_celery_module() -> None:
     """Tasks are sent by name through ``celery.current_app``; only config makes the app."""
     assert _violations("registry", (), ("config",)) == []
     assert _violations("frontend", (), ("config",)) == []
+
+
+def test_it_imports_no_private_name_across_modules() -> None:
+    """A name with a leading underscore belongs to its module: another module that needs it
+    gets a public name (the jobs wing once imported ``runner._artifacts`` and ``_tail``)."""
+    bad = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.module is None or node.level:
+                continue
+            if _project_module(node.module) is None:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    bad.append(f"{name} imports {node.module}.{alias.name}")
+    assert bad == []

@@ -13,7 +13,7 @@ beyond one face) or no candidate is left, steps across the interior face it lies
 beyond. The cell search answers only with a simplex holding the query strictly (every weight
 >= 0 up to rounding), so its answer does not depend on the path: a batch, one point, any
 split of a batch. Sampling orders the search and nothing else. A query still undecided after
-``_MAX_ROUNDS`` rounds, one that would step out through the hull, and one held only on a hull
+``MAX_ROUNDS`` rounds, one that would step out through the hull, and one held only on a hull
 face go to the exact search, the visibility walk of before (scipy's compiled walk for
 batches, plain float arithmetic for one point), which makes every refusal: crossing a hull
 face means the point lies beyond a supporting plane of the convex hull, outside; so does a
@@ -23,6 +23,6 @@ point it holds only through its tolerance while past the measured hull's planes.
 from __future__ import annotations
 
 from moetables.lookup.locate.search import SimplexLocator
-from moetables.lookup.locate.triangulation import _INSIDE_TOL, _STRICT_TOL, HintMap, Snap
+from moetables.lookup.locate.triangulation import INSIDE_TOL, STRICT_TOL, HintMap, Snap
 
-__all__ = ["_INSIDE_TOL", "_STRICT_TOL", "HintMap", "SimplexLocator", "Snap"]
+__all__ = ["INSIDE_TOL", "STRICT_TOL", "HintMap", "SimplexLocator", "Snap"]

@@ -15,11 +15,11 @@ import numpy.typing as npt
 from scipy.ndimage import distance_transform_edt
 
 from moetables.lookup.locate.triangulation import (
-    _CELLS_PER_VERTEX,
-    _FINE_BINS,
-    _INSIDE_TOL,
-    _MAX_CELLS,
-    _SAMPLES_PER_CELL,
+    CELLS_PER_VERTEX,
+    FINE_BINS,
+    INSIDE_TOL,
+    MAX_CELLS,
+    SAMPLES_PER_CELL,
     Columns,
     FloatArray,
     HintMap,
@@ -66,7 +66,7 @@ class CellGrid(Triangulation):
         self,
         vertices: FloatArray,
         *,
-        cells_per_vertex: int = _CELLS_PER_VERTEX,
+        cells_per_vertex: int = CELLS_PER_VERTEX,
         hint_map: HintMap | None = None,
         snap: Snap | None = None,
     ) -> None:
@@ -92,7 +92,7 @@ class CellGrid(Triangulation):
             spread = np.ptp(ranks[self.simplices[~self.flat]], axis=1)
             extents.append(float(np.median(spread)) if len(knots) > 1 and spread.size else 0.0)
             intervals.append(len(knots) - 1)
-        self.cells_per_axis = _cells_per_axis(extents, intervals, min(target, _MAX_CELLS))
+        self.cells_per_axis = _cells_per_axis(extents, intervals, min(target, MAX_CELLS))
         self._strides = [int(np.prod(self.cells_per_axis[:a])) for a in range(d)]
         self._bin_lo: list[float] = []
         self._bin_scale: list[float] = []
@@ -104,15 +104,15 @@ class CellGrid(Triangulation):
             cells = np.arange(per_axis)
             knots = np.unique(hinted[axis])
             low, high = float(knots[0]), float(knots[-1])
-            scale = _FINE_BINS / (high - low) if high > low else 0.0
+            scale = FINE_BINS / (high - low) if high > low else 0.0
             if scale > 0.0:
-                centres = low + (np.arange(_FINE_BINS) + 0.5) / scale
+                centres = low + (np.arange(FINE_BINS) + 0.5) / scale
                 rank = np.interp(centres, knots, np.linspace(0.0, 1.0, len(knots)))
                 lut = np.minimum(np.floor(rank * per_axis), per_axis - 1).astype(np.int64)
                 cell_lo = low + np.searchsorted(lut, cells, side="left") / scale
                 cell_hi = low + np.searchsorted(lut, cells, side="right") / scale
             else:  # one value on this axis: every point lies in cell 0, a point
-                lut = np.zeros(_FINE_BINS, dtype=np.int64)
+                lut = np.zeros(FINE_BINS, dtype=np.int64)
                 cell_lo = np.where(cells == 0, low, np.nan)
                 cell_hi = cell_lo.copy()
             self._bin_lo.append(low)
@@ -141,7 +141,7 @@ class CellGrid(Triangulation):
             usable = (cell_hi > cell_lo) | ((cell_hi == cell_lo) & (self._bin_scale[axis] == 0.0))
             reachable &= usable[self._cell_axis(cells, axis)]
         # Samples go cell by cell, so each of scipy's walks starts next to the last one's end.
-        cells = np.repeat(cells[reachable], _SAMPLES_PER_CELL)
+        cells = np.repeat(cells[reachable], SAMPLES_PER_CELL)
         rng = np.random.default_rng(0x5EED)
         hint = []
         for axis in range(d):
@@ -158,7 +158,7 @@ class CellGrid(Triangulation):
         # A sample that ``snap`` moved counts for the cell it has moved to.
         cells = self._cells_of(self._hint_forward(samples))
         columns = self._unit(samples)
-        scipy_found = self._delaunay.find_simplex(np.stack(columns, axis=1), tol=_INSIDE_TOL)
+        scipy_found = self._delaunay.find_simplex(np.stack(columns, axis=1), tol=INSIDE_TOL)
         found = self._settle(columns, scipy_found.astype(np.int64))
         hit = found >= 0
         base = len(self.simplices)
@@ -223,10 +223,6 @@ class CellGrid(Triangulation):
         cell = 0
         for axis in range(self.dim):
             fine = (hint[axis] - self._bin_lo[axis]) * self._bin_scale[axis]
-            b = (
-                int(fine)
-                if 0.0 < fine < _FINE_BINS
-                else (_FINE_BINS - 1 if fine >= _FINE_BINS else 0)
-            )
+            b = int(fine) if 0.0 < fine < FINE_BINS else (FINE_BINS - 1 if fine >= FINE_BINS else 0)
             cell += self._py_luts[axis][b]
         return cell

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from moetables.lookup.locate.triangulation import (
-    _FINE_BINS,
-    _INSIDE_TOL,
-    _MAX_ROUNDS,
-    _STRICT_TOL,
+    FINE_BINS,
+    INSIDE_TOL,
+    MAX_ROUNDS,
+    STRICT_TOL,
     BoolArray,
     Columns,
     FloatArray,
@@ -60,8 +60,8 @@ class SimplexLocator(ExactWalk):
         """Simplex index (-1 outside) and raw weights (one array per corner) of each point.
 
         ``columns`` holds one coordinate array per axis. Weights of points outside are
-        undefined; inside, they sum to 1 and are at least ``-_STRICT_TOL`` where the cell
-        search decided, ``-_INSIDE_TOL`` where the exact search did (not yet clipped).
+        undefined; inside, they sum to 1 and are at least ``-STRICT_TOL`` where the cell
+        search decided, ``-INSIDE_TOL`` where the exact search did (not yet clipped).
         """
         d = self.dim
         unit = self._unit(columns)
@@ -83,8 +83,8 @@ class SimplexLocator(ExactWalk):
             # Later rounds, for the points still missed: one its simplex holds within the
             # tolerance lies just beyond a face, so it steps across (as does one whose cell
             # has no candidate left); any other tries the cell's next candidate.
-            for _ in range(_MAX_ROUNDS):
-                walk = low.take(miss) >= -_INSIDE_TOL
+            for _ in range(MAX_ROUNDS):
+                walk = low.take(miss) >= -INSIDE_TOL
                 walk |= pos >= stop
                 nxt = self.cell_candidates.take(np.minimum(pos, last), mode="clip").astype(np.int64)
                 stepping = np.flatnonzero(walk)
@@ -189,7 +189,7 @@ class SimplexLocator(ExactWalk):
         hull, candidates = self._py_hull_face, self._py_candidates
         s = self._py_cell_start[cell]
         pos, stop = self._py_offsets[cell] + 1, self._py_offsets[cell + 1]
-        for _ in range(_MAX_ROUNDS + 1):
+        for _ in range(MAX_ROUNDS + 1):
             w: list[float] | None = None
             if not flat[s]:
                 f = frames[s]
@@ -203,7 +203,7 @@ class SimplexLocator(ExactWalk):
                     last -= acc
                 w.append(last)
                 low = min(w)
-                if low >= -_STRICT_TOL:
+                if low >= -STRICT_TOL:
                     if low < 0.0 and any(v < 0.0 and h for v, h in zip(w, hull[s], strict=True)):
                         break  # held only on a hull face: the exact search decides
                     clipped = [v if v > 0.0 else 0.0 for v in w]
@@ -211,7 +211,7 @@ class SimplexLocator(ExactWalk):
                     for v in clipped:
                         total += v
                     return self._py_simplices[s], tuple(v / total for v in clipped)
-            if w is not None and (low >= -_INSIDE_TOL or pos >= stop):
+            if w is not None and (low >= -INSIDE_TOL or pos >= stop):
                 best, face = 0.0, -1
                 for k in range(d + 1):
                     if not hull[s][k] and w[k] < best:
@@ -238,7 +238,7 @@ class SimplexLocator(ExactWalk):
         x0, x1, x2 = y0 * mul0 + add0, y1 * mul1 + add1, y2 * mul2 + add2
         # The cell, as ``_cell_one`` finds it.
         h0, h1, h2 = self._hint_forward_one((y0, y1, y2))
-        top = _FINE_BINS
+        top = FINE_BINS
         f = (h0 - lo0) * sc0
         cell = lut0[int(f) if 0.0 < f < top else (top - 1 if f >= top else 0)]
         f = (h1 - lo1) * sc1
@@ -246,10 +246,10 @@ class SimplexLocator(ExactWalk):
         f = (h2 - lo2) * sc2
         cell += lut2[int(f) if 0.0 < f < top else (top - 1 if f >= top else 0)]
 
-        strict, near = -_STRICT_TOL, -_INSIDE_TOL
+        strict, near = -STRICT_TOL, -INSIDE_TOL
         s = starts[cell]
         pos, stop = offsets[cell] + 1, offsets[cell + 1]
-        for _ in range(_MAX_ROUNDS + 1):
+        for _ in range(MAX_ROUNDS + 1):
             if flat[s]:
                 if pos >= stop:
                     break

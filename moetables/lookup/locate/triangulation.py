@@ -46,26 +46,26 @@ Snap = Callable[[Columns], list[FloatArray]]
 # Barycentric weights this far below zero still count as inside in the exact search (the
 # perturbation below and rounding on shared faces); they are clipped to zero before use, so
 # the answer stays a convex combination.
-_INSIDE_TOL = 1e-5
+INSIDE_TOL = 1e-5
 # The cell search accepts only a simplex holding the (nudged) point strictly, up to rounding.
-_STRICT_TOL = 1e-12
+STRICT_TOL = 1e-12
 # Queries move this fraction of the way to the vertices' centroid before location, so a point
 # on the measured hull lands inside it rather than on faces the perturbation may have shifted
 # (answers move by about 1e-8 of the local variation, far below measurement precision).
-_NUDGE = 1e-8
-_MAX_STEPS = 512
+NUDGE = 1e-8
+MAX_STEPS = 512
 # How far past a hull plane (in unit-scaled coordinates) a point still counts as on it.
-_HULL_TOL = 1e-9
+HULL_TOL = 1e-9
 # Cells of the grid per vertex, and at most (a cell costs 8 bytes and a little build time).
-_CELLS_PER_VERTEX = 96
-_MAX_CELLS = 1 << 18
+CELLS_PER_VERTEX = 96
+MAX_CELLS = 1 << 18
 # Fine bins per axis of the table mapping a hint coordinate to its cell (cells follow the
 # vertices' distribution, so their edges need finer steps than the cells themselves).
-_FINE_BINS = 1 << 14
+FINE_BINS = 1 << 14
 # Random sample points per cell, which find and order its candidates.
-_SAMPLES_PER_CELL = 2
+SAMPLES_PER_CELL = 2
 # Rounds of the cell search (candidates and steps) before the exact search takes over.
-_MAX_ROUNDS = 64
+MAX_ROUNDS = 64
 
 
 class Triangulation:
@@ -92,8 +92,8 @@ class Triangulation:
         self.vertices = vertices
         self._centre = exact.mean(axis=0)
         # Queries map to unit coordinates, nudged, in one multiply-add per axis.
-        self._unit_mul = (1.0 - _NUDGE) / span
-        self._unit_add = -lo * self._unit_mul + self._centre * _NUDGE
+        self._unit_mul = (1.0 - NUDGE) / span
+        self._unit_add = -lo * self._unit_mul + self._centre * NUDGE
         self._py_unit_mul = self._unit_mul.tolist()
         self._py_unit_add = self._unit_add.tolist()
         tri = Delaunay(vertices)
@@ -221,7 +221,7 @@ class Triangulation:
         low = weights[0]
         for w in weights[1:]:
             low = np.minimum(low, w)
-        accepted = low >= -_STRICT_TOL
+        accepted = low >= -STRICT_TOL
         across = np.zeros(len(low), dtype=bool)
         doubt = np.flatnonzero(accepted & (low < 0.0))
         if doubt.size:
@@ -264,4 +264,4 @@ class Triangulation:
     def _outside_hull(self, points: FloatArray) -> BoolArray:
         """Whether each unit-scaled point lies past a supporting plane of the measured hull."""
         excess = points @ self._hull[:, :-1].T + self._hull[:, -1]
-        return np.asarray((excess > _HULL_TOL).any(axis=1), dtype=bool)
+        return np.asarray((excess > HULL_TOL).any(axis=1), dtype=bool)

@@ -17,8 +17,8 @@ import numpy as np
 
 from moetables.lookup.locate.grid import CellGrid
 from moetables.lookup.locate.triangulation import (
-    _INSIDE_TOL,
-    _MAX_STEPS,
+    INSIDE_TOL,
+    MAX_STEPS,
     Columns,
     FloatArray,
     IntArray,
@@ -64,7 +64,7 @@ class ExactWalk(CellGrid):
             return self._walk(points, start)
         order = np.argsort(cell, kind="stable")
         found = np.empty(len(points), dtype=np.int64)
-        found[order] = self._tri.find_simplex(points[order], tol=_INSIDE_TOL)
+        found[order] = self._tri.find_simplex(points[order], tol=INSIDE_TOL)
         again = (found < 0) | self.flat[np.maximum(found, 0)]
         if again.any():
             rows = np.flatnonzero(again)
@@ -72,7 +72,7 @@ class ExactWalk(CellGrid):
         inside = found >= 0
         if inside.any():
             w = self._barycentric(points[inside], found[inside])
-            bad = w.min(axis=1) < -_INSIDE_TOL
+            bad = w.min(axis=1) < -INSIDE_TOL
             if bad.any():  # never expected: re-walk rather than return a non-convex weight
                 rows = np.flatnonzero(inside)[bad]
                 found[rows] = self._walk(points[rows], start[rows])
@@ -86,11 +86,11 @@ class ExactWalk(CellGrid):
         # Leaving through a random face of those the point lies beyond (a stochastic walk)
         # terminates on any triangulation; always taking the most negative one can cycle.
         rng = np.random.default_rng(0)
-        for _ in range(_MAX_STEPS):
+        for _ in range(MAX_STEPS):
             if active.size == 0:
                 break
             w = self._barycentric(points[active], cur)
-            beyond = w < -_INSIDE_TOL
+            beyond = w < -INSIDE_TOL
             worst = np.argmax(beyond * rng.random(w.shape), axis=1)
             done = ~beyond.any(axis=1)
             flat = self.flat[cur]
@@ -174,7 +174,7 @@ class ExactWalk(CellGrid):
         d = self.dim
         cur = start
         frames, neighbors, flat = self._py_frames, self._py_neighbors, self._py_flat
-        for step in range(_MAX_STEPS if cur >= 0 else 0):
+        for step in range(MAX_STEPS if cur >= 0 else 0):
             if flat[cur]:
                 cur = neighbors[cur][0]
                 if cur < 0:
@@ -183,7 +183,7 @@ class ExactWalk(CellGrid):
             f = frames[cur]
             w = [f[d * d + i] + sum(f[i * d + j] * x[j] for j in range(d)) for i in range(d)]
             w.append(1.0 - sum(w))
-            beyond = [i for i in range(d + 1) if w[i] < -_INSIDE_TOL]
+            beyond = [i for i in range(d + 1) if w[i] < -INSIDE_TOL]
             if not beyond:
                 clipped = [v if v > 0.0 else 0.0 for v in w]
                 total = sum(clipped)
@@ -216,8 +216,8 @@ class ExactWalk(CellGrid):
             self._py_flat,
             self._py_proper,
         )
-        tol = -_INSIDE_TOL
-        for step in range(_MAX_STEPS):
+        tol = -INSIDE_TOL
+        for step in range(MAX_STEPS):
             if flat[cur]:
                 cur = neighbors[cur][0]
                 if cur < 0:
