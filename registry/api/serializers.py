@@ -189,9 +189,13 @@ class UploadSerializer(serializers.Serializer[Any]):
 class UploadResponseSerializer(BundleDetailSerializer):
     created = serializers.BooleanField(read_only=True)
     left_out = serializers.ListField(child=serializers.CharField(), read_only=True)
+    left_out_reasons = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="'path: left out: why' for each file the registry did not store",
+    )
 
     class Meta(BundleDetailSerializer.Meta):
-        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out")
+        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out", "left_out_reasons")
 
 
 class ProblemsSerializer(serializers.Serializer[Any]):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mimetypes
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -23,6 +22,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.security import FILE_POLICY
 from registry.api.serializers import (
     SUMMARY_FIELDS,
     BundleDetailSerializer,
@@ -48,8 +48,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ApiRootView", "BundleViewSet", "LookupView", "lookup"]
 
+# Bundle files are data and are always served as downloads (issue 17, item 1): a type from
+# this table or application/octet-stream, never one guessed from the name (an .html or .svg
+# stored before the registry refused them must not come back as text/html or image/svg+xml).
 CONTENT_TYPES = {".csv": "text/csv", ".yaml": "application/yaml", ".yml": "application/yaml",
-                 ".json": "application/json", ".jsonl": "application/jsonl"}
+                 ".json": "application/json", ".jsonl": "application/jsonl",
+                 ".md": "text/plain", ".txt": "text/plain"}
 
 
 def _etag_matches(request: Request, etag: str) -> bool:
@@ -139,7 +143,11 @@ class BundleViewSet(
             pk=result.bundle.pk
         )
         body = BundleDetailSerializer(bundle, context=self.get_serializer_context()).data
-        body.update(created=result.created, left_out=result.left_out)
+        body.update(
+            created=result.created,
+            left_out=result.left_out,
+            left_out_reasons=result.left_out_reasons,
+        )
         headers = {"Location": body["url"]} if result.created else {}
         code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
         return Response(body, status=code, headers=headers)
@@ -180,13 +188,15 @@ class BundleViewSet(
         etag = f'"{record["sha256"]}"'
         if _etag_matches(request, etag):
             return _not_modified(etag)
-        suffix = "." + path.rsplit(".", 1)[-1] if "." in path else ""
-        content_type = CONTENT_TYPES.get(suffix) or mimetypes.guess_type(path)[0]
+        suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path else ""
         response = FileResponse(
             open_blob(bundle_storage(), record["sha256"]),
-            content_type=content_type or "application/octet-stream",
+            content_type=CONTENT_TYPES.get(suffix, "application/octet-stream"),
+            as_attachment=True,
             filename=path.rsplit("/", 1)[-1],
         )
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = FILE_POLICY
         response["ETag"] = etag
         response["Cache-Control"] = "public, max-age=31536000, immutable"
         return response

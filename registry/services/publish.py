@@ -20,7 +20,15 @@ from django.db import IntegrityError, transaction
 from moetables.bundle import ValidationReport, validate_bundle
 from registry.archives import ArchiveError, ArchiveLimits, find_bundle_root, unpack_archive
 from registry.choices import BundleSource
-from registry.manifest import FileRecord, Manifest, ManifestError, hash_file, is_left_out, scan_tree
+from registry.manifest import (
+    FileRecord,
+    Manifest,
+    ManifestError,
+    hash_file,
+    is_left_out,
+    left_out_reason,
+    scan_tree,
+)
 from registry.models import Bundle, DeploymentTable
 from registry.services.describe import (
     jsonable,
@@ -53,6 +61,11 @@ class PublishResult:
     bundle: Bundle
     created: bool
     left_out: list[str] = field(default_factory=list)
+
+    @property
+    def left_out_reasons(self) -> list[str]:
+        """``path: why`` for each file left out (issue 17, item 1)."""
+        return [f"{path}: left out: {left_out_reason(path)}" for path in self.left_out]
 
     @property
     def missing_files(self) -> list[str]:
