@@ -144,6 +144,9 @@ class DeploymentTable(models.Model):
 
 
 # Acquisition jobs live in their own module (registry/jobs/) and are part of this app.
+# Who changed what, and who may publish under a name (issue 17): their own modules.
+from registry.audit import StateChange  # noqa: E402
 from registry.jobs.models import AcquisitionJob  # noqa: E402
+from registry.namespaces import Namespace, NamespaceGrant  # noqa: E402
 
-__all__ += ["AcquisitionJob"]
+__all__ += ["AcquisitionJob", "Namespace", "NamespaceGrant", "StateChange"]

@@ -166,7 +166,9 @@ class FileSerializer(serializers.Serializer[Any]):
 class BundleDetailSerializer(BundleSerializer):
     tables = DeploymentTableSerializer(many=True, read_only=True)  # type: ignore[assignment]
     files = serializers.SerializerMethodField()
-    published_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    published_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta(BundleSerializer.Meta):
         fields = (

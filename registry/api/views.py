@@ -14,7 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, status, viewsets
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import AllowAny
@@ -38,6 +38,7 @@ from registry.api.serializers import (
 from registry.api.throttles import LookupThrottle
 from registry.filtersets import BundleFilterSet
 from registry.models import Bundle
+from registry.permissions import NotAllowed
 from registry.services import PublishError, bundle_archive_chunks, publish_upload
 from registry.services.lookup import run_lookup
 from registry.storage import bundle_storage, open_blob
@@ -125,6 +126,8 @@ class BundleViewSet(
             201: OpenApiResponse(UploadResponseSerializer, description="a new bundle"),
             200: OpenApiResponse(UploadResponseSerializer, description="identical content exists"),
             400: OpenApiResponse(ProblemsSerializer, description="every problem found"),
+            401: OpenApiResponse(description="no token, or a wrong one"),
+            403: OpenApiResponse(description="the name belongs to another publisher"),
         },
     )
     def create(self, request: Request) -> Response:
@@ -137,6 +140,8 @@ class BundleViewSet(
             )
         try:
             result = publish_upload(upload, published_by=request.user)
+        except NotAllowed as exc:
+            raise PermissionDenied(str(exc)) from None
         except PublishError as exc:
             return Response({"problems": exc.problems}, status=status.HTTP_400_BAD_REQUEST)
         bundle = Bundle.objects.select_related("published_by").prefetch_related("tables").get(

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 
 from moetables.bundle import ValidationReport, validate_bundle
 from registry.archives import ArchiveError, ArchiveLimits, find_bundle_root, unpack_archive
+from registry.audit import record_change
 from registry.choices import BundleSource
 from registry.manifest import (
     FileRecord,
@@ -29,7 +30,8 @@ from registry.manifest import (
     left_out_reason,
     scan_tree,
 )
-from registry.models import Bundle, DeploymentTable
+from registry.models import Bundle, DeploymentTable, Namespace
+from registry.permissions import NotAllowed, can_publish_under, can_upload
 from registry.services.describe import (
     jsonable,
     measured_at_of,
@@ -175,6 +177,8 @@ def publish_bundle(
         existing = Bundle.objects.filter(sha256=manifest.sha256).first()
         if existing is not None:
             return PublishResult(bundle=existing, created=False, left_out=left_out)
+        assert report.bundle is not None
+        _check_namespace(published_by, report.bundle.meta)
         storage = bundle_storage()
         for record in manifest.files:
             put_blob(storage, root.joinpath(*record.path.split("/")), record.sha256, record.size)
@@ -227,11 +231,35 @@ def _index(
         DeploymentTable.objects.bulk_create(tables)
         bundle.targets = [table.brief() for table in tables]
         bundle.save(update_fields=["targets"])
+        # The first publisher owns the name; checked again here, under the row's lock, so
+        # that two first uploads at once cannot both claim it (issue 17, item 7).
+        user = published_by if getattr(published_by, "pk", None) else None
+        Namespace.objects.select_for_update().get_or_create(
+            hardware=bundle.hardware, model=bundle.model, defaults={"owner": user}
+        )
+        _check_namespace(published_by, opened.meta)
+        record_change(user, "bundle.publish", bundle, sha256=bundle.sha256, source=source_kind)
     return bundle
 
 
+def _check_namespace(published_by: Any, meta: dict[str, Any]) -> None:
+    user = published_by if getattr(published_by, "pk", None) else None
+    hardware, model = meta["hardware"].strip(), meta["model"].strip()
+    if not can_publish_under(user, hardware, model):
+        raise NotAllowed(
+            f"the name {hardware} / {model} belongs to another publisher; ask its owner or "
+            "staff for a grant (issue 17: names belong to publishers)"
+        )
+
+
 def publish_upload(upload: UploadedFile, *, published_by: Any = None) -> PublishResult:
-    """Publish an archive received over HTTP: size-checked before a byte is unpacked."""
+    """Publish an archive received over HTTP: size-checked before a byte is unpacked.
+
+    Raises `NotAllowed` unless ``published_by`` may upload (an HTTP upload is never the
+    server's own, which `publish_bundle` lets publish anywhere).
+    """
+    if not can_upload(published_by):
+        raise NotAllowed("uploading a bundle needs an active account and its token")
     budget = limits()
     if upload.size is not None and upload.size > budget.max_archive_bytes:
         raise PublishError(
