@@ -75,6 +75,10 @@ def check_member_path(raw: str) -> str:
         raise ManifestError("an entry has an empty name")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in raw):
         raise ManifestError(f"{raw!r}: control characters are not allowed in names")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ManifestError(f"{raw!r}: a name must be valid UTF-8 text") from None
     if "\\" in raw:
         raise ManifestError(f"{raw!r}: backslashes are not allowed in names")
     if raw.startswith("/") or (len(raw) > 1 and raw[1] == ":"):
