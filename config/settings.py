@@ -159,6 +159,9 @@ REGISTRY = {
     "MAX_ARCHIVE_BYTES": _int("REGISTRY_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024),
     "MAX_UNPACKED_BYTES": _int("REGISTRY_MAX_UNPACKED_BYTES", 1024 * 1024 * 1024),
     "MAX_FILES": _int("REGISTRY_MAX_FILES", 10_000),
+    # Bytes of bundles one account may have published over HTTP (sum of their sizes; a bundle
+    # already published by anyone costs nothing). 0: no quota. Staff are not counted.
+    "USER_QUOTA_BYTES": _int("REGISTRY_USER_QUOTA_BYTES", 4 * 1024 * 1024 * 1024),
     "MAX_LOOKUP_QUERIES": _int("REGISTRY_MAX_LOOKUP_QUERIES", 100_000),
     "LOOKUP_CACHE_BUNDLES": _int("REGISTRY_LOOKUP_CACHE_BUNDLES", 32),
     # Acquisition jobs (docs/jobs.md): each job's work folder is JOBS_DIR/job-<id>.

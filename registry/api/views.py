@@ -41,6 +41,7 @@ from registry.models import Bundle
 from registry.permissions import NotAllowed
 from registry.services import PublishError, bundle_archive_chunks, publish_upload
 from registry.services.lookup import run_lookup
+from registry.services.publish import QuotaExceeded
 from registry.storage import bundle_storage, open_blob
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ class BundleViewSet(
             400: OpenApiResponse(ProblemsSerializer, description="every problem found"),
             401: OpenApiResponse(description="no token, or a wrong one"),
             403: OpenApiResponse(description="the name belongs to another publisher"),
+            413: OpenApiResponse(ProblemsSerializer, description="over the publisher's quota"),
         },
     )
     def create(self, request: Request) -> Response:
@@ -142,6 +144,10 @@ class BundleViewSet(
             result = publish_upload(upload, published_by=request.user)
         except NotAllowed as exc:
             raise PermissionDenied(str(exc)) from None
+        except QuotaExceeded as exc:
+            return Response(
+                {"problems": exc.problems}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+            )
         except PublishError as exc:
             return Response({"problems": exc.problems}, status=status.HTTP_400_BAD_REQUEST)
         bundle = Bundle.objects.select_related("published_by").prefetch_related("tables").get(

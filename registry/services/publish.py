@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Sum
 
 from moetables.bundle import ValidationReport, validate_bundle
 from registry.archives import ArchiveError, ArchiveLimits, find_bundle_root, unpack_archive
@@ -46,7 +47,14 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
     from django.core.files.uploadedfile import UploadedFile
 
-__all__ = ["PublishError", "PublishResult", "publish_bundle", "publish_upload"]
+__all__ = [
+    "PublishError",
+    "PublishResult",
+    "QuotaExceeded",
+    "check_quota",
+    "publish_bundle",
+    "publish_upload",
+]
 
 log = logging.getLogger(__name__)
 META = "meta.yaml"
@@ -58,6 +66,23 @@ class PublishError(Exception):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
+
+
+class QuotaExceeded(PublishError):
+    """The publisher's stored bytes would pass REGISTRY["USER_QUOTA_BYTES"] (HTTP 413)."""
+
+
+def check_quota(user: Any, adding: int) -> None:
+    """Raise `QuotaExceeded` if ``user`` publishing ``adding`` more bytes passes the quota."""
+    quota = settings.REGISTRY.get("USER_QUOTA_BYTES") or 0
+    if not quota or not getattr(user, "pk", None) or getattr(user, "is_staff", False):
+        return
+    used = Bundle.objects.filter(published_by=user).aggregate(total=Sum("size"))["total"] or 0
+    if used + adding > quota:
+        raise QuotaExceeded([
+            f"this bundle ({adding} bytes) would bring your published bytes to "
+            f"{used + adding}; your quota is {quota} (REGISTRY_USER_QUOTA_BYTES)"
+        ])
 
 
 @dataclass(slots=True)
@@ -183,6 +208,7 @@ def publish_bundle(
         if existing is not None:
             return PublishResult(bundle=existing, created=False, left_out=left_out)
         _check_namespace(published_by, report.bundle.meta)
+        check_quota(published_by, manifest.size)
         storage = bundle_storage()
         written: list[str] = []
         try:
