@@ -176,11 +176,22 @@ REGISTRY = {
     "JOB_SWEEP_S": _int("REGISTRY_JOB_SWEEP_S", 60),
     # A job that loses its worker after this many starts is failed, not sent again.
     "JOB_MAX_ATTEMPTS": _int("REGISTRY_JOB_MAX_ATTEMPTS", 3),
+    # Request rates (N/second|minute|hour|day), per user or client address; empty: no limit.
+    # Lookups are off by default (simulators call them per step); the rest are on.
+    "LOOKUP_THROTTLE": os.environ.get("REGISTRY_LOOKUP_THROTTLE") or None,
+    "UPLOAD_THROTTLE": os.environ.get("REGISTRY_UPLOAD_THROTTLE", "60/hour") or None,
+    "JOB_THROTTLE": os.environ.get("REGISTRY_JOB_THROTTLE", "120/hour") or None,
+    # Failed sign-ins per (client address, user name); past it, even the right password is
+    # refused until the period has passed (registry/signin.py).
+    "SIGNIN_THROTTLE": os.environ.get("REGISTRY_SIGNIN_THROTTLE", "5/minute") or None,
 }
 
 FILE_UPLOAD_TEMP_DIR = None
 # Lookup batches of 100,000 queries are a few MB of JSON.
 DATA_UPLOAD_MAX_MEMORY_SIZE = _int("DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", 64 * 1024 * 1024)
+
+# Every password check goes through the sign-in throttle (registry/signin.py).
+AUTHENTICATION_BACKENDS = ["registry.signin.ThrottledModelBackend"]
 
 # People sign in on the dashboard's own page (django.contrib.auth views) to queue jobs.
 LOGIN_URL = "/accounts/login/"
@@ -204,8 +215,14 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    # Lookups are throttled only when a rate is set, e.g. REGISTRY_LOOKUP_THROTTLE=100/second.
-    "DEFAULT_THROTTLE_RATES": {"lookup": os.environ.get("REGISTRY_LOOKUP_THROTTLE") or None},
+    # Rates live in REGISTRY (read per request by registry/api/throttles.py), not here.
+    # Deeply nested JSON is a 400 on every path, never a RecursionError (issue 17, item 8).
+    "DEFAULT_PARSER_CLASSES": [
+        "registry.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "EXCEPTION_HANDLER": "registry.api.parsers.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 

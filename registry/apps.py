@@ -7,3 +7,7 @@ class RegistryConfig(AppConfig):
     name = "registry"
     verbose_name = "Bundle registry"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Connects the sign-in throttle's failure counter (user_login_failed).
+        from registry import signin  # noqa: F401

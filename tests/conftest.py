@@ -4,7 +4,9 @@ database from DATABASE_URL (scripts/test.sh points it at PostgreSQL when one ans
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # CI machines are small and shared: no per-example deadline, same example budget everywhere.
@@ -21,3 +23,12 @@ def pytest_configure(config: object) -> None:
     config.addinivalue_line(  # type: ignore[attr-defined]
         "filterwarnings", "ignore:No directory at:UserWarning"
     )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    """Throttle and sign-in counters live in the cache: each test starts with none."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield

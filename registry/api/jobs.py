@@ -21,6 +21,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import IsAuthenticated, IsAuthenticatedOrReadOnly
 from rest_framework.response import Response
 
+from registry.api.throttles import JobThrottle
 from registry.jobs.models import AcquisitionJob
 from registry.jobs.parameters import JobParameterError
 from registry.jobs.services import BrokerUnavailable, JobStateError
@@ -162,6 +163,7 @@ class JobViewSet(
 
     serializer_class = AcquisitionJobSerializer
     permission_classes = (IsAuthenticatedOrReadOnly,)
+    throttle_classes = (JobThrottle,)
     filterset_fields = ("state", "queue")
     ordering_fields = ("id", "created_at", "started_at", "finished_at")
 

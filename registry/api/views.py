@@ -16,13 +16,14 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.security import FILE_POLICY
+from registry.api.parsers import BoundedJSONParser
 from registry.api.serializers import (
     SUMMARY_FIELDS,
     BundleDetailSerializer,
@@ -35,7 +36,7 @@ from registry.api.serializers import (
     UploadSerializer,
     bundle_summaries,
 )
-from registry.api.throttles import LookupThrottle
+from registry.api.throttles import LookupThrottle, UploadThrottle
 from registry.filtersets import BundleFilterSet
 from registry.models import Bundle
 from registry.permissions import NotAllowed
@@ -104,6 +105,7 @@ class BundleViewSet(
     # Reads are anonymous; uploads need a DRF token ("Authorization: Token <key>").
     authentication_classes = (TokenAuthentication,)
     parser_classes = (MultiPartParser, FormParser)
+    throttle_classes = (UploadThrottle,)
 
     def get_queryset(self) -> QuerySet[Bundle]:
         queryset = Bundle.objects.all()
@@ -252,7 +254,7 @@ class LookupView(APIView):
     authentication_classes = (TokenAuthentication,)
     permission_classes = (AllowAny,)
     throttle_classes = (LookupThrottle,)
-    parser_classes = (JSONParser,)
+    parser_classes = (BoundedJSONParser,)
     renderer_classes = (FastJSONRenderer,)
     content_negotiation_class = JSONOnlyNegotiation
 
