@@ -41,9 +41,9 @@ from registry.filtersets import BundleFilterSet
 from registry.models import Bundle
 from registry.permissions import NotAllowed
 from registry.services import PublishError, bundle_archive_chunks, publish_upload
+from registry.services.checkout import BlobDriftError, checkout_file
 from registry.services.lookup import run_lookup
 from registry.services.publish import QuotaExceeded
-from registry.storage import bundle_storage, open_blob
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -65,6 +65,16 @@ def _etag_matches(request: Request, etag: str) -> bool:
         return False
     tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
     return "*" in tags or etag in tags
+
+
+def _storage_fault(exc: Exception) -> HttpResponse:
+    """A stored file is missing or damaged: a clear 503, never a 500 or a cut connection."""
+    response = HttpResponse(
+        orjson.dumps({"error": "storage_fault", "message": str(exc)}),
+        status=status.HTTP_503_SERVICE_UNAVAILABLE, content_type="application/json",
+    )
+    response["Retry-After"] = "300"
+    return response
 
 
 def _not_modified(etag: str) -> HttpResponse:
@@ -169,6 +179,8 @@ class BundleViewSet(
         responses={
             (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY),
             304: OpenApiResponse(description="If-None-Match matched the bundle's sha256"),
+            404: OpenApiResponse(description="no such bundle"),
+            503: OpenApiResponse(description="a stored file is missing or damaged"),
         },
     )
     @action(detail=True, methods=["get"], url_path="download")
@@ -178,9 +190,11 @@ class BundleViewSet(
         etag = f'"{bundle.sha256}"'
         if _etag_matches(request, etag):
             return _not_modified(etag)
-        response = StreamingHttpResponse(
-            bundle_archive_chunks(bundle), content_type="application/gzip"
-        )
+        try:
+            chunks = bundle_archive_chunks(bundle)
+        except BlobDriftError as exc:
+            return _storage_fault(exc)
+        response = StreamingHttpResponse(chunks, content_type="application/gzip")
         response["ETag"] = etag
         response["Content-Disposition"] = f'attachment; filename="{bundle.archive_stem}.tar.gz"'
         response["Cache-Control"] = "public, max-age=31536000, immutable"
@@ -189,7 +203,12 @@ class BundleViewSet(
 
     @extend_schema(
         parameters=[OpenApiParameter("path", str, OpenApiParameter.PATH, description="file path")],
-        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY)},
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
+            304: OpenApiResponse(description="If-None-Match matched the file's sha256"),
+            404: OpenApiResponse(description="no such bundle or file"),
+            503: OpenApiResponse(description="the stored file is missing or damaged"),
+        },
     )
     @action(detail=True, methods=["get"], url_path=r"files/(?P<path>.+)")
     def files(self, request: Request, pk: str | None = None, path: str = "") -> HttpResponse:
@@ -202,8 +221,13 @@ class BundleViewSet(
         if _etag_matches(request, etag):
             return _not_modified(etag)
         suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path else ""
+        try:
+            # From the verified checkout: a drifted blob is never served under its ETag.
+            local = checkout_file(bundle, record)
+        except BlobDriftError as exc:
+            return _storage_fault(exc)
         response = FileResponse(
-            open_blob(bundle_storage(), record["sha256"]),
+            local.open("rb"),
             content_type=CONTENT_TYPES.get(suffix, "application/octet-stream"),
             as_attachment=True,
             filename=path.rsplit("/", 1)[-1],
@@ -268,6 +292,7 @@ class LookupView(APIView):
             400: OpenApiResponse(description="malformed request"),
             404: OpenApiResponse(LookupErrorSerializer, description="no such bundle"),
             409: OpenApiResponse(LookupErrorSerializer, description="stored bundle is corrupt"),
+            503: OpenApiResponse(LookupErrorSerializer, description="a stored file is missing"),
             422: OpenApiResponse(LookupErrorSerializer, description="no table for the target"),
         },
     )

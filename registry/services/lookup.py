@@ -22,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from moetables.errors import BundleError, CoverageError
 from moetables.lookup import ComponentTables
 from registry.models import Bundle
-from registry.services.checkout import BlobDriftError, checkout_bundle
+from registry.services.checkout import BlobDriftError, BlobMissingError, checkout_bundle
 
 __all__ = [
     "BundleRef",
@@ -232,6 +232,11 @@ def tables_for(ref: BundleRef) -> Any:
     """The process's ComponentTables of the bundle (checked out from storage on first use)."""
     with _lock:
         tables = _tables.get(ref.sha256)
+        # A checkout discarded (verify_bundles) or deleted under a worker: rebuilt, not 409
+        # until a restart (issue 17, item 6). One stat per request.
+        if tables is not None and not tables.bundle.root.is_dir():
+            del _tables[ref.sha256]
+            tables = None
         if tables is not None:
             _tables.move_to_end(ref.sha256)
             return tables
@@ -278,6 +283,8 @@ def run_lookup(data: Any) -> tuple[int, dict[str, Any]]:
         answers = answer_lookup(ref, request)
     except CoverageError as exc:
         return 422, {"error": "no_coverage", "message": str(exc)}
+    except BlobMissingError as exc:
+        return 503, {"error": "storage_fault", "message": str(exc)}
     except (BundleError, BlobDriftError) as exc:
         return 409, {"error": "corrupt_bundle", "message": str(exc)}
     except RecursionError:
