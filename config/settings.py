@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("REGISTRY_VAR_DIR", BASE_DIR / "var")).resolve()
@@ -35,12 +36,37 @@ def _list(name: str, default: str) -> list[str]:
 
 
 DEBUG = _flag("DJANGO_DEBUG", False)
-# The default key is for a laptop; a deployment sets its own (docker-compose.yml does).
-SECRET_KEY = os.environ.get(
-    "DJANGO_SECRET_KEY", "insecure-development-key-set-DJANGO_SECRET_KEY-in-production"
-)
+# DJANGO_DEBUG=0 written out declares a production deployment (docs/registry.md,
+# "Production settings"); left unset, this is a laptop or a test run.
+PRODUCTION = os.environ.get("DJANGO_DEBUG", "").strip().lower() in {"0", "false", "no", "off"}
+_DEVELOPMENT_KEY = "insecure-development-key-set-DJANGO_SECRET_KEY-in-production"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "") or _DEVELOPMENT_KEY
+if PRODUCTION and (
+    SECRET_KEY in (_DEVELOPMENT_KEY, "change-me-in-production") or len(SECRET_KEY) < 50
+):
+    # A production process never runs on a public default key (issue 17, item 9): sessions
+    # and password-reset links signed with it could be forged by anyone.
+    raise ImproperlyConfigured(
+        "DJANGO_DEBUG=0 (production) needs DJANGO_SECRET_KEY: at least 50 random characters, "
+        "e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    )
 ALLOWED_HOSTS = _list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = _list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+# Behind TLS (the default in production; DJANGO_HTTPS=0 for a plain-HTTP test stack): HTTPS
+# only, HSTS, cookies never sent in clear, and the proxy's X-Forwarded-Proto trusted.
+HTTPS = _flag("DJANGO_HTTPS", PRODUCTION)
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = _int("DJANGO_HSTS_SECONDS", 31_536_000) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS and _flag("DJANGO_HSTS_PRELOAD", True)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -200,7 +226,8 @@ LOGOUT_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # Tokens are stored hashed (registry/tokens.py).
+        "registry.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticatedOrReadOnly"],

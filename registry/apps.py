@@ -10,4 +10,5 @@ class RegistryConfig(AppConfig):
 
     def ready(self) -> None:
         # Connects the sign-in throttle's failure counter (user_login_failed).
-        from registry import signin  # noqa: F401
+        # and the hashing of new API tokens (pre_save/post_save of authtoken's Token).
+        from registry import signin, tokens  # noqa: F401

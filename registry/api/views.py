@@ -12,7 +12,6 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.negotiation import BaseContentNegotiation
@@ -44,6 +43,7 @@ from registry.services import PublishError, bundle_archive_chunks, publish_uploa
 from registry.services.checkout import BlobDriftError, checkout_file
 from registry.services.lookup import run_lookup
 from registry.services.publish import QuotaExceeded
+from registry.tokens import HashedTokenAuthentication
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -113,7 +113,7 @@ class BundleViewSet(
     ordering = ("-published_at", "-id")
     lookup_value_regex = r"[0-9]+"
     # Reads are anonymous; uploads need a DRF token ("Authorization: Token <key>").
-    authentication_classes = (TokenAuthentication,)
+    authentication_classes = (HashedTokenAuthentication,)
     parser_classes = (MultiPartParser, FormParser)
     throttle_classes = (UploadThrottle,)
 
@@ -275,7 +275,7 @@ class LookupView(APIView):
     """
 
     # Anonymous, or a token (so that a throttle can count per user); no session lookups.
-    authentication_classes = (TokenAuthentication,)
+    authentication_classes = (HashedTokenAuthentication,)
     permission_classes = (AllowAny,)
     throttle_classes = (LookupThrottle,)
     parser_classes = (BoundedJSONParser,)

@@ -44,14 +44,16 @@ def _api(who: str, people: dict[str, Any]) -> APIClient:
     if who == "wrong_token":
         api.credentials(HTTP_AUTHORIZATION="Token " + "0" * 40)
     elif who in people:
-        token, _ = Token.objects.get_or_create(user=people[who])
-        api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        keys = people.setdefault("_keys", {})
+        if who not in keys:  # keys are stored hashed: keep the one shown at creation
+            keys[who] = Token.objects.create(user=people[who]).key
+        api.credentials(HTTP_AUTHORIZATION=f"Token {keys[who]}")
     return api
 
 
 def _web(who: str, people: dict[str, Any]) -> Client:
     client = Client()
-    if who in people:
+    if who in ("owner", "other", "staff"):
         client.force_login(people[who])
     return client
 
@@ -239,3 +241,27 @@ def test_it_shows_the_work_folder_only_to_the_owner_and_staff(
     assert ("/srv/jobs/job-7" in html) is shown
     listed = _api(who, people).get("/api/v1/jobs/").json()["results"][0]
     assert ("/srv/jobs/job-7" in str(listed)) is shown
+
+
+def test_it_stores_api_tokens_hashed() -> None:
+    """Issue 17 item 9: a copy of the database no longer holds usable keys."""
+    import io
+
+    from django.core.management import call_command
+
+    from registry.tokens import token_digest
+
+    out = io.StringIO()
+    call_command("upload_token", "machine", stdout=out)
+    key = out.getvalue().strip()
+    stored = Token.objects.get(user__username="machine").key
+    assert stored == token_digest(key) and stored != key
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert api.post("/api/v1/jobs/", {}, format="json").status_code == 400  # authenticated
+    api.credentials(HTTP_AUTHORIZATION=f"Token {stored}")  # the stored value is no key
+    assert api.post("/api/v1/jobs/", {}, format="json").status_code == 401
+    # Running the command again replaces the token: the old key stops working.
+    call_command("upload_token", "machine", stdout=io.StringIO())
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert api.post("/api/v1/jobs/", {}, format="json").status_code == 401
