@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from moetables.bundle.current import read_current_entries
 from moetables.bundle.historical import read_historical_entries
 from moetables.bundle.model import HISTORICAL_SCHEMA, Bundle, ComponentTable, TableEntry
+from moetables.bundle.safeyaml import load_bounded_yaml
 from moetables.bundle.table import load_table
 from moetables.errors import BundleError
 
@@ -32,10 +31,7 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise BundleError(META, f"is missing from {root}") from None
     except IsADirectoryError:
         raise BundleError(META, "is a directory") from None
-    try:
-        meta = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        raise BundleError(META, f"is not valid YAML ({exc})") from None
+    meta = load_bounded_yaml(data, name=META)
     if not isinstance(meta, dict):
         raise BundleError(META, "must be a YAML mapping")
     return meta

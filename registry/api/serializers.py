@@ -168,7 +168,7 @@ class BundleDetailSerializer(BundleSerializer):
     tables = DeploymentTableSerializer(many=True, read_only=True)  # type: ignore[assignment]
     files = serializers.SerializerMethodField()
     published_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="username", read_only=True
+        slug_field="username", read_only=True, allow_null=True
     )
 
     class Meta(BundleSerializer.Meta):
@@ -192,9 +192,13 @@ class UploadSerializer(serializers.Serializer[Any]):
 class UploadResponseSerializer(BundleDetailSerializer):
     created = serializers.BooleanField(read_only=True)
     left_out = serializers.ListField(child=serializers.CharField(), read_only=True)
+    left_out_reasons = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="'path: left out: why' for each file the registry did not store",
+    )
 
     class Meta(BundleDetailSerializer.Meta):
-        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out")
+        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out", "left_out_reasons")
 
 
 class ProblemsSerializer(serializers.Serializer[Any]):

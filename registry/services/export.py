@@ -7,8 +7,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from registry.archives import iter_tar_gz
-from registry.services.checkout import checkout_bundle
-from registry.storage import bundle_storage, open_blob
+from registry.services.checkout import checkout_bundle, checkout_file
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -24,10 +23,12 @@ def bundle_archive_chunks(bundle: Bundle) -> Iterator[bytes]:
 
     Same content, same bytes: re-uploading a download gives back the same bundle.
     """
-    storage = bundle_storage()
+    # Checked out (every byte hashed against the manifest) before the first byte is sent: a
+    # missing or drifted blob is a clean error (BlobDriftError), not a cut connection.
+    paths = [checkout_file(bundle, record) for record in bundle.manifest]
     files = (
-        (record["path"], int(record["size"]), partial(open_blob, storage, record["sha256"]))
-        for record in bundle.manifest
+        (record["path"], int(record["size"]), partial(path.open, "rb"))
+        for record, path in zip(bundle.manifest, paths, strict=True)
     )
     return iter_tar_gz(bundle.archive_stem, files)
 
