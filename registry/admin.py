@@ -35,7 +35,7 @@ class BundleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(StateChange)
-class StateChangeAdmin(admin.ModelAdmin):
+class StateChangeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("at", "actor_name", "action", "target_type", "target_id")
     list_filter = ("action", "target_type")
     readonly_fields = tuple(f.name for f in StateChange._meta.fields)
@@ -47,7 +47,7 @@ class StateChangeAdmin(admin.ModelAdmin):
         return False
 
 
-class NamespaceGrantInline(admin.TabularInline):
+class NamespaceGrantInline(admin.TabularInline):  # type: ignore[type-arg]
     model = NamespaceGrant
     fields = ("user", "granted_by", "granted_at")
     readonly_fields = ("granted_by", "granted_at")
@@ -55,7 +55,7 @@ class NamespaceGrantInline(admin.TabularInline):
 
 
 @admin.register(Namespace)
-class NamespaceAdmin(admin.ModelAdmin):
+class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Staff grant others the right to publish under a hardware/model (issue 17, item 7)."""
 
     list_display = ("hardware", "model", "owner", "created_at")

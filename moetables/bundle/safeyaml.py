@@ -41,7 +41,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self._nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         line = event.start_mark.line + 1 if event.start_mark is not None else 0
         if isinstance(event, yaml.AliasEvent):
             raise _Refused(f"line {line}: YAML aliases (*{event.anchor}) are not allowed")

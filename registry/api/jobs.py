@@ -3,8 +3,9 @@ call into `registry.jobs.services`; the worker does the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.http import FileResponse, Http404
 from django.urls import reverse
@@ -160,7 +161,7 @@ class JobViewSet(
         data = request.data
         params = data.dict() if hasattr(data, "dict") else data
         try:
-            job = queue_job_as(request.user, params)
+            job = queue_job_as(request.user, cast("Mapping[str, Any]", params))
         except NotAllowed as exc:
             raise PermissionDenied(str(exc)) from None
         except JobParameterError as exc:

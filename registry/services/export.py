@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import shutil
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from registry.archives import iter_tar_gz
 from registry.services.checkout import checkout_bundle, checkout_file
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from registry.models import Bundle
@@ -27,7 +27,11 @@ def bundle_archive_chunks(bundle: Bundle) -> Iterator[bytes]:
     # missing or drifted blob is a clean error (BlobDriftError), not a cut connection.
     paths = [checkout_file(bundle, record) for record in bundle.manifest]
     files = (
-        (record["path"], int(record["size"]), partial(path.open, "rb"))
+        (
+            str(record["path"]),
+            int(record["size"]),
+            cast("Callable[[], IO[bytes]]", partial(path.open, "rb")),
+        )
         for record, path in zip(bundle.manifest, paths, strict=True)
     )
     return iter_tar_gz(bundle.archive_stem, files)
