@@ -262,6 +262,8 @@ class BatchEstimate:
     notes: tuple[str, ...]
     graph: npt.NDArray[np.bool_] | None = None
     _steps: list[_StepArrays] | None = None
+    _estimator: LayerEstimator | None = None
+    _cluster: Cluster | None = None
 
     def __len__(self) -> int:
         return int(self.code.shape[0])
@@ -271,6 +273,9 @@ class BatchEstimate:
         if self.code[i] != OK:
             error = CoverageError if self.code[i] == OUT_OF_SUPPORT else QueryError
             raise error(self.errors.get(i, "refused"))
+        if self._steps is None:  # a batch kept no per-event times: walk this step again
+            assert self._estimator is not None
+            return self._estimator.replay(self, i).step(0)
         trace = self.trace
         r = self.routing
         ep = trace.ep
@@ -435,6 +440,35 @@ class LayerEstimator:
             self.modes &= set(d.entry.modes)
         self.capture_sizes = capture_sizes_of(first.contract)
 
+    def replay(self, batch: BatchEstimate, i: int) -> BatchEstimate:
+        """Step ``i`` of a batch again, keeping every event's times."""
+        r = batch.routing
+        one = slice(i, i + 1)
+        routing = BatchRouting(
+            policy=r.policy,
+            padded_tokens=r.padded_tokens[one],
+            local_rows=r.local_rows[one],
+            tokens=r.tokens[one],
+            activated_experts=r.activated_experts[one],
+            local_assignments=r.local_assignments[one],
+            expert_counts=None if r.expert_counts is None else r.expert_counts[one],
+        )
+        return self._time(
+            routing,
+            {c: v[one] for c, v in batch.components.items()},
+            batch.code[one].copy(),
+            {},
+            batch._cluster,
+            batch.policy,
+            batch.mode,
+            batch.table_mode,
+            batch.tokens[one],
+            batch.notes,
+            None if batch.graph is None else batch.graph[one],
+            True,
+            notes_final=True,
+        )
+
     def estimate(
         self,
         tokens_per_rank: Sequence[int],
@@ -596,6 +630,8 @@ class LayerEstimator:
         notes: tuple[str, ...],
         graph: npt.NDArray[np.bool_] | None,
         keep: bool,
+        *,
+        notes_final: bool = False,
     ) -> BatchEstimate:
         """Walk the trace over every step at once: clocks per rank, collectives synchronise."""
         steps, ep = routing.local_rows.shape
@@ -666,12 +702,14 @@ class LayerEstimator:
             errors=errors,
             cluster=cluster.name if cluster is not None else None,
             notes=notes
-            + (() if cluster is not None else (
+            + (() if cluster is not None or notes_final else (
                 "no cluster given: collectives carry their bytes but no transfer time, and "
                 "layer_us is null; layer_compute_us leaves transfers out",
             ) if any(isinstance(s, CollectiveStep) for s in self.trace.steps) else ()),
             graph=graph,
             _steps=kept if keep else None,
+            _estimator=self,
+            _cluster=cluster,
         )
 
 
