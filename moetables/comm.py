@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,7 +138,7 @@ class LinkGroup:
     ranks: frozenset[int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Cluster:
     """A validated cluster description (``schema: moe-cluster``, version 1)."""
 
@@ -148,6 +148,10 @@ class Cluster:
     link_classes: Mapping[str, LinkClass]
     groups: tuple[LinkGroup, ...]
     source: str = "<memory>"
+    # Link classes per participant tuple, found once (the groups never change).
+    _memo: dict[tuple[int, ...], list[LinkClass]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def ranks(self) -> frozenset[int]:
         return frozenset().union(*(g.ranks for g in self.groups))
@@ -159,6 +163,14 @@ class Cluster:
         they share). A collective no single group holds spans several groups: it is given
         every class of the groups it touches, and the slowest of them times it.
         """
+        key = tuple(participants)
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        found = self._memo[key] = self._classes_for(key)
+        return found
+
+    def _classes_for(self, participants: tuple[int, ...]) -> list[LinkClass]:
         members = set(participants)
         missing = sorted(members - self.ranks())
         if missing:

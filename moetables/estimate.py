@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 MODES = ("eager", "graph")
+# Batches of at most this many steps look components up one by one (scalar, cached).
+_FEW = 4
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -262,8 +264,6 @@ class BatchEstimate:
     notes: tuple[str, ...]
     graph: npt.NDArray[np.bool_] | None = None
     _steps: list[_StepArrays] | None = None
-    _estimator: LayerEstimator | None = None
-    _cluster: Cluster | None = None
 
     def __len__(self) -> int:
         return int(self.code.shape[0])
@@ -273,9 +273,6 @@ class BatchEstimate:
         if self.code[i] != OK:
             error = CoverageError if self.code[i] == OUT_OF_SUPPORT else QueryError
             raise error(self.errors.get(i, "refused"))
-        if self._steps is None:  # a batch kept no per-event times: walk this step again
-            assert self._estimator is not None
-            return self._estimator.replay(self, i).step(0)
         trace = self.trace
         r = self.routing
         ep = trace.ep
@@ -440,35 +437,6 @@ class LayerEstimator:
             self.modes &= set(d.entry.modes)
         self.capture_sizes = capture_sizes_of(first.contract)
 
-    def replay(self, batch: BatchEstimate, i: int) -> BatchEstimate:
-        """Step ``i`` of a batch again, keeping every event's times."""
-        r = batch.routing
-        one = slice(i, i + 1)
-        routing = BatchRouting(
-            policy=r.policy,
-            padded_tokens=r.padded_tokens[one],
-            local_rows=r.local_rows[one],
-            tokens=r.tokens[one],
-            activated_experts=r.activated_experts[one],
-            local_assignments=r.local_assignments[one],
-            expert_counts=None if r.expert_counts is None else r.expert_counts[one],
-        )
-        return self._time(
-            routing,
-            {c: v[one] for c, v in batch.components.items()},
-            batch.code[one].copy(),
-            {},
-            batch._cluster,
-            batch.policy,
-            batch.mode,
-            batch.table_mode,
-            batch.tokens[one],
-            batch.notes,
-            None if batch.graph is None else batch.graph[one],
-            True,
-            notes_final=True,
-        )
-
     def estimate(
         self,
         tokens_per_rank: Sequence[int],
@@ -495,7 +463,6 @@ class LayerEstimator:
             load_shares=load_shares,
             seed=seed,
             capture_sizes=capture_sizes,
-            events=True,
         )
         return batch.step(0)
 
@@ -511,7 +478,6 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
-        events: bool = True,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
@@ -565,6 +531,11 @@ class LayerEstimator:
         for component in self.trace.components:
             times = np.empty((steps, ep), dtype=np.float64)
             for rank, tables in enumerate(self.ranks):
+                if steps <= _FEW:
+                    # A few steps read the scalar path: its bounded cache makes repeated
+                    # steps cheap, and it answers exactly as the batch does.
+                    self._few(tables, rank, component, table_mode, routing, times, code, errors)
+                    continue
                 if component == EXPERTS:
                     result = tables.batch(
                         EXPERTS,
@@ -587,8 +558,43 @@ class LayerEstimator:
             components[component] = times
         return self._time(
             routing, components, code, errors, cluster, policy, mode, table_mode,
-            np.atleast_2d(given), tuple(notes), graph, events,
+            np.atleast_2d(given), tuple(notes), graph,
         )
+
+    def _few(
+        self,
+        tables: DeploymentTables,
+        rank: int,
+        component: str,
+        mode: str,
+        routing: BatchRouting,
+        times: FloatArray,
+        code: npt.NDArray[np.int8],
+        errors: dict[int, str],
+    ) -> None:
+        for i in range(times.shape[0]):
+            try:
+                if component == EXPERTS:
+                    times[i, rank] = tables.time_us(
+                        EXPERTS, int(routing.tokens[i]),
+                        int(routing.activated_experts[i, rank]),
+                        int(routing.local_assignments[i, rank]), mode,
+                    )
+                else:
+                    times[i, rank] = tables.time_us(
+                        component, int(routing.local_rows[i, rank]), -1, -1, mode
+                    )
+            except (CoverageError, QueryError) as exc:
+                times[i, rank] = np.nan
+                if i not in errors:
+                    code[i] = OUT_OF_SUPPORT if isinstance(exc, CoverageError) else INVALID
+                    rows = (
+                        f"N={int(routing.tokens[i])} A={int(routing.activated_experts[i, rank])} "
+                        f"M={int(routing.local_assignments[i, rank])}"
+                        if component == EXPERTS
+                        else f"rows={int(routing.local_rows[i, rank])}"
+                    )
+                    errors[i] = f"step {i}: rank {rank} {component} at {rows}: {exc}"
 
     def _refusal(
         self,
@@ -629,9 +635,6 @@ class LayerEstimator:
         given: Any,
         notes: tuple[str, ...],
         graph: npt.NDArray[np.bool_] | None,
-        keep: bool,
-        *,
-        notes_final: bool = False,
     ) -> BatchEstimate:
         """Walk the trace over every step at once: clocks per rank, collectives synchronise."""
         steps, ep = routing.local_rows.shape
@@ -647,8 +650,7 @@ class LayerEstimator:
                 start = clock
                 clock = clock + t
                 compute += t
-                if keep:
-                    kept.append(_StepArrays(arrive, start, clock, []))
+                kept.append(_StepArrays(arrive, start, clock, []))
                 continue
             timings = []
             start_all = clock.copy()
@@ -671,8 +673,7 @@ class LayerEstimator:
                     end = begin
                 clock[:, g] = end[:, None]
                 timings.append((group, size, shares, equal, begin, tr, w))
-            if keep:
-                kept.append(_StepArrays(arrive, start_all, clock, timings))
+            kept.append(_StepArrays(arrive, start_all, clock, timings))
         bad = code != OK
         final = clock
         layer_compute = final.max(axis=1) if transfer is None else _without_transfers(
@@ -702,14 +703,12 @@ class LayerEstimator:
             errors=errors,
             cluster=cluster.name if cluster is not None else None,
             notes=notes
-            + (() if cluster is not None or notes_final else (
+            + (() if cluster is not None else (
                 "no cluster given: collectives carry their bytes but no transfer time, and "
                 "layer_us is null; layer_compute_us leaves transfers out",
             ) if any(isinstance(s, CollectiveStep) for s in self.trace.steps) else ()),
             graph=graph,
-            _steps=kept if keep else None,
-            _estimator=self,
-            _cluster=cluster,
+            _steps=kept,
         )
 
 

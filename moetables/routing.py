@@ -21,6 +21,7 @@ naming the rank.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,18 +75,23 @@ class Deployment:
 
     def expert_ranges(self) -> list[tuple[int, int]]:
         """[start, stop) of each rank's global experts under linear placement (R4)."""
-        ranges = []
-        for rank in range(self.ep):
-            owned = [
-                e
-                for e, local in enumerate(linear_expert_map(self.global_experts, self.ep, rank))
-                if local >= 0
-            ]
-            ranges.append((owned[0], owned[-1] + 1))
-        return ranges
+        return list(_expert_ranges(self.global_experts, self.ep))
 
     def local_experts(self) -> list[int]:
-        return [stop - start for start, stop in self.expert_ranges()]
+        return [stop - start for start, stop in _expert_ranges(self.global_experts, self.ep)]
+
+
+@functools.lru_cache(maxsize=256)
+def _expert_ranges(global_experts: int, ep: int) -> tuple[tuple[int, int], ...]:
+    ranges = []
+    for rank in range(ep):
+        owned = [
+            e
+            for e, local in enumerate(linear_expert_map(global_experts, ep, rank))
+            if local >= 0
+        ]
+        ranges.append((owned[0], owned[-1] + 1))
+    return tuple(ranges)
 
 
 @dataclass(frozen=True, slots=True)
