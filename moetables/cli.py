@@ -153,6 +153,7 @@ def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dic
         "policy": args.policy,
         "seed": args.seed,
         "mode": args.mode,
+        "events": not args.no_events,
     }
     for key, value in (
         ("expert_counts", counts),
@@ -309,6 +310,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="random policy's seed")
     p.add_argument("--cluster", help="cluster description YAML (schema moe-cluster)")
     p.add_argument("--mode", default="eager", choices=["eager", "graph"])
+    p.add_argument("--no-events", action="store_true",
+                   help="leave out the per-rank trace events (smaller, faster answers)")
     p.add_argument("--capture-sizes", help="graph mode: capture sizes, s0,s1,... (default: "
                    "the contract's)")
     args = parser.parse_args(argv)

@@ -368,15 +368,103 @@ class BatchEstimate:
                if self.graph is not None and not self.graph[i] else ()),
         )
 
-    def as_dicts(self) -> list[dict[str, Any]]:
-        """One JSON answer per step, refusals as ``{"error", "message"}``."""
+    def as_dicts(self, *, events: bool = True) -> list[dict[str, Any]]:
+        """One JSON answer per step (`LayerEstimate.as_dict`, without ``events`` when asked),
+        refusals as ``{"error", "message"}``. Built from the arrays converted once, not step
+        by step: this is what a request of many steps costs."""
+        trace, r = self.trace, self.routing
+        ep, steps_ = trace.ep, len(self)
+        assert self._steps is not None
+        tolist = np.ndarray.tolist
+        local_rows, n_, a_, m_ = (tolist(x) for x in (
+            r.local_rows, r.tokens, r.activated_experts, r.local_assignments))
+        padded, given = tolist(r.padded_tokens), tolist(self.tokens)
+        comps = {c: tolist(v) for c, v in self.components.items()}
+        compute, wait = tolist(self.compute_us), tolist(self.wait_us)
+        transfer = tolist(self.transfer_us) if self.transfer_us is not None else None
+        layer = tolist(self.layer_us) if self.layer_us is not None else None
+        layer_compute = tolist(self.layer_compute_us)
+        ends = tolist(self._steps[-1].end)
+        critical = tolist(np.argmax(self._steps[-1].end, axis=1))
+        code = tolist(self.code)
+        deployment = {"tp": trace.tp, "dp": trace.dp, "ep": ep,
+                      "sequence_parallel": trace.sequence_parallel, "kind": trace.kind}
+        eager_note = "graph mode: this step exceeds the largest capture size and runs eagerly"
+        graph = tolist(self.graph) if self.graph is not None else None
+        # Per trace step, lists once: compute (start, end) or collective groups.
+        walked: list[Any] = []
+        for tstep, arrays in zip(trace.steps, self._steps, strict=True):
+            if isinstance(tstep, ComputeStep):
+                walked.append((tstep, tolist(arrays.start), tolist(arrays.end), None))
+                continue
+            groups = []
+            for group, size, shares, equal, start, tr, w in arrays.collectives:
+                groups.append((group, tolist(size), tolist(shares), tolist(equal), tolist(start),
+                               tolist(tr) if tr is not None else None, tolist(w)))
+            walked.append((tstep, tolist(arrays.arrive), tolist(arrays.end), groups))
         out: list[dict[str, Any]] = []
-        for i in range(len(self)):
-            if self.code[i] != OK:
-                kind = "out_of_support" if self.code[i] == OUT_OF_SUPPORT else "invalid"
+        for i in range(steps_):
+            if code[i] != OK:
+                kind = "out_of_support" if code[i] == OUT_OF_SUPPORT else "invalid"
                 out.append({"error": kind, "message": self.errors.get(i, "refused")})
-            else:
-                out.append(self.step(i).as_dict())
+                continue
+            ranks = [
+                {
+                    "rank": k, "dp_rank": k // trace.tp, "tp_rank": k % trace.tp,
+                    "tokens": padded[i][k // trace.tp], "local_rows": local_rows[i][k],
+                    "N": n_[i], "A": a_[i][k], "M": m_[i][k],
+                    "components": {c: v[i][k] for c, v in comps.items()},
+                    "compute_us": compute[i][k], "wait_us": wait[i][k],
+                    "transfer_us": transfer[i][k] if transfer is not None else None,
+                    "end_us": ends[i][k],
+                }
+                for k in range(ep)
+            ]
+            collectives = []
+            event_list: list[dict[str, Any]] = []
+            for tstep, first, last, groups in walked:
+                if groups is None:
+                    if events:
+                        event_list += [
+                            {"rank": k, "name": tstep.component, "kind": "compute",
+                             "start_us": first[i][k], "end_us": last[i][k], "wait_us": 0.0,
+                             "transfer_us": None, "bytes": None}
+                            for k in range(ep)
+                        ]
+                    continue
+                for group, size, shares, equal, start, tr, w in groups:
+                    eq = equal[i]
+                    t = tr[i] if tr is not None else None
+                    collectives.append({
+                        "op": tstep.op, "tensor": tstep.tensor, "scope": tstep.scope,
+                        "ranks": list(group), "bytes": size[i], "bytes_by_rank": shares[i],
+                        "equal_counts": eq, "vllm_call": _vllm_call(tstep.op, eq),
+                        "kernels": tstep.kernels(eq, len(group)), "start_us": start[i],
+                        "transfer_us": t, "wait_us": max(w[i]), "wait_by_rank": w[i],
+                    })
+                    if events:
+                        event_list += [
+                            {"rank": k, "name": tstep.name, "kind": "collective",
+                             "start_us": first[i][k], "end_us": last[i][k],
+                             "wait_us": w[i][j], "transfer_us": t, "bytes": shares[i][j]}
+                            for j, k in enumerate(group)
+                        ]
+            notes = list(self.notes)
+            if graph is not None and not graph[i]:
+                notes.append(eager_note)
+            answer: dict[str, Any] = {
+                "deployment": dict(deployment), "policy": self.policy, "mode": self.mode,
+                "table_mode": self.table_mode, "tokens": given[i], "padded_tokens": padded[i],
+                "cluster": self.cluster, "ranks": ranks, "collectives": collectives,
+            }
+            if events:
+                answer["events"] = event_list
+            answer.update({
+                "layer_us": layer[i] if layer is not None else None,
+                "layer_compute_us": layer_compute[i], "critical_rank": critical[i],
+                "notes": notes,
+            })
+            out.append(answer)
         return out
 
 

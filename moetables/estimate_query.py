@@ -23,7 +23,7 @@ __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
 
 _FIELDS = {
     "tp", "dp", "sequence_parallel", "tokens", "steps", "policy", "expert_counts", "seed",
-    "active_curve", "load_shares", "mode", "capture_sizes",
+    "active_curve", "load_shares", "mode", "capture_sizes", "events",
 }
 
 
@@ -41,6 +41,7 @@ class EstimateRequest:
     load_shares: list[float] | None
     mode: str
     capture_sizes: list[int] | None
+    events: bool = True  # the per-rank trace events (a timeline); false for smaller answers
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], default: int) -> int:
@@ -145,6 +146,9 @@ def parse_estimate_request(
     sizes = raw.get("capture_sizes")
     if sizes is not None:
         sizes = _int_list(sizes, "capture_sizes", problems)
+    events = raw.get("events", True)
+    if not isinstance(events, bool):
+        problems.append(f"events: must be true or false, got {events!r}")
     if problems:
         raise QueryError("; ".join(problems))
     return EstimateRequest(
@@ -160,6 +164,7 @@ def parse_estimate_request(
         load_shares=[float(s) for s in shares] if shares is not None else None,
         mode=mode,
         capture_sizes=sizes,
+        events=events,
     )
 
 
@@ -185,5 +190,8 @@ def answer_estimate(
         capture_sizes=request.capture_sizes,
     )
     if request.single:
-        return batch.step(0).as_dict()  # a refusal raises, naming rank and component
-    return batch.as_dicts()
+        answer = batch.step(0).as_dict()  # a refusal raises, naming rank and component
+        if not request.events:
+            del answer["events"]
+        return answer
+    return batch.as_dicts(events=request.events)

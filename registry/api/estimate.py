@@ -59,6 +59,8 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
     mode = serializers.ChoiceField(choices=["eager", "graph"], default="eager")
     capture_sizes = serializers.ListField(child=serializers.IntegerField(min_value=1),
                                           required=False)
+    events = serializers.BooleanField(
+        default=True, help_text="include the per-rank trace events; false for smaller answers")
     cluster = serializers.JSONField(
         required=False,
         help_text="a shipped cluster's name (clusters/<name>.yaml) or an inline moe-cluster "
@@ -120,7 +122,7 @@ class EstimateAnswerSerializer(serializers.Serializer[Any]):
     cluster = serializers.CharField(allow_null=True)
     ranks = RankSerializer(many=True)
     collectives = CollectiveSerializer(many=True)
-    events = EventSerializer(many=True)
+    events = EventSerializer(many=True, required=False)
     layer_us = serializers.FloatField(allow_null=True)
     layer_compute_us = serializers.FloatField()
     critical_rank = serializers.IntegerField()

@@ -218,3 +218,15 @@ def test_it_keeps_historical_tables_to_balanced_routing() -> None:
     # Round robin over N = 127 rows deals rank 0 512 pairs, not the balanced 508.
     with pytest.raises(CoverageError, match=r"rank 0 experts at N=127 A=64 M=512: .* balanced assignment totals only"):
         tables.estimate([64, 63], tp=1, dp=2, policy="round_robin")
+
+
+def test_it_answers_a_batch_exactly_as_its_steps_answer_one_by_one(bundle: Path) -> None:
+    """The fast many-step answer is the single-step answer, refusals and all."""
+    cluster = load_cluster(FIXTURE)
+    batch = ComponentTables(bundle).estimate_batch(
+        [[4, 16], [40, 40], [1, 30]], tp=1, dp=2, cluster=cluster, policy="random", seed=5)
+    answers = batch.as_dicts()
+    assert answers[0] == batch.step(0).as_dict() and answers[2] == batch.step(2).as_dict()
+    assert answers[1] == {"error": "out_of_support", "message": batch.errors[1]}
+    lean = batch.as_dicts(events=False)
+    assert "events" not in lean[0] and {**lean[0], "events": answers[0]["events"]} == answers[0]
