@@ -170,3 +170,14 @@ def test_it_reads_the_fixture_and_says_when_a_file_is_not_yaml(tmp_path: Path) -
         load_cluster(bad)
     with pytest.raises(ClusterError, match="cannot read"):
         load_cluster(tmp_path / "absent.yaml")
+
+
+SHIPPED_CLUSTERS = sorted((Path(__file__).resolve().parents[2] / "clusters").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CLUSTERS, ids=[p.name for p in SHIPPED_CLUSTERS])
+def test_it_loads_every_shipped_cluster_description(path: Path) -> None:
+    """A shipped description is valid, named as its file, and its provenance has a command."""
+    cluster = load_cluster(path)
+    assert cluster.name == path.stem
+    assert cluster.provenance["command"].strip()

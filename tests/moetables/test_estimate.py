@@ -230,3 +230,37 @@ def test_it_answers_a_batch_exactly_as_its_steps_answer_one_by_one(bundle: Path)
     assert answers[1] == {"error": "out_of_support", "message": batch.errors[1]}
     lean = batch.as_dicts(events=False)
     assert "events" not in lean[0] and {**lean[0], "events": answers[0]["events"]} == answers[0]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_it_runs_tp2_dp2_collectives_over_their_groups_and_links(
+    tmp_path: Path, sp: bool
+) -> None:
+    """R44: TP > 1 dispatches over the DP group (or all of EP with SP) and adds the wrapper's
+    TP collective; R45: a DP group spanning both fast pairs is timed on the slow link."""
+    dest = tmp_path / f"tp2-sp{int(sp)}"
+    write_bundle(dest, HEADER, [_spec(MoeTarget.for_rank(2, 2, r, sp)) for r in range(4)])
+    cluster = load_cluster(FIXTURE)
+    est = ComponentTables(dest).estimate([5, 8], tp=2, dp=2, sequence_parallel=sp,
+                                         cluster=cluster)
+    ops = [(c.op, c.tensor, c.ranks) for c in est.collectives]
+    if not sp:
+        assert [r.local_rows for r in est.ranks] == [5, 5, 8, 8]
+        assert {r.N for r in est.ranks} == {13}
+        assert ops[:2] == [("all_gather", "hidden_states", (0, 2)),
+                           ("all_gather", "hidden_states", (1, 3))]
+        assert ops[-2:] == [("all_reduce", "layer_output", (0, 1)),
+                            ("all_reduce", "layer_output", (2, 3))]
+        gather = est.collectives[0]  # ranks 0 and 2: only the slow group holds both
+        assert gather.transfer_us == pytest.approx((20 + 5 * 128 / 10e3) + (20 + 8 * 128 / 10e3))
+        reduce = est.collectives[-2]  # ranks 0 and 1 share a fast pair: 2(n-1)/n = 1
+        assert reduce.transfer_us == pytest.approx(15.0 + 1.0 * 5 * 128 / 50e3)
+    else:
+        assert [r.local_rows for r in est.ranks] == [3, 3, 4, 4]
+        assert {r.N for r in est.ranks} == {2 * (3 + 4)}
+        assert ops[0] == ("all_gather", "hidden_states", (0, 1, 2, 3))
+        assert est.collectives[0].bytes_by_rank == (384, 384, 512, 512)
+        assert ops[-2:] == [("all_gather", "layer_output", (0, 1)),
+                            ("all_gather", "layer_output", (2, 3))]
+    assert sum(r.M for r in est.ranks) >= est.ranks[0].N * 4
+    assert est.layer_us == pytest.approx(max(r.end_us for r in est.ranks))
