@@ -813,7 +813,8 @@ def _without_transfers(
         for group in tstep.groups:
             g = list(group)
             clock[:, g] = clock[:, g].max(axis=1)[:, None]
-    return clock.max(axis=1)
+    ends: FloatArray = clock.max(axis=1)
+    return ends
 
 
 def estimator_for(

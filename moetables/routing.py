@@ -214,7 +214,7 @@ def _counts_array(tokens_per_rank: object, dp: int) -> IntArray:
     if raw.ndim != 2 or raw.shape[1] != dp:
         raise QueryError(
             f"need one padded token count per DP rank ({dp}) for each step, got shape "
-            f"{list(np.shape(tokens_per_rank))}"
+            f"{list(raw.shape)}"
         )
     if raw.size and raw.dtype.kind not in "iu":
         if raw.dtype.kind == "f" and np.all(np.isfinite(raw)) and np.all(raw == np.round(raw)):
