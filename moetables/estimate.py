@@ -353,7 +353,7 @@ class BatchEstimate:
             sequence_parallel=trace.sequence_parallel,
             policy=self.policy,
             mode=self.mode,
-            table_mode=self.table_mode,
+            table_mode=self._table_mode(i),
             tokens=tuple(int(n) for n in self.tokens[i]),
             padded_tokens=tuple(int(n) for n in r.padded_tokens[i]),
             ranks=tuple(ranks),
@@ -367,6 +367,12 @@ class BatchEstimate:
             + (("graph mode: this step exceeds the largest capture size and runs eagerly",)
                if self.graph is not None and not self.graph[i] else ()),
         )
+
+    def _table_mode(self, i: int) -> str:
+        """The tables step ``i`` read: eager where a graph-mode step ran eagerly."""
+        if self.graph is not None and not self.graph[i]:
+            return "eager"
+        return self.table_mode
 
     def as_dicts(self, *, events: bool = True) -> list[dict[str, Any]]:
         """One JSON answer per step (`LayerEstimate.as_dict`, without ``events`` when asked),
@@ -454,7 +460,8 @@ class BatchEstimate:
                 notes.append(eager_note)
             answer: dict[str, Any] = {
                 "deployment": dict(deployment), "policy": self.policy, "mode": self.mode,
-                "table_mode": self.table_mode, "tokens": given[i], "padded_tokens": padded[i],
+                "table_mode": self._table_mode(i), "tokens": given[i],
+                "padded_tokens": padded[i],
                 "cluster": self.cluster, "ranks": ranks, "collectives": collectives,
             }
             if events:
@@ -616,38 +623,64 @@ class LayerEstimator:
         code = np.full(steps, OK, dtype=np.int8)
         errors: dict[int, str] = {}
         components: dict[str, FloatArray] = {}
+        # Steps that run eagerly in graph mode (past the largest capture size) read the eager
+        # tables; the others read the tables of the mode they run in.
+        parts: list[tuple[str, npt.NDArray[np.intp] | None]] = [(table_mode, None)]
+        if graph is not None and table_mode == "graph" and not graph.all():
+            parts = [("graph", np.flatnonzero(graph)), ("eager", np.flatnonzero(~graph))]
         for component in self.trace.components:
             times = np.empty((steps, ep), dtype=np.float64)
             for rank, tables in enumerate(self.ranks):
-                if steps <= _FEW:
-                    # A few steps read the scalar path: its bounded cache makes repeated
-                    # steps cheap, and it answers exactly as the batch does.
-                    self._few(tables, rank, component, table_mode, routing, times, code, errors)
-                    continue
-                if component == EXPERTS:
-                    result = tables.batch(
-                        EXPERTS,
-                        routing.tokens,
-                        routing.activated_experts[:, rank],
-                        routing.local_assignments[:, rank],
-                        mode=table_mode,
-                    )
-                else:
-                    result = tables.batch(component, routing.local_rows[:, rank], mode=table_mode)
-                times[:, rank] = result.time_us
-                bad = np.flatnonzero(result.code != OK)
-                for i in bad.tolist():
-                    if i in errors:
-                        continue
-                    code[i] = result.code[i] if result.code[i] != INVALID else INVALID
-                    errors[i] = self._refusal(
-                        tables, rank, component, table_mode, routing, i
-                    )
+                for part_mode, rows in parts:
+                    self._lookup(tables, rank, component, part_mode, routing, rows, times,
+                                 code, errors)
             components[component] = times
         return self._time(
             routing, components, code, errors, cluster, policy, mode, table_mode,
             np.atleast_2d(given), tuple(notes), graph,
         )
+
+    def _lookup(
+        self,
+        tables: DeploymentTables,
+        rank: int,
+        component: str,
+        mode: str,
+        routing: BatchRouting,
+        rows: npt.NDArray[np.intp] | None,
+        times: FloatArray,
+        code: npt.NDArray[np.int8],
+        errors: dict[int, str],
+    ) -> None:
+        """One component of one rank for the steps ``rows`` (all when None), in ``mode``."""
+        steps = times.shape[0] if rows is None else rows.shape[0]
+        if steps == 0:
+            return
+        if steps <= _FEW:
+            # A few steps read the scalar path: its bounded cache makes repeated steps
+            # cheap, and it answers exactly as the batch does.
+            picked = range(times.shape[0]) if rows is None else rows.tolist()
+            self._few(tables, rank, component, mode, routing, picked, times, code, errors)
+            return
+        pick = slice(None) if rows is None else rows
+        if component == EXPERTS:
+            result = tables.batch(
+                EXPERTS,
+                routing.tokens[pick],
+                routing.activated_experts[pick, rank],
+                routing.local_assignments[pick, rank],
+                mode=mode,
+            )
+        else:
+            result = tables.batch(component, routing.local_rows[pick, rank], mode=mode)
+        times[pick, rank] = result.time_us
+        index = np.arange(times.shape[0]) if rows is None else rows
+        for j in np.flatnonzero(result.code != OK).tolist():
+            i = int(index[j])
+            if i in errors:
+                continue
+            code[i] = result.code[j]
+            errors[i] = self._refusal(tables, rank, component, mode, routing, i)
 
     def _few(
         self,
@@ -656,11 +689,12 @@ class LayerEstimator:
         component: str,
         mode: str,
         routing: BatchRouting,
+        picked: Any,
         times: FloatArray,
         code: npt.NDArray[np.int8],
         errors: dict[int, str],
     ) -> None:
-        for i in range(times.shape[0]):
+        for i in picked:
             try:
                 if component == EXPERTS:
                     times[i, rank] = tables.time_us(

@@ -264,3 +264,22 @@ def test_it_runs_tp2_dp2_collectives_over_their_groups_and_links(
                             ("all_gather", "layer_output", (2, 3))]
     assert sum(r.M for r in est.ranks) >= est.ranks[0].N * 4
     assert est.layer_us == pytest.approx(max(r.end_us for r in est.ranks))
+
+
+def test_it_reads_graph_tables_for_graph_steps_and_eager_ones_past_the_captures() -> None:
+    """Historical tables hold graph rows: a padded step reads them; a step past the largest
+    capture size runs eagerly and reads the eager rows, also inside one batch."""
+    tables = ComponentTables(SHARED)
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    graph = tables.estimate([3, 50], tp=1, dp=2, mode="graph", capture_sizes=sizes)
+    assert (graph.table_mode, graph.padded_tokens) == ("graph", (64, 64))
+    assert graph.ranks[0].components["gate_routing"] == pytest.approx(
+        tables.deployment(1, 2, 0).time_us("gate_routing", 64, mode="graph"))
+    past = tables.estimate([3, 1000], tp=1, dp=2, mode="graph", capture_sizes=sizes)
+    eager = tables.estimate([3, 1000], tp=1, dp=2)
+    assert past.table_mode == "eager" and past.ranks == eager.ranks
+    assert any("runs eagerly" in note for note in past.notes)
+    batch = tables.estimate_batch([[3, 50]] * 6 + [[3, 1000]] * 6, tp=1, dp=2, mode="graph",
+                                  capture_sizes=sizes)
+    answers = batch.as_dicts()
+    assert answers[0] == graph.as_dict() and answers[-1] == past.as_dict()
