@@ -31,6 +31,8 @@ __all__ = ["cluster_dir", "named_cluster", "run_estimate"]
 
 _BUNDLE_FIELDS = frozenset({"bundle", "sha256", "hardware", "model", "variant", "cluster"})
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# A step's answer is about 5 KB of JSON with its events: 10,000 steps make a 50 MB response.
+MAX_STEPS = 10_000
 _clusters: dict[str, tuple[float, Cluster]] = {}
 _lock = threading.Lock()
 
@@ -86,7 +88,7 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
     request = None
     try:
         request = parse_estimate_request(
-            body, max_steps=settings.REGISTRY["MAX_LOOKUP_QUERIES"]
+            body, max_steps=settings.REGISTRY.get("MAX_ESTIMATE_STEPS", MAX_STEPS)
         )
     except QueryError as exc:
         problems += str(exc).split("; ")

@@ -105,6 +105,12 @@ def test_it_refuses_with_a_status_and_a_reason(
     assert words in text
 
 
+def test_it_bounds_the_steps_of_one_request(api: APIClient, h200: Any) -> None:
+    response = post(api, {"bundle": h200.pk, "tp": 1, "dp": 2, "steps": [[1, 1]] * 10_001})
+    assert response.status_code == 400
+    assert "at most 10000 steps per request" in " ".join(response.json()["problems"])
+
+
 def test_it_says_when_no_bundle_matches(api: APIClient, db: None) -> None:
     response = post(api, {"bundle": 999, "tp": 1, "dp": 2, "tokens": [4, 4]})
     assert response.status_code == 404
