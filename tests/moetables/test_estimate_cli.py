@@ -81,3 +81,15 @@ def test_it_names_a_bad_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     code, _ = run(*BASE, "--tokens", "5,300", "--cluster", str(bad))
     assert code == 1
     assert "c.yaml" in capsys.readouterr().err
+
+
+def test_it_takes_a_custom_curve_and_shares_inline_and_graph_mode() -> None:
+    code, text = run(*BASE, "--tokens", "100,100", "--policy", "custom", "--active-curve",
+                     "[[1, 8], [4096, 128]]", "--load-shares", "[0.75, 0.25]", "--no-events")
+    answer = json.loads(text)
+    assert code == 0 and "events" not in answer
+    assert [r["M"] for r in answer["ranks"]] == [1200, 400]
+    code, text = run(*BASE, "--tokens", "3,5", "--mode", "graph")
+    answer = json.loads(text)
+    # The H200 contract records capture sizes 1..256: both ranks run the padded 8.
+    assert code == 0 and answer["padded_tokens"] == [8, 8] and answer["table_mode"] == "eager"
