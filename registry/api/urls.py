@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.urls import re_path
 
+from registry.api.estimate import estimate
 from registry.api.jobs import JobViewSet
 from registry.api.views import ApiRootView, BundleViewSet, lookup
 
@@ -33,6 +34,7 @@ urlpatterns = [
         name="bundle-files",
     ),
     re_path(r"^lookup/?$", lookup, name="lookup"),
+    re_path(r"^estimate/?$", estimate, name="estimate"),
     re_path(r"^jobs/?$", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
     re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}),
             name="job-detail"),
