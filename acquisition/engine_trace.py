@@ -17,6 +17,7 @@ No torch: the trace is plain JSON, so this is tested on CPU.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,7 +121,7 @@ def attribute_blocks(
 
     order = sorted(ranges.items(), key=lambda kv: kv[1][2])
     starts = [r[2] for _, r in order]
-    for (_, a), (_, b) in zip(order, order[1:], strict=False):
+    for (_, a), (_, b) in itertools.pairwise(order):
         if b[2] < a[3] and (a[0], a[1]) == (b[0], b[1]):
             raise EngineTraceError("MoE block ranges overlap on one thread")
 

@@ -153,7 +153,7 @@ class CollectiveFit:
     op: str
     ranks: int
     alpha_us: float
-    bus_bandwidth_GBps: float
+    bus_bandwidth_GBps: float  # noqa: N815 - the cluster file's own key
     large_bytes_per_rank: tuple[int, ...]
     small_bytes_per_rank: tuple[int, ...]
     residuals: tuple[tuple[int, float, float], ...]  # (bytes_per_rank, measured_us, model_us)

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce")
 # The lent multi-GPU machines keep NVLink multicast off (vllm-kit README): every process keeps it.
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def _sizes(lo: int, hi: int) -> list[int]:
@@ -158,8 +158,6 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, result_p
     dist.destroy_process_group()
 
 
-_KERNEL = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduce": "AllReduce",
-           "broadcast": "Broadcast", "reduce": "Reduce"}
 _C10D = {"all_gather": "c10d::_allgather_base_", "reduce_scatter": "c10d::_reduce_scatter_base_",
          "all_reduce": "c10d::allreduce_", "broadcast": "c10d::broadcast_", "reduce": "c10d::reduce_"}
 
@@ -170,12 +168,9 @@ def _is_op_event(event: Any, op: str, cuda: bool) -> bool:
         return event.name == _C10D[op]
     import torch
 
-    if event.device_type != torch.autograd.DeviceType.CUDA or not event.name.lower().startswith("nccl"):
-        return False
-    name = event.name
-    if op == "reduce":  # "Reduce" is also a substring of ReduceScatter and AllReduce
-        return "Reduce" in name and "ReduceScatter" not in name and "AllReduce" not in name
-    return _KERNEL[op] in name
+    # One op per profiled session and barriers over gloo: every NCCL kernel of the session is one
+    # operation of that op (names vary: NCCL runs some op/type pairs through a generic kernel).
+    return event.device_type == torch.autograd.DeviceType.CUDA and event.name.lower().startswith("nccl")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
