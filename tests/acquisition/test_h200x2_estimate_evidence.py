@@ -97,3 +97,33 @@ def test_it_recomputes_the_committed_comparison_with_the_estimate() -> None:
     r0 = [s for s in steps if s["rank"] == 0 and s["policy"] == "histogram"]
     within = sum(abs(s["transfer_error"]) <= TRANSFER_GOAL for s in r0)
     assert within >= 20 and len(r0) == 30
+
+
+def test_it_shows_that_the_compute_miss_at_n4096_is_neither_the_table_nor_the_host(tmp_path: Path) -> None:
+    """The second host: the table re-acquired there and the engine re-run there both reproduce."""
+    import statistics
+    import tarfile
+
+    from moetables.lookup.tables import ComponentTables
+
+    with tarfile.open(EVIDENCE / "second-host/table-repeat/bundle.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    again = ComponentTables(tmp_path / "modular/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16")
+    shipped = ComponentTables(BUNDLE)
+    for rank in (0, 1):
+        a = again.deployment(1, 2, rank).time_us("experts", 4096, 64, 16384)
+        s = shipped.deployment(1, 2, rank).time_us("experts", 4096, 64, 16384)
+        assert a == pytest.approx(s, rel=0.01)
+    first, _ = load_forwards(EVIDENCE, "simulator")
+    second, info = load_forwards(EVIDENCE / "second-host", "simulator")
+    assert info[0]["moe"][0]["uuid"] != json.loads(
+        (EVIDENCE / "validation/simulator/rank0.json").read_text())["moe"][0]["uuid"]
+    for step in {f.step for f in first}:
+        for rank in (0, 1):
+            m1 = statistics.median(f.compute_us[rank] for f in first if f.step == step)
+            m2 = statistics.median(f.compute_us[rank] for f in second if f.step == step)
+            assert m2 == pytest.approx(m1, rel=0.04)
+    # ... and the engine at the table's own point is ~12 % slower than the table on both hosts.
+    big = [f for f in first + second if f.tokens == (2048, 2048)]
+    assert all(f.compute_us[0] > 1.08 * shipped.deployment(1, 2, 0).time_us("experts", 4096, 64, 16384)
+               for f in big)
