@@ -42,6 +42,11 @@ class Bundle(models.Model):
     # never change after publication, so the copy cannot go stale).
     targets = models.JSONField(default=list, help_text="brief tables, as the list shows them")
     vllm_version = models.CharField(max_length=64, blank=True)
+    exploratory = models.BooleanField(
+        default=False,
+        help_text="a table was measured with a B/2B tolerance above the method's 3 %; "
+        "name lookups skip it unless asked",
+    )
     measured_at = models.DateTimeField(null=True, blank=True)
     published_at = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=16, choices=BundleSource.choices)
@@ -162,3 +167,8 @@ from registry.jobs.models import AcquisitionJob  # noqa: E402
 from registry.namespaces import Namespace, NamespaceGrant  # noqa: E402
 
 __all__ += ["AcquisitionJob", "Namespace", "NamespaceGrant", "StateChange"]
+
+# Coverage requests and worker presence (registry/coverage_models.py).
+from registry.coverage_models import CoverageRequest, WorkerPresence  # noqa: E402
+
+__all__ += ["CoverageRequest", "WorkerPresence"]

@@ -45,6 +45,9 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
     command_line = serializers.SerializerMethodField()
     work_dir = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
+    waiting_for_worker = serializers.SerializerMethodField(
+        help_text="for a queued job whose queue has no online worker: says so, else null"
+    )
 
     class Meta:
         model = AcquisitionJob
@@ -73,6 +76,7 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
             "work_dir",
             "artifacts",
             "command_line",
+            "waiting_for_worker",
         )
         read_only_fields = fields
 
@@ -98,6 +102,12 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
         if self._details_shown(job) or not job.work_dir:
             return shown
         return shown.replace(job.work_dir, "<work_dir>")
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_waiting_for_worker(self, job: AcquisitionJob) -> str | None:
+        from registry.services.requests import waiting_for_worker
+
+        return waiting_for_worker(job)
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_url(self, job: AcquisitionJob) -> str:

@@ -105,7 +105,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
         fields: tuple[str, ...] = (
             "id", "url", "sha256", "hardware", "model", "variant", "layout", "vllm_version",
             "size", "file_count", "measured_at", "published_at", "source", "download_url",
-            "tables",
+            "tables", "exploratory",
         )
 
     def get_download_url(self, bundle: Bundle) -> str:
@@ -115,7 +115,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
 SUMMARY_FIELDS = (
     "id", "sha256", "hardware", "model", "variant", "layout", "vllm_version", "size",
-    "file_count", "measured_at", "published_at", "source", "targets",
+    "file_count", "measured_at", "published_at", "source", "targets", "exploratory",
 )
 
 
@@ -152,6 +152,7 @@ def bundle_summaries(rows: list[dict[str, Any]], request: Any) -> list[dict[str,
             "source": row["source"],
             "download_url": f"{prefix}{row['id']}/download",
             "tables": row["targets"],
+            "exploratory": row["exploratory"],
         }
         for row in rows
     ]
@@ -230,6 +231,12 @@ class LookupRequestSerializer(serializers.Serializer[Any]):
     variant = serializers.CharField(required=False, max_length=128)
     target = TargetSerializer()
     queries = QuerySerializer(many=True, required=False)
+    include_exploratory = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="a lookup by hardware + model + variant skips exploratory bundles (B/2B "
+        "tolerance above 3 %) unless this is true",
+    )
 
 
 class AnswerSerializer(serializers.Serializer[Any]):

@@ -30,6 +30,7 @@ __all__ = [
     "LookupRequestError",
     "answer_lookup",
     "clear_lookup_cache",
+    "name_lookup_filter",
     "parse_lookup_request",
     "resolve_bundle",
     "run_lookup",
@@ -60,6 +61,7 @@ class LookupRequest:
     rank: int
     sequence_parallel: bool
     queries: list[Any]
+    include_exploratory: bool = False
 
     @property
     def target(self) -> dict[str, Any]:
@@ -155,6 +157,9 @@ def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
             )
         elif rank >= tp * dp:
             problems.append(f"target.rank: rank must be below ep = {tp * dp}, got {rank}")
+    include_exploratory = data.get("include_exploratory", False)
+    if not isinstance(include_exploratory, bool):
+        problems.append(f"include_exploratory: must be true or false, got {include_exploratory!r}")
     if problems:
         raise LookupRequestError(problems)
     return LookupRequest(
@@ -166,6 +171,7 @@ def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
         rank=rank,
         sequence_parallel=sp,
         queries=queries,
+        include_exploratory=include_exploratory,
     )
 
 
@@ -202,13 +208,20 @@ def resolve_bundle(request: LookupRequest) -> BundleRef | None:
     if memo.get("stamp") != stamp:
         memo["stamp"], memo["found"] = stamp, {}
     found: dict[Any, BundleRef | None] = memo["found"]
-    key = (request.bundle_id, request.sha256, request.name)
+    key = (request.bundle_id, request.sha256, request.name, request.include_exploratory)
     if key not in found:
         ref = _query_bundle(request)
         if len(found) >= RESOLVED_LIMIT:
             found.clear()
         found[key] = ref
     return found[key]
+
+
+def name_lookup_filter(include_exploratory: bool) -> str:
+    """The SQL condition a lookup *by name* adds: exploratory bundles (a B/2B tolerance looser
+    than the method's 3 %) answer only when asked. An id or a sha256 names one bundle
+    exactly and is answered whatever its quality."""
+    return "" if include_exploratory else " AND NOT exploratory"
 
 
 def _query_bundle(request: LookupRequest) -> BundleRef | None:
@@ -219,7 +232,9 @@ def _query_bundle(request: LookupRequest) -> BundleRef | None:
         where, params = "sha256 = %s", [request.sha256]
     else:
         assert request.name is not None
-        where = "hardware = %s AND model = %s AND variant = %s"
+        where = "hardware = %s AND model = %s AND variant = %s" + name_lookup_filter(
+            request.include_exploratory
+        )
         params = list(request.name)
     sql = f"SELECT id, sha256 FROM {table} WHERE {where} ORDER BY published_at DESC, id DESC"
     with connection.cursor() as cursor:
