@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import acquisition
 from acquisition.adapters.base import AdapterRefusal
+from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import AttributionError
 from acquisition.protocol.banks import physical_banks
 from acquisition.protocol.measure import (
@@ -150,7 +151,9 @@ class _TargetRun:
         runtime: RuntimeInfo,
         report: AdmissionReport,
         progress: ProgressReporter,
+        clock: PhaseClock,
     ) -> None:
+        self.clock = clock
         self.request = request
         self.plan = plan
         self.backend = backend
@@ -235,9 +238,12 @@ class _TargetRun:
         with writer_lock(self.work_dir):
             self.progress.event("build", f"building {self.backend.name} for {target.deployment}")
             try:
-                session = self.backend.build(
-                    self.request.model, target, self.runtime, self.request.dtype
-                )
+                with self.clock.phase("build"):
+                    session = self.backend.build(
+                        self.request.model, target, self.runtime, self.request.dtype
+                    )
+                # Sub-phases the adapter timed inside its own build (engine start, traces).
+                self.clock.move("build", getattr(session, "build_phases", None) or {})
             except AdapterRefusal:
                 raise
             except Exception as exc:
@@ -274,6 +280,7 @@ class _TargetRun:
             expert_bytes=expert_bytes,
             cache_bytes=self.runtime.cache_bytes,
             device=request.device,
+            clock=self.clock,
         )
         identity = _identity(request, plan, self.backend, banks, self.runtime)
         observations = {
@@ -283,7 +290,8 @@ class _TargetRun:
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "admission": self.report.as_dict(),
         }
-        log = SampleLog.open(self.work_dir, identity, observations)
+        with self.clock.phase("checkpoint"):
+            log = SampleLog.open(self.work_dir, identity, observations)
         try:
             if log.archived is not None:
                 self.progress.write(f"archived an incomplete trailing record to {log.archived}")
@@ -293,9 +301,10 @@ class _TargetRun:
             pending = [p for p in plan.points if not log.state(p.key).measured]
             self.progress.skipped(len(plan.points) - len(pending))
             if pending:
-                _check_memory(session, self.runtime, banks)
-                if any(p.is_expert for p in pending):
-                    session.allocate_banks(banks)
+                with self.clock.phase("banks"):
+                    _check_memory(session, self.runtime, banks)
+                    if any(p.is_expert for p in pending):
+                        session.allocate_banks(banks)
                 meter = self.meter
                 self.progress.event(
                     "measure",
@@ -305,14 +314,18 @@ class _TargetRun:
                     started = time.monotonic()
                     if not self._measure_point(log, meter, point):
                         outcome.failed_points.append(point.key)
-                    log.sync()
+                    with self.clock.phase("checkpoint"):
+                        log.sync()
+                    self.clock.measured()
                     outcome.measured_now += 1
                     self.progress.measured(time.monotonic() - started, point.key)
             if outcome.failed_points:
                 return outcome
-            return self._publish(log, session, banks, outcome)
+            with self.clock.phase("publish"):
+                return self._publish(log, session, banks, outcome)
         finally:
-            log.close()
+            with self.clock.phase("checkpoint"):
+                log.close()
 
     def _measure_point(self, log: SampleLog, meter: PointMeter, point: PlanPoint) -> bool:
         state = log.state(point.key)
@@ -320,7 +333,8 @@ class _TargetRun:
         for _ in range(self.request.settings.attempts):
             attempt, attempt_state = state.open_attempt()
             # A kill after the last context but before the verdict: decide without measuring.
-            verdict = self.decide(log, point, attempt)
+            with self.clock.phase("statistics"):
+                verdict = self.decide(log, point, attempt)
             if verdict is None:
                 needed = [
                     c for c in context_order(point, self.rounds) if c not in attempt_state.contexts
@@ -340,8 +354,10 @@ class _TargetRun:
                     records.insert(
                         0, {"type": "reference_check", "point": point.key, "slots": checked}
                     )
-                log.extend(records)
-                verdict = self.decide(log, point, attempt)
+                with self.clock.phase("checkpoint"):
+                    log.extend(records)
+                with self.clock.phase("statistics"):
+                    verdict = self.decide(log, point, attempt)
             if verdict:
                 return True
         log.append({"type": "point", "point": point.key, "attempt": attempt, "status": "failed"})
@@ -412,7 +428,13 @@ def acquire_target(
     runtime: RuntimeInfo,
     report: AdmissionReport,
     progress: ProgressReporter,
+    clock: PhaseClock | None = None,
 ) -> TargetOutcome:
     """Measure (or resume) one target and publish it into the bundle once complete."""
     progress.set_target(target_label(plan))
-    return _TargetRun(request, plan, backend, runtime, report, progress).run()
+    clock = clock if clock is not None else PhaseClock()
+    clock.set_target(target_label(plan))
+    try:
+        return _TargetRun(request, plan, backend, runtime, report, progress, clock).run()
+    finally:
+        clock.set_target("run")

@@ -35,6 +35,7 @@ import dataclasses
 import gc
 import json
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -511,7 +512,11 @@ class VllmLiveSession(UnquantizedExpertBanks):
         self.banks: list[tuple[Any, Any]] = []
         self.ownership: list[dict[str, Any]] = []
         self.engine_settings: dict[str, Any] = {}
+        # Seconds of the build's own phases, for the acquisition's phase table (issue 19).
+        self.build_phases: dict[str, float] = {}
+        started = time.perf_counter()
         self._engine = self._start_engine(engine_factory)
+        self.build_phases["build.engine_start"] = time.perf_counter() - started
         self.layer = self._reach_layer()
         reasons = layer_reasons(self.layer, model, surface)
         if reasons:
@@ -528,12 +533,14 @@ class VllmLiveSession(UnquantizedExpertBanks):
         logits = self.gate_logits(probe)
         self.observations["router_logits_dtype"] = str(logits.dtype).removeprefix("torch.")
         if check_ownership:
+            started = time.perf_counter()
             tokens = ownership_tokens or tuple(
                 sorted({1, min(256, limits.max_num_batched_tokens), limits.max_num_batched_tokens})
             )
             for n in tokens:
                 self.ownership.append(self._check_ownership(n))
             self._check_wrapper_declaration()
+            self.build_phases["build.ownership_traces"] = time.perf_counter() - started
         self.check_state()
 
     # -- the engine -----------------------------------------------------------------------

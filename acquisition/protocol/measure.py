@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import (
     Attribution,
     AttributionError,
@@ -122,6 +123,7 @@ class PointMeter:
         expert_bytes: int | None = None,
         cache_bytes: int | None = None,
         banks: int | None = None,
+        clock: PhaseClock | None = None,
     ) -> None:
         """Give ``expert_bytes`` and ``cache_bytes`` to derive B per point (the acquisition),
         or a fixed ``banks`` = B for every point (tests driving a session directly)."""
@@ -135,6 +137,7 @@ class PointMeter:
         self.cache_bytes = cache_bytes or 0
         self.fixed_sets = banks
         self.device = device
+        self.clock = clock if clock is not None else PhaseClock()
         self.last_capture: ProfilerCapture | None = None
 
     def sets(self, point: PlanPoint) -> int:
@@ -209,35 +212,53 @@ class PointMeter:
         self, point: PlanPoint, contexts: Sequence[tuple[str, int]], *, verify: bool
     ) -> tuple[list[ContextResult], Attribution, int]:
         """Time ``contexts`` of ``point``; returns results, the attribution and slots verified."""
+        clock = self.clock
         if point.is_expert:
-            slots = self._expert_slots(point)
-            checked = self.verify(point, slots) if verify else 0
+            with clock.phase("stimulus"):
+                slots = self._expert_slots(point)
+            with clock.phase("reference_check"):
+                checked = self.verify(point, slots) if verify else 0
 
             def forward(arm: ArmSchedule, i: int) -> None:
                 bank, prepared = slots[arm.set_of(i)]
                 self.session.run_experts(prepared, bank)
 
         else:
-            local = self.session.local_forward(point.component, point.tokens)
-            checked = self.verify(point) if verify else 0
+            with clock.phase("stimulus"):
+                local = self.session.local_forward(point.component, point.tokens)
+            with clock.phase("reference_check"):
+                checked = self.verify(point) if verify else 0
 
             def forward(arm: ArmSchedule, i: int) -> None:
                 local.run()
 
         schedules = self.arms(point)
-        self.session.synchronize()
-        capture = ProfilerCapture(self.device)
+        with clock.phase("profiler_start"):
+            self.session.synchronize()
+            capture = ProfilerCapture(self.device, clock)
         self.last_capture = capture
         with capture:
             for arm_label, round_index in contexts:
                 arm = schedules[arm_label]
-                with capture.paused():
+                with clock.phase("warmup"), capture.paused():
                     for i in range(arm.warmup):
                         forward(arm, i)
-                for j in range(arm.timed):
-                    with capture.region(f"{arm_label}.r{round_index}.f{j}"):
-                        forward(arm, arm.warmup + j)
+                with clock.phase("timed_forwards"):
+                    for j in range(arm.timed):
+                        with capture.region(f"{arm_label}.r{round_index}.f{j}"):
+                            forward(arm, arm.warmup + j)
         window = capture.window()
+        with clock.phase("attribution"):
+            return self._results(point, contexts, schedules, window, checked)
+
+    def _results(
+        self,
+        point: PlanPoint,
+        contexts: Sequence[tuple[str, int]],
+        schedules: dict[str, ArmSchedule],
+        window: Any,
+        checked: int,
+    ) -> tuple[list[ContextResult], Attribution, int]:
         attribution = (
             attribute_launches(window) if self.device == "cuda" else attribute_operators(window)
         )

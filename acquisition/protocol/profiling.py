@@ -14,6 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import DeviceActivity, HostCall, ProfiledWindow, TimedRange
 
 if TYPE_CHECKING:
@@ -35,11 +36,12 @@ class ProfilerCapture:
     toggle collection; that halves the events to read without a profiler restart per context.
     """
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, clock: PhaseClock | None = None) -> None:
         import torch
 
         self._torch = torch
         self.device = device
+        self.clock = clock if clock is not None else PhaseClock()
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -50,7 +52,7 @@ class ProfilerCapture:
         self.can_pause = hasattr(self._profile, "toggle_collection_dynamic")
 
     def __enter__(self) -> ProfilerCapture:
-        with _quiet_native_stderr():
+        with self.clock.phase("profiler_start"), _quiet_native_stderr():
             self._profile.__enter__()
         return self
 
@@ -60,9 +62,10 @@ class ProfilerCapture:
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._drain()
-        with _quiet_native_stderr():
-            self._profile.__exit__(kind, value, traceback)
+        with self.clock.phase("profiler_stop"):
+            self._drain()
+            with _quiet_native_stderr():
+                self._profile.__exit__(kind, value, traceback)
 
     def _drain(self) -> None:
         if self.device == "cuda":
@@ -75,15 +78,17 @@ class ProfilerCapture:
         if not self.can_pause:
             yield
             return
-        self._drain()
-        with _quiet_native_stderr():
-            self._profile.toggle_collection_dynamic(False, self._activities)
+        with self.clock.phase("profiler_toggle"):
+            self._drain()
+            with _quiet_native_stderr():
+                self._profile.toggle_collection_dynamic(False, self._activities)
         try:
             yield
         finally:
-            self._drain()
-            with _quiet_native_stderr():
-                self._profile.toggle_collection_dynamic(True, self._activities)
+            with self.clock.phase("profiler_toggle"):
+                self._drain()
+                with _quiet_native_stderr():
+                    self._profile.toggle_collection_dynamic(True, self._activities)
 
     @contextlib.contextmanager
     def region(self, name: str) -> Iterator[None]:
@@ -95,12 +100,13 @@ class ProfilerCapture:
 
     def window(self) -> ProfiledWindow:
         """Ranges, launches and device activities (CUDA), or ranges and operators (CPU)."""
-        results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
-        window = ProfiledWindow()
-        cuda = self.device == "cuda"
-        for event in results.events():
-            _classify(event, window, cuda=cuda)
-        return window
+        with self.clock.phase("trace_collection"):
+            results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
+            window = ProfiledWindow()
+            cuda = self.device == "cuda"
+            for event in results.events():
+                _classify(event, window, cuda=cuda)
+            return window
 
 
 @contextlib.contextmanager
