@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import acquisition
 from acquisition.adapters.base import AdapterRefusal
@@ -23,8 +24,9 @@ from acquisition.protocol.attribution import AttributionError
 from acquisition.protocol.banks import physical_banks
 from acquisition.protocol.measure import (
     ContextResult,
+    PointError,
     PointMeter,
-    ReferenceMismatch,
+    PointRequest,
     context_order,
 )
 from acquisition.protocol.samples import PointState, SampleLog, append_failure, writer_lock
@@ -63,6 +65,16 @@ class TargetOutcome:
     work_dir: Path
     measured_now: int = 0
     failed_points: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A point still to decide in this run: attempts used, reference checked, seconds spent."""
+
+    point: PlanPoint
+    tries: int = 0
+    verified: bool = False
+    seconds: float = 0.0
 
 
 def _safe(key: str) -> str:
@@ -163,7 +175,7 @@ class _TargetRun:
         self.work_dir = request.work_dir(plan.target)
         self.rounds = request.settings.rounds
 
-    def fail(self, point: PlanPoint, attempt: int, reason: str, trace: Path | None) -> None:
+    def fail(self, point: PlanPoint, attempt: int, reason: str, trace: Path | None) -> NoReturn:
         record = {
             "time": datetime.now(UTC).isoformat(),
             "point": point.key,
@@ -310,15 +322,7 @@ class _TargetRun:
                     "measure",
                     f"{target_label(plan)}: {len(pending)} points to measure, {banks} weight banks",
                 )
-                for point in pending:
-                    started = time.monotonic()
-                    if not self._measure_point(log, meter, point):
-                        outcome.failed_points.append(point.key)
-                    with self.clock.phase("checkpoint"):
-                        log.sync()
-                    self.clock.measured()
-                    outcome.measured_now += 1
-                    self.progress.measured(time.monotonic() - started, point.key)
+                self._measure_pending(log, meter, pending, outcome)
             if outcome.failed_points:
                 return outcome
             with self.clock.phase("publish"):
@@ -327,41 +331,102 @@ class _TargetRun:
             with self.clock.phase("checkpoint"):
                 log.close()
 
-    def _measure_point(self, log: SampleLog, meter: PointMeter, point: PlanPoint) -> bool:
-        state = log.state(point.key)
-        verified = False
-        for _ in range(self.request.settings.attempts):
+    def _advance(self, log: SampleLog, item: _Pending) -> PointRequest | bool:
+        """The point's next step in this run: contexts to measure, or its verdict.
+
+        Each decided attempt (measured, or read back after a kill before its verdict) uses
+        one of ``--control-attempts``; a point that has used them all is recorded as failed.
+        """
+        point, state = item.point, log.state(item.point.key)
+        attempt = 0
+        while item.tries < self.request.settings.attempts:
             attempt, attempt_state = state.open_attempt()
-            # A kill after the last context but before the verdict: decide without measuring.
             with self.clock.phase("statistics"):
                 verdict = self.decide(log, point, attempt)
             if verdict is None:
-                needed = [
+                needed = tuple(
                     c for c in context_order(point, self.rounds) if c not in attempt_state.contexts
-                ]
-                try:
-                    results, _, checked = meter.measure(point, needed, verify=not verified)
-                except AttributionError as exc:
-                    trace = meter.export_trace(
-                        self.work_dir / f"trace-{_safe(point.key)}-a{attempt}.json"
-                    )
-                    self.fail(point, attempt, f"attribution failed: {exc}", trace)
-                except ReferenceMismatch as exc:
-                    self.fail(point, attempt, str(exc), None)
-                records = _records(point, attempt, results)
-                if checked:
-                    verified = True
-                    records.insert(
-                        0, {"type": "reference_check", "point": point.key, "slots": checked}
-                    )
-                with self.clock.phase("checkpoint"):
-                    log.extend(records)
-                with self.clock.phase("statistics"):
-                    verdict = self.decide(log, point, attempt)
+                )
+                return PointRequest(point, attempt, needed, verify=not item.verified)
+            item.tries += 1
             if verdict:
                 return True
         log.append({"type": "point", "point": point.key, "attempt": attempt, "status": "failed"})
         return False
+
+    def _measure_pending(
+        self, log: SampleLog, meter: PointMeter, pending: list[PlanPoint], outcome: TargetOutcome
+    ) -> None:
+        """Measure points in batches sharing a profiler session; checkpoint once per batch.
+
+        A point whose control fails goes back to the head of the queue, so it is measured
+        again next (as one session per point did). Progress counts a point when it has its
+        verdict, with the wall seconds of its share of each batch it was in.
+        """
+        settings = self.request.settings
+        queue = deque(_Pending(p) for p in pending)
+
+        def finish(item: _Pending, measured: bool) -> None:
+            if not measured:
+                outcome.failed_points.append(item.point.key)
+            outcome.measured_now += 1
+            self.clock.measured()
+            self.progress.measured(item.seconds, item.point.key)
+
+        while queue:
+            batch: list[tuple[_Pending, PointRequest]] = []
+            while queue and len(batch) < settings.batch_points:
+                item = queue.popleft()
+                step = self._advance(log, item)
+                if isinstance(step, bool):
+                    finish(item, step)
+                else:
+                    batch.append((item, step))
+            if not batch:
+                continue
+            started = time.monotonic()
+            try:
+                done, _ = meter.measure_batch(
+                    [request for _, request in batch], max_seconds=settings.batch_seconds
+                )
+            except PointError as exc:
+                request = exc.request
+                if isinstance(exc.cause, AttributionError):
+                    trace = meter.export_trace(
+                        self.work_dir / f"trace-{_safe(request.point.key)}-a{request.attempt}.json"
+                    )
+                    self.fail(
+                        request.point, request.attempt, f"attribution failed: {exc.cause}", trace
+                    )
+                self.fail(request.point, request.attempt, str(exc.cause), None)
+            records: list[dict[str, Any]] = []
+            for (item, _), measurement in zip(batch, done, strict=False):
+                request = measurement.request
+                if measurement.checked:
+                    item.verified = True
+                    records.append(
+                        {
+                            "type": "reference_check",
+                            "point": request.point.key,
+                            "slots": measurement.checked,
+                        }
+                    )
+                records += _records(request.point, request.attempt, measurement.results)
+            with self.clock.phase("checkpoint"):
+                log.extend(records)
+                log.sync()
+            share = (time.monotonic() - started) / len(done)
+            retry: list[_Pending] = []
+            for item, _ in batch[: len(done)]:
+                item.seconds += share
+                step = self._advance(log, item)
+                if isinstance(step, bool):
+                    finish(item, step)
+                else:
+                    retry.append(item)
+            # Retries first, then the points the batch's time limit left unmeasured, in order.
+            for item in reversed(retry + [item for item, _ in batch[len(done) :]]):
+                queue.appendleft(item)
 
     def _publish(
         self, log: SampleLog, session: ComponentSession, banks: int, outcome: TargetOutcome

@@ -179,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="measurements of a point whose control fails, per run (default 3)",
         )
         sub.add_argument(
+            "--profile-batch",
+            type=_positive,
+            default=8,
+            help="points measured in one profiler session (default 8; 1: a session per point)",
+        )
+        sub.add_argument(
             "--progress-json",
             type=Path,
             default=None,
@@ -223,6 +229,7 @@ def prepare(
         warmup_cycles=args.warmup_cycles,
         tolerance=args.quality_tolerance,
         attempts=args.control_attempts,
+        batch_points=args.profile_batch,
     )
     mode = CudagraphMode(args.cudagraph_mode)
     if args.cudagraph_capture_sizes:
