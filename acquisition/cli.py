@@ -324,14 +324,18 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None
         if args.dry_run:
             progress.event("done", "dry run: planned only")
             return 0
-        status = _acquire(request, plans, progress, clock)
-        clock.write(
-            exit_status=status,
-            backend=request.backend,
-            command_line=request.command_line,
-            points_total=progress.total,
-            points_done=progress.done,
-        )
+        status: int | None = None
+        try:
+            status = _acquire(request, plans, progress, clock)
+        finally:
+            # Written whatever happened (an unexpected error leaves exit_status null).
+            clock.write(
+                exit_status=status,
+                backend=request.backend,
+                command_line=request.command_line,
+                points_total=progress.total,
+                points_done=progress.done,
+            )
         return status
     finally:
         progress.close()

@@ -47,7 +47,8 @@ def load(path: Path, label: str) -> Run:
             raise SystemExit(f"{path}:{number}: not a phase record")
         run.wall_s += float(record["wall_s"])
         run.points_total = max(run.points_total, int(record.get("points_total") or 0))
-        run.exit_status.append(int(record.get("exit_status", -1)))
+        status = record.get("exit_status")
+        run.exit_status.append(-1 if status is None else int(status))
         for target, entry in record["targets"].items():
             per_target = run.targets.setdefault(target, {})
             for phase, seconds in entry["seconds"].items():
