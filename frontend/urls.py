@@ -18,4 +18,7 @@ urlpatterns = [
     path("jobs/<int:pk>/", jobs.job_detail, name="job"),
     path("jobs/<int:pk>/progress", jobs.job_progress, name="job-progress"),
     path("jobs/<int:pk>/cancel", jobs.job_cancel, name="job-cancel"),
+    path("jobs/<int:pk>/retry", jobs.job_retry, name="job-retry"),
+    path("coverage/", views.coverage, name="coverage"),
+    path("coverage/request", views.coverage_request, name="coverage-request"),
 ]

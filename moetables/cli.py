@@ -30,6 +30,20 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
             f"{report.bundle.layout} layout",
             file=out,
         )
+        for path, evidence in report.quality.items():
+            if evidence.stability is None:
+                print(f"evidence: {path}: none ({evidence.stability_absent})", file=out)
+                continue
+            forwards = (
+                f"{len(evidence.conservation)} traced forwards conserved"
+                if evidence.conservation is not None
+                else f"no traced forward ({evidence.conservation_absent})"
+            )
+            print(
+                f"evidence: {path}: {len(evidence.stability)} B/2B controls "
+                f"(from {evidence.source}), {forwards}",
+                file=out,
+            )
         for name in report.bundle.missing_files:
             print(f"note: meta.yaml names {name}, which is not in this bundle", file=out)
         return 0

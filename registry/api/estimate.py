@@ -185,7 +185,7 @@ def estimate(request: HttpRequest) -> HttpResponse:
     lookup does; everything else goes to `EstimateView`."""
     data = plain_lookup_body(request)
     if data is None:
-        return _view(request)  # type: ignore[no-any-return]
+        return _view(request)
     http_status, body = run_estimate(data)
     response = HttpResponse(
         _RENDERER.render(body), content_type="application/json", status=http_status
