@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,13 +60,12 @@ __all__ = [
 
 COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce")
 # NCCL's bus-bandwidth factors (nccl-tests PERFORMANCE.md): busBw = algBw * factor.
-_BUS_FACTOR = {
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
+def _bus_factor(op: str, n: int) -> float:
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    return 1.0  # broadcast, reduce
 
 Kind = Literal["dp_ep_modular", "dp1_modular", "live_tp1"]
 FloatArray = npt.NDArray[np.float64]
@@ -118,9 +117,9 @@ class LinkParameters:
     alpha_us: float
     bus_bandwidth_GBps: float  # noqa: N815 (the file's field name)
 
-    def time_us(self, op: str, ranks: int, size_bytes: FloatArray | float) -> Any:
+    def time_us(self, op: str, ranks: int, size_bytes: npt.ArrayLike) -> Any:
         """t = alpha + factor(op, n) * S / bandwidth, S as nccl-tests counts it."""
-        factor = _BUS_FACTOR[op](ranks)
+        factor = _bus_factor(op, ranks)
         return self.alpha_us + factor * np.asarray(size_bytes, dtype=np.float64) / (
             self.bus_bandwidth_GBps * 1e3
         )
@@ -138,7 +137,7 @@ class LinkGroup:
     ranks: frozenset[int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Cluster:
     """A validated cluster description (``schema: moe-cluster``, version 1)."""
 
@@ -148,6 +147,10 @@ class Cluster:
     link_classes: Mapping[str, LinkClass]
     groups: tuple[LinkGroup, ...]
     source: str = "<memory>"
+    # Link classes per participant tuple, found once (the groups never change).
+    _memo: dict[tuple[int, ...], list[LinkClass]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def ranks(self) -> frozenset[int]:
         return frozenset().union(*(g.ranks for g in self.groups))
@@ -159,6 +162,14 @@ class Cluster:
         they share). A collective no single group holds spans several groups: it is given
         every class of the groups it touches, and the slowest of them times it.
         """
+        key = tuple(participants)
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        found = self._memo[key] = self._classes_for(key)
+        return found
+
+    def _classes_for(self, participants: tuple[int, ...]) -> list[LinkClass]:
         members = set(participants)
         missing = sorted(members - self.ranks())
         if missing:
@@ -174,9 +185,7 @@ class Cluster:
             chosen = [g for g in self.groups if members & g.ranks]
         return [self.link_classes[g.link] for g in chosen]
 
-    def time_us(
-        self, op: str, participants: Sequence[int], size_bytes: FloatArray | float
-    ) -> Any:
+    def time_us(self, op: str, participants: Sequence[int], size_bytes: npt.ArrayLike) -> Any:
         """Modelled time of one collective; the slowest candidate link class wins."""
         times = [
             c.collectives[op].time_us(op, len(participants), size_bytes)

@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 MODES = ("eager", "graph")
+# Batches of at most this many steps look components up one by one (scalar, cached).
+_FEW = 4
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -351,7 +353,7 @@ class BatchEstimate:
             sequence_parallel=trace.sequence_parallel,
             policy=self.policy,
             mode=self.mode,
-            table_mode=self.table_mode,
+            table_mode=self._table_mode(i),
             tokens=tuple(int(n) for n in self.tokens[i]),
             padded_tokens=tuple(int(n) for n in r.padded_tokens[i]),
             ranks=tuple(ranks),
@@ -366,15 +368,110 @@ class BatchEstimate:
                if self.graph is not None and not self.graph[i] else ()),
         )
 
-    def as_dicts(self) -> list[dict[str, Any]]:
-        """One JSON answer per step, refusals as ``{"error", "message"}``."""
+    def _table_mode(self, i: int) -> str:
+        """The tables step ``i`` read: eager where a graph-mode step ran eagerly."""
+        if self.graph is not None and not self.graph[i]:
+            return "eager"
+        return self.table_mode
+
+    def as_dicts(self, *, events: bool = True) -> list[dict[str, Any]]:
+        """One JSON answer per step (`LayerEstimate.as_dict`, without ``events`` when asked),
+        refusals as ``{"error", "message"}``. Built from the arrays converted once, not step
+        by step: this is what a request of many steps costs."""
+        trace, r = self.trace, self.routing
+        ep, steps_ = trace.ep, len(self)
+        assert self._steps is not None
+        tolist = np.ndarray.tolist
+        local_rows, n_, a_, m_ = (tolist(x) for x in (
+            r.local_rows, r.tokens, r.activated_experts, r.local_assignments))
+        padded, given = tolist(r.padded_tokens), tolist(self.tokens)
+        comps = {c: tolist(v) for c, v in self.components.items()}
+        compute, wait = tolist(self.compute_us), tolist(self.wait_us)
+        transfer = tolist(self.transfer_us) if self.transfer_us is not None else None
+        layer = tolist(self.layer_us) if self.layer_us is not None else None
+        layer_compute = tolist(self.layer_compute_us)
+        ends = tolist(self._steps[-1].end)
+        critical = tolist(np.argmax(self._steps[-1].end, axis=1))
+        code = tolist(self.code)
+        deployment = {"tp": trace.tp, "dp": trace.dp, "ep": ep,
+                      "sequence_parallel": trace.sequence_parallel, "kind": trace.kind}
+        eager_note = "graph mode: this step exceeds the largest capture size and runs eagerly"
+        graph = tolist(self.graph) if self.graph is not None else None
+        # Per trace step, lists once: compute (start, end) or collective groups.
+        walked: list[Any] = []
+        for tstep, arrays in zip(trace.steps, self._steps, strict=True):
+            if isinstance(tstep, ComputeStep):
+                walked.append((tstep, tolist(arrays.start), tolist(arrays.end), None))
+                continue
+            groups = []
+            for group, size, shares, equal, start, tr, w in arrays.collectives:
+                groups.append((group, tolist(size), tolist(shares), tolist(equal), tolist(start),
+                               tolist(tr) if tr is not None else None, tolist(w)))
+            walked.append((tstep, tolist(arrays.arrive), tolist(arrays.end), groups))
         out: list[dict[str, Any]] = []
-        for i in range(len(self)):
-            if self.code[i] != OK:
-                kind = "out_of_support" if self.code[i] == OUT_OF_SUPPORT else "invalid"
+        for i in range(steps_):
+            if code[i] != OK:
+                kind = "out_of_support" if code[i] == OUT_OF_SUPPORT else "invalid"
                 out.append({"error": kind, "message": self.errors.get(i, "refused")})
-            else:
-                out.append(self.step(i).as_dict())
+                continue
+            ranks = [
+                {
+                    "rank": k, "dp_rank": k // trace.tp, "tp_rank": k % trace.tp,
+                    "tokens": padded[i][k // trace.tp], "local_rows": local_rows[i][k],
+                    "N": n_[i], "A": a_[i][k], "M": m_[i][k],
+                    "components": {c: v[i][k] for c, v in comps.items()},
+                    "compute_us": compute[i][k], "wait_us": wait[i][k],
+                    "transfer_us": transfer[i][k] if transfer is not None else None,
+                    "end_us": ends[i][k],
+                }
+                for k in range(ep)
+            ]
+            collectives = []
+            event_list: list[dict[str, Any]] = []
+            for tstep, first, last, groups in walked:
+                if groups is None:
+                    if events:
+                        event_list += [
+                            {"rank": k, "name": tstep.component, "kind": "compute",
+                             "start_us": first[i][k], "end_us": last[i][k], "wait_us": 0.0,
+                             "transfer_us": None, "bytes": None}
+                            for k in range(ep)
+                        ]
+                    continue
+                for group, size, shares, equal, start, tr, w in groups:
+                    eq = equal[i]
+                    t = tr[i] if tr is not None else None
+                    collectives.append({
+                        "op": tstep.op, "tensor": tstep.tensor, "scope": tstep.scope,
+                        "ranks": list(group), "bytes": size[i], "bytes_by_rank": shares[i],
+                        "equal_counts": eq, "vllm_call": _vllm_call(tstep.op, eq),
+                        "kernels": tstep.kernels(eq, len(group)), "start_us": start[i],
+                        "transfer_us": t, "wait_us": max(w[i]), "wait_by_rank": w[i],
+                    })
+                    if events:
+                        event_list += [
+                            {"rank": k, "name": tstep.name, "kind": "collective",
+                             "start_us": first[i][k], "end_us": last[i][k],
+                             "wait_us": w[i][j], "transfer_us": t, "bytes": shares[i][j]}
+                            for j, k in enumerate(group)
+                        ]
+            notes = list(self.notes)
+            if graph is not None and not graph[i]:
+                notes.append(eager_note)
+            answer: dict[str, Any] = {
+                "deployment": dict(deployment), "policy": self.policy, "mode": self.mode,
+                "table_mode": self._table_mode(i), "tokens": given[i],
+                "padded_tokens": padded[i],
+                "cluster": self.cluster, "ranks": ranks, "collectives": collectives,
+            }
+            if events:
+                answer["events"] = event_list
+            answer.update({
+                "layer_us": layer[i] if layer is not None else None,
+                "layer_compute_us": layer_compute[i], "critical_rank": critical[i],
+                "notes": notes,
+            })
+            out.append(answer)
         return out
 
 
@@ -461,7 +558,6 @@ class LayerEstimator:
             load_shares=load_shares,
             seed=seed,
             capture_sizes=capture_sizes,
-            events=True,
         )
         return batch.step(0)
 
@@ -477,7 +573,6 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
-        events: bool = True,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
@@ -528,33 +623,100 @@ class LayerEstimator:
         code = np.full(steps, OK, dtype=np.int8)
         errors: dict[int, str] = {}
         components: dict[str, FloatArray] = {}
+        # Steps that run eagerly in graph mode (past the largest capture size) read the eager
+        # tables; the others read the tables of the mode they run in.
+        parts: list[tuple[str, npt.NDArray[np.intp] | None]] = [(table_mode, None)]
+        if graph is not None and table_mode == "graph" and not graph.all():
+            parts = [("graph", np.flatnonzero(graph)), ("eager", np.flatnonzero(~graph))]
         for component in self.trace.components:
             times = np.empty((steps, ep), dtype=np.float64)
             for rank, tables in enumerate(self.ranks):
-                if component == EXPERTS:
-                    result = tables.batch(
-                        EXPERTS,
-                        routing.tokens,
-                        routing.activated_experts[:, rank],
-                        routing.local_assignments[:, rank],
-                        mode=table_mode,
-                    )
-                else:
-                    result = tables.batch(component, routing.local_rows[:, rank], mode=table_mode)
-                times[:, rank] = result.time_us
-                bad = np.flatnonzero(result.code != OK)
-                for i in bad.tolist():
-                    if i in errors:
-                        continue
-                    code[i] = result.code[i] if result.code[i] != INVALID else INVALID
-                    errors[i] = self._refusal(
-                        tables, rank, component, table_mode, routing, i
-                    )
+                for part_mode, rows in parts:
+                    self._lookup(tables, rank, component, part_mode, routing, rows, times,
+                                 code, errors)
             components[component] = times
         return self._time(
             routing, components, code, errors, cluster, policy, mode, table_mode,
-            np.atleast_2d(given), tuple(notes), graph, events,
+            np.atleast_2d(given), tuple(notes), graph,
         )
+
+    def _lookup(
+        self,
+        tables: DeploymentTables,
+        rank: int,
+        component: str,
+        mode: str,
+        routing: BatchRouting,
+        rows: npt.NDArray[np.intp] | None,
+        times: FloatArray,
+        code: npt.NDArray[np.int8],
+        errors: dict[int, str],
+    ) -> None:
+        """One component of one rank for the steps ``rows`` (all when None), in ``mode``."""
+        steps = times.shape[0] if rows is None else rows.shape[0]
+        if steps == 0:
+            return
+        if steps <= _FEW:
+            # A few steps read the scalar path: its bounded cache makes repeated steps
+            # cheap, and it answers exactly as the batch does.
+            picked = range(times.shape[0]) if rows is None else rows.tolist()
+            self._few(tables, rank, component, mode, routing, picked, times, code, errors)
+            return
+        pick = slice(None) if rows is None else rows
+        if component == EXPERTS:
+            result = tables.batch(
+                EXPERTS,
+                routing.tokens[pick],
+                routing.activated_experts[pick, rank],
+                routing.local_assignments[pick, rank],
+                mode=mode,
+            )
+        else:
+            result = tables.batch(component, routing.local_rows[pick, rank], mode=mode)
+        times[pick, rank] = result.time_us
+        index = np.arange(times.shape[0]) if rows is None else rows
+        for j in np.flatnonzero(result.code != OK).tolist():
+            i = int(index[j])
+            if i in errors:
+                continue
+            code[i] = result.code[j]
+            errors[i] = self._refusal(tables, rank, component, mode, routing, i)
+
+    def _few(
+        self,
+        tables: DeploymentTables,
+        rank: int,
+        component: str,
+        mode: str,
+        routing: BatchRouting,
+        picked: Any,
+        times: FloatArray,
+        code: npt.NDArray[np.int8],
+        errors: dict[int, str],
+    ) -> None:
+        for i in picked:
+            try:
+                if component == EXPERTS:
+                    times[i, rank] = tables.time_us(
+                        EXPERTS, int(routing.tokens[i]),
+                        int(routing.activated_experts[i, rank]),
+                        int(routing.local_assignments[i, rank]), mode,
+                    )
+                else:
+                    times[i, rank] = tables.time_us(
+                        component, int(routing.local_rows[i, rank]), -1, -1, mode
+                    )
+            except (CoverageError, QueryError) as exc:
+                times[i, rank] = np.nan
+                if i not in errors:
+                    code[i] = OUT_OF_SUPPORT if isinstance(exc, CoverageError) else INVALID
+                    rows = (
+                        f"N={int(routing.tokens[i])} A={int(routing.activated_experts[i, rank])} "
+                        f"M={int(routing.local_assignments[i, rank])}"
+                        if component == EXPERTS
+                        else f"rows={int(routing.local_rows[i, rank])}"
+                    )
+                    errors[i] = f"step {i}: rank {rank} {component} at {rows}: {exc}"
 
     def _refusal(
         self,
@@ -595,7 +757,6 @@ class LayerEstimator:
         given: Any,
         notes: tuple[str, ...],
         graph: npt.NDArray[np.bool_] | None,
-        keep: bool,
     ) -> BatchEstimate:
         """Walk the trace over every step at once: clocks per rank, collectives synchronise."""
         steps, ep = routing.local_rows.shape
@@ -611,8 +772,7 @@ class LayerEstimator:
                 start = clock
                 clock = clock + t
                 compute += t
-                if keep:
-                    kept.append(_StepArrays(arrive, start, clock, []))
+                kept.append(_StepArrays(arrive, start, clock, []))
                 continue
             timings = []
             start_all = clock.copy()
@@ -635,8 +795,7 @@ class LayerEstimator:
                     end = begin
                 clock[:, g] = end[:, None]
                 timings.append((group, size, shares, equal, begin, tr, w))
-            if keep:
-                kept.append(_StepArrays(arrive, start_all, clock, timings))
+            kept.append(_StepArrays(arrive, start_all, clock, timings))
         bad = code != OK
         final = clock
         layer_compute = final.max(axis=1) if transfer is None else _without_transfers(
@@ -671,7 +830,7 @@ class LayerEstimator:
                 "layer_us is null; layer_compute_us leaves transfers out",
             ) if any(isinstance(s, CollectiveStep) for s in self.trace.steps) else ()),
             graph=graph,
-            _steps=kept if keep else None,
+            _steps=kept,
         )
 
 
@@ -688,7 +847,8 @@ def _without_transfers(
         for group in tstep.groups:
             g = list(group)
             clock[:, g] = clock[:, g].max(axis=1)[:, None]
-    return clock.max(axis=1)
+    ends: FloatArray = clock.max(axis=1)
+    return ends
 
 
 def estimator_for(

@@ -17,10 +17,15 @@ The counting policies conserve pairs: the ranks' M add up to N*k. The expected-l
 round each rank's share up (the balanced total of R41), so their sum can exceed N*k by less than
 one pair per rank. Every answer is feasible under R5, or the policy raises a `QueryError`
 naming the rank.
+
+Token domains, expert ownership and feasibility are `moetables.geometry`'s rules (R2, R4, R5),
+written here over arrays of steps; tests/moetables/test_routing.py checks every answer against
+`MoeTarget.token_domains` and `ExpertGeometry.feasible` themselves.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,18 +79,23 @@ class Deployment:
 
     def expert_ranges(self) -> list[tuple[int, int]]:
         """[start, stop) of each rank's global experts under linear placement (R4)."""
-        ranges = []
-        for rank in range(self.ep):
-            owned = [
-                e
-                for e, local in enumerate(linear_expert_map(self.global_experts, self.ep, rank))
-                if local >= 0
-            ]
-            ranges.append((owned[0], owned[-1] + 1))
-        return ranges
+        return list(_expert_ranges(self.global_experts, self.ep))
 
     def local_experts(self) -> list[int]:
-        return [stop - start for start, stop in self.expert_ranges()]
+        return [stop - start for start, stop in _expert_ranges(self.global_experts, self.ep)]
+
+
+@functools.lru_cache(maxsize=256)
+def _expert_ranges(global_experts: int, ep: int) -> tuple[tuple[int, int], ...]:
+    ranges = []
+    for rank in range(ep):
+        owned = [
+            e
+            for e, local in enumerate(linear_expert_map(global_experts, ep, rank))
+            if local >= 0
+        ]
+        ranges.append((owned[0], owned[-1] + 1))
+    return tuple(ranges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +218,7 @@ def _counts_array(tokens_per_rank: object, dp: int) -> IntArray:
     if raw.ndim != 2 or raw.shape[1] != dp:
         raise QueryError(
             f"need one padded token count per DP rank ({dp}) for each step, got shape "
-            f"{list(np.shape(tokens_per_rank))}"
+            f"{list(raw.shape)}"
         )
     if raw.size and raw.dtype.kind not in "iu":
         if raw.dtype.kind == "f" and np.all(np.isfinite(raw)) and np.all(raw == np.round(raw)):

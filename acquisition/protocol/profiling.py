@@ -51,7 +51,7 @@ class ProfilerCapture:
 
     def __enter__(self) -> ProfilerCapture:
         with _quiet_native_stderr():
-            self._profile.__enter__()
+            self._profile.__enter__()  # type: ignore[no-untyped-call]
         return self
 
     def __exit__(
@@ -62,7 +62,7 @@ class ProfilerCapture:
     ) -> None:
         self._drain()
         with _quiet_native_stderr():
-            self._profile.__exit__(kind, value, traceback)
+            self._profile.__exit__(kind, value, traceback)  # type: ignore[no-untyped-call]
 
     def _drain(self) -> None:
         if self.device == "cuda":
@@ -98,7 +98,7 @@ class ProfilerCapture:
         results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
         window = ProfiledWindow()
         cuda = self.device == "cuda"
-        for event in results.events():
+        for event in results.events():  # type: ignore[union-attr]
             _classify(event, window, cuda=cuda)
         return window
 

@@ -579,7 +579,6 @@ class ComponentTables:
         """`estimate` for many steps: ``tokens_per_rank`` of shape (steps, dp)."""
         from moetables.estimate import estimator_for
 
-        options.setdefault("events", False)
         return estimator_for(self, tp, dp, sequence_parallel).estimate_batch(
             tokens_per_rank, policy=policy, cluster=cluster, mode=mode, **options
         )

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_vllm_fakes as fv
 import torch
+import vllm_fakes as fv
 from tiny_moe import write_model
 
 from acquisition.adapters.base import AdapterRefusal, EngineLimits
