@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -18,11 +19,10 @@ from registry.jobs import (
     BrokerUnavailable,
     JobParameterError,
     JobStateError,
-    cancel_job,
     job_parameter_fields,
-    queue_job,
-    retry_job,
 )
+from registry.permissions import NotAllowed, can_cancel_job, can_retry_job, can_view_job_details
+from registry.services.authorized import cancel_job_as, queue_job_as, retry_job_as
 from registry.services.requests import waiting_for_worker
 
 if TYPE_CHECKING:
@@ -52,19 +52,6 @@ def _params(data: Any) -> dict[str, str]:
     return {k: v.strip() for k, v in data.items() if k in names and v.strip()}
 
 
-def _may_change(user: Any, job: AcquisitionJob) -> bool:
-    """The API's rule (registry.api.jobs): the job's creator or staff."""
-    return bool(user.is_authenticated and (user.is_staff or job.created_by_id == user.pk))
-
-
-def _job_context(request: HttpRequest, job: AcquisitionJob) -> dict[str, Any]:
-    return {
-        "job": job,
-        "waiting": waiting_for_worker(job),
-        "can_retry": job.state in ("failed", "cancelled") and _may_change(request.user, job),
-    }
-
-
 def job_list(request: HttpRequest) -> HttpResponse:
     jobs = AcquisitionJob.objects.select_related("result_bundle", "created_by").order_by("-id")[
         :100
@@ -78,7 +65,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         try:
-            job = queue_job(request.user, _params(request.POST))
+            job = queue_job_as(request.user, _params(request.POST))
+        except NotAllowed as exc:
+            return HttpResponseForbidden(str(exc))
         except JobParameterError as exc:
             errors, status = exc.errors, 400
         except BrokerUnavailable as exc:
@@ -92,6 +81,25 @@ def job_new(request: HttpRequest) -> HttpResponse:
         {"fields": fields, "form_errors": errors.get("__all__", [])},
         status=status,
     )
+
+
+def _job_context(request: HttpRequest, job: AcquisitionJob) -> dict[str, Any]:
+    """The job and what this visitor may see and do with it (registry.permissions)."""
+    details = can_view_job_details(request.user, job)
+    try:
+        command = job.command_line
+    except (KeyError, TypeError):  # parameters of a row not made by queue_job
+        command = ""
+    if not details and job.work_dir:
+        command = command.replace(job.work_dir, "<work_dir>")
+    return {
+        "job": job,
+        "command_line": command,
+        "can_cancel": can_cancel_job(request.user, job),
+        "can_retry": job.state in ("failed", "cancelled") and can_retry_job(request.user, job),
+        "can_view_details": details,
+        "waiting": waiting_for_worker(job),
+    }
 
 
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -110,7 +118,9 @@ def job_progress(request: HttpRequest, pk: int) -> HttpResponse:
 def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     job = get_object_or_404(AcquisitionJob, pk=pk)
     try:
-        cancel_job(job)
+        cancel_job_as(request.user, job)
+    except NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     except JobStateError as exc:
         messages.error(request, str(exc))
     return redirect("frontend:job", pk=pk)
@@ -121,11 +131,10 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
     """Queue a failed or cancelled job again, as ``POST /api/v1/jobs/{id}/retry`` does."""
     job = get_object_or_404(AcquisitionJob, pk=pk)
-    if not _may_change(request.user, job):
-        messages.error(request, "only the job's creator or staff may retry it")
-        return redirect("frontend:job", pk=pk)
     try:
-        retry_job(job)
+        retry_job_as(request.user, job)
+    except NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
     except JobStateError as exc:
         messages.error(request, str(exc))
     except BrokerUnavailable as exc:

@@ -72,9 +72,13 @@ def contract_summary(contract: dict[str, Any], meta: dict[str, Any]) -> dict[str
     a structured ``backend`` and the host in ``provenance``.
     """
     region = _get(contract, "expert_region") or {}
-    backend = contract.get("backend") if isinstance(contract.get("backend"), Mapping) else {}
+    backend: Mapping[str, Any] = (
+        contract["backend"] if isinstance(contract.get("backend"), Mapping) else {}
+    )
     origin = _get(contract, "provenance") or {}
-    dtypes = backend.get("dtypes") if isinstance(backend.get("dtypes"), Mapping) else {}
+    dtypes: Mapping[str, Any] = (
+        backend["dtypes"] if isinstance(backend.get("dtypes"), Mapping) else {}
+    )
     backend_name = _first(
         _text(contract.get("native_backend")), _text(contract.get("backend")),
         _text(backend.get("native_backend")), _text(region.get("backend")),

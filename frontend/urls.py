@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from frontend import jobs, views
+from frontend import estimate, jobs, views
 
 app_name = "frontend"
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("bundles/<int:pk>/", views.bundle_detail, name="bundle"),
+    path("bundles/<int:pk>/estimate", estimate.estimate_page, name="estimate"),
     path("tables/<int:pk>/", views.table_detail, name="table"),
     path("tables/<int:pk>/lookup", views.table_lookup, name="table-lookup"),
     path("compare/", views.compare, name="compare"),

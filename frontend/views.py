@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import wraps
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from frontend import pages
 from registry.filtersets import BundleFilterSet
 from registry.models import Bundle, DeploymentTable
+from registry.services.checkout import BlobDriftError
 
 if TYPE_CHECKING:
-    from django.http import HttpRequest, HttpResponse
+    from collections.abc import Callable
+
+    from django.http import HttpRequest
 
 LIST_FIELDS = (
     "id", "hardware", "model", "variant", "layout", "vllm_version", "published_at", "sha256",
@@ -47,18 +52,38 @@ def bundle_detail(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
+def _storage_safe(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A page that reads a bundle's files answers 503 naming the damaged file, never 500
+    (issue 17, item 6)."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except BlobDriftError as exc:
+            return HttpResponse(
+                f"A stored file of this bundle is missing or damaged: {exc}",
+                status=503, content_type="text/plain; charset=utf-8",
+            )
+
+    return wrapped
+
+
+@_storage_safe
 def table_detail(request: HttpRequest, pk: int) -> HttpResponse:
     table = get_object_or_404(DeploymentTable.objects.select_related("bundle"), pk=pk)
     context = pages.table_context(table, request.GET.get("m"), request.GET.get("mode"))
     return render(request, "frontend/table.html", context)
 
 
+@_storage_safe
 def table_lookup(request: HttpRequest, pk: int) -> HttpResponse:
     """The lookup playground's answer (an htmx fragment)."""
     table = get_object_or_404(DeploymentTable.objects.select_related("bundle"), pk=pk)
     return render(request, "frontend/_lookup.html", pages.lookup_answer(table, request.GET))
 
 
+@_storage_safe
 def compare(request: HttpRequest) -> HttpResponse:
     context = pages.compare_context(
         request.GET.get("a"), request.GET.get("b"), request.GET.getlist("also")

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from registry.checks import MEASURED_AT_RANGE
 from registry.choices import BundleLayout, BundleSource
 from registry.manifest import Manifest
 
@@ -59,6 +60,17 @@ class Bundle(models.Model):
 
     class Meta:
         ordering = ("-published_at", "-id")
+        # The database itself refuses a time that cannot be read back (year 0 or 10000 after
+        # conversion to UTC answered 500 on every page that listed it; issue 17, item 3).
+        constraints = (
+            models.CheckConstraint(
+                condition=models.Q(measured_at__isnull=True)
+                | models.Q(
+                    measured_at__gte=MEASURED_AT_RANGE[0], measured_at__lt=MEASURED_AT_RANGE[1]
+                ),
+                name="registry_bundle_measured_at_in_range",
+            ),
+        )
         indexes = (
             models.Index(fields=["hardware", "model", "variant", "-published_at"]),
             models.Index(fields=["model"]),
@@ -149,9 +161,12 @@ class DeploymentTable(models.Model):
 
 
 # Acquisition jobs live in their own module (registry/jobs/) and are part of this app.
+# Who changed what, and who may publish under a name (issue 17): their own modules.
+from registry.audit import StateChange  # noqa: E402
 from registry.jobs.models import AcquisitionJob  # noqa: E402
+from registry.namespaces import Namespace, NamespaceGrant  # noqa: E402
 
-__all__ += ["AcquisitionJob"]
+__all__ += ["AcquisitionJob", "Namespace", "NamespaceGrant", "StateChange"]
 
 # Coverage requests and worker presence (registry/coverage_models.py).
 from registry.coverage_models import CoverageRequest, WorkerPresence  # noqa: E402

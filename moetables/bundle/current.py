@@ -99,7 +99,7 @@ def _read_entry(root: Path, tp: int, raw: Any, *, version: int, where: str) -> T
     if target.tp != tp:
         raise BundleError(f"{where}.target.tp", f"is {target.tp} under per_tp.{tp}")
     table_path, _ = resolve_inside(root, f"tp{tp}", raw.get("table"), where=f"{where}.table")
-    contract = raw.get("contract")
+    contract: Any = raw.get("contract")  # entry_geometry checks that it is a mapping
     geometry, components, modes = entry_geometry(contract, target, where=f"{where}.contract")
     _check_method(contract, version, where=f"{where}.contract")
     if modes != ("eager",):

@@ -110,7 +110,8 @@ class ComponentTable:
         return int(self.tokens.shape[0])
 
     def select(self, component: str, mode: str) -> npt.NDArray[np.bool_]:
-        return (self.component == component) & (self.mode == mode)
+        chosen: npt.NDArray[np.bool_] = (self.component == component) & (self.mode == mode)
+        return chosen
 
 
 @dataclass(slots=True)

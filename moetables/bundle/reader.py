@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Any, Literal
 
 from moetables.bundle.current import read_current_entries
 from moetables.bundle.historical import read_historical_entries
 from moetables.bundle.model import HISTORICAL_SCHEMA, Bundle, ComponentTable, TableEntry
 from moetables.bundle.quality import QualityEvidence, load_quality
+from moetables.bundle.safeyaml import load_bounded_yaml
 from moetables.bundle.table import load_table
 from moetables.errors import BundleError
 
@@ -33,10 +32,7 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise BundleError(META, f"is missing from {root}") from None
     except IsADirectoryError:
         raise BundleError(META, "is a directory") from None
-    try:
-        meta = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        raise BundleError(META, f"is not valid YAML ({exc})") from None
+    meta = load_bounded_yaml(data, name=META)
     if not isinstance(meta, dict):
         raise BundleError(META, "must be a YAML mapping")
     return meta
@@ -128,7 +124,7 @@ def open_bundle(path: str | Path) -> Bundle:
             )
         seen[entry.target.key] = entry
     missing = sorted(f for f in _referenced_files(meta) if not (root / f).is_file())
-    layout = "historical" if all(e.layout == "historical" for e in entries) else "current"
+    layout: Literal["current", "historical"] = "historical" if all(e.layout == "historical" for e in entries) else "current"
     return Bundle(
         root=root, layout=layout, meta=meta, entries=tuple(entries), missing_files=tuple(missing)
     )

@@ -168,8 +168,8 @@ def write_bundle(
             meta["per_tp"] = {tp: per_tp[tp] for tp in sorted(per_tp)}
             _write_fresh(stage / META, _dump_yaml(meta))
             bundle = open_bundle(stage)
-            for entry in bundle.entries:
-                load_quality(stage, entry, load_table(stage, entry))
+            for written in bundle.entries:
+                load_quality(stage, written, load_table(stage, written))
             _swap_in(stage, dest)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)

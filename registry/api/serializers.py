@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -84,12 +85,12 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
         return _file_url(self.context, table.bundle_id, table.table_path)
 
 
-def _absolute(context: dict[str, Any], path: str) -> str:
+def _absolute(context: Mapping[str, Any], path: str) -> str:
     request = context.get("request")
     return request.build_absolute_uri(path) if request is not None else path
 
 
-def _file_url(context: dict[str, Any], bundle_id: int, path: str) -> str:
+def _file_url(context: Mapping[str, Any], bundle_id: int, path: str) -> str:
     url = reverse("registry-api:bundle-files", kwargs={"pk": bundle_id, "path": "-"})
     return _absolute(context, url.removesuffix("-") + quote(path))
 
@@ -101,7 +102,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
     class Meta:
         model = Bundle
-        fields = (
+        fields: tuple[str, ...] = (
             "id", "url", "sha256", "hardware", "model", "variant", "layout", "vllm_version",
             "size", "file_count", "measured_at", "published_at", "source", "download_url",
             "tables", "exploratory",
@@ -167,7 +168,9 @@ class FileSerializer(serializers.Serializer[Any]):
 class BundleDetailSerializer(BundleSerializer):
     tables = DeploymentTableSerializer(many=True, read_only=True)  # type: ignore[assignment]
     files = serializers.SerializerMethodField()
-    published_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    published_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta(BundleSerializer.Meta):
         fields = (
@@ -190,9 +193,13 @@ class UploadSerializer(serializers.Serializer[Any]):
 class UploadResponseSerializer(BundleDetailSerializer):
     created = serializers.BooleanField(read_only=True)
     left_out = serializers.ListField(child=serializers.CharField(), read_only=True)
+    left_out_reasons = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="'path: left out: why' for each file the registry did not store",
+    )
 
     class Meta(BundleDetailSerializer.Meta):
-        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out")
+        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out", "left_out_reasons")
 
 
 class ProblemsSerializer(serializers.Serializer[Any]):

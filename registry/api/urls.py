@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.urls import re_path
 
+from registry.api.estimate import estimate
 from registry.api.jobs import JobViewSet
 from registry.api.quality import (
     ConservationView,
@@ -39,6 +40,7 @@ urlpatterns = [
         name="bundle-files",
     ),
     re_path(r"^lookup/?$", lookup, name="lookup"),
+    re_path(r"^estimate/?$", estimate, name="estimate"),
     re_path(r"^tables/(?P<pk>[0-9]+)/stability/?$", StabilityView.as_view(),
             name="table-stability"),
     re_path(r"^tables/(?P<pk>[0-9]+)/conservation/?$", ConservationView.as_view(),

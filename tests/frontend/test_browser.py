@@ -26,7 +26,11 @@ ARGS = [
 ]
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS", "")
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="apt-get install -y chromium")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="apt-get install -y chromium"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +46,16 @@ def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     page = context.new_page()
     page.set_default_timeout(15_000)
+    # Issue 17 item 1: every page works under the strict Content-Security-Policy; a blocked
+    # script, style or worker shows up as a console error naming the policy.
+    blocked: list[str] = []
+    page.on(
+        "console",
+        lambda msg: blocked.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
     yield page
     context.close()
+    assert blocked == [], blocked
 
 
 @pytest.fixture
