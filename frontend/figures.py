@@ -181,9 +181,9 @@ def expert_slice_figure(
     filled = ns[np.isfinite(z).any(axis=0)] if z.size else ns
     xaxis = _log(N_AXIS, filled if filled.size else ns)
     if filled.size:
-        low, high = math.log10(float(filled.min())), math.log10(float(filled.max()))
-        pad = max(0.15, (high - low) * 0.04)
-        xaxis["range"] = [low - pad, high + pad]
+        left, right = math.log10(float(filled.min())), math.log10(float(filled.max()))
+        pad = max(0.15, (right - left) * 0.04)
+        xaxis["range"] = [left - pad, right + pad]
     layout = _layout(
         title,
         xaxis=xaxis,

@@ -171,6 +171,8 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
             loaded.lookups, loaded.rows, geometry, chosen, mode
         )
     evidence_error = None
+    stable: dict[str, Any] | None
+    conserved: dict[str, Any] | None
     try:
         stable = stability_payload(table)
         conserved = conservation_payload(table)
@@ -262,8 +264,9 @@ def compare_context(raw_a: str | None, raw_b: str | None,
     options = [(t.pk, table_label(t)) for t in tables]
     ids = [t.pk for t in tables]
     given = [raw for raw in (raw_a, raw_b, *(raw_also or [])) if raw not in (None, "")]
-    wanted = [_int(raw) for raw in given]
-    if any(pk is None for pk in wanted) or (
+    parsed = [_int(raw) for raw in given]
+    wanted = [pk for pk in parsed if pk is not None]
+    if len(wanted) != len(parsed) or (
         wanted and DeploymentTable.objects.filter(pk__in=wanted).count() != len(set(wanted))
     ):
         raise Http404("no such table")

@@ -109,6 +109,7 @@ def coverage(request: HttpRequest) -> HttpResponse:
 def coverage_request(request: HttpRequest) -> HttpResponse:
     """Ask for a gap of the coverage matrix (queued at once when a worker is online)."""
     from registry.jobs import BrokerUnavailable, JobParameterError
+    from registry.permissions import NotAllowed
     from registry.services.requests import request_cell
 
     data = request.POST
@@ -119,7 +120,7 @@ def coverage_request(request: HttpRequest) -> HttpResponse:
             "rank": int(data["rank"]), "sequence_parallel": data["sequence_parallel"] == "1",
         }
         made, _ = request_cell(request.user, cell)
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, NotAllowed) as exc:
         messages.error(request, f"cannot request this cell: {exc}")
     except JobParameterError as exc:
         messages.error(request, f"the acquisition would refuse this cell: {exc}")

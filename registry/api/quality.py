@@ -24,7 +24,7 @@ __all__ = ["ConservationView", "CoverageRequestsView", "CoverageView", "Stabilit
 
 
 class QualitySerializer(serializers.Serializer[Any]):
-    label = serializers.ChoiceField(choices=["method", "exploratory"])
+    label = serializers.ChoiceField(choices=["method", "exploratory"])  # type: ignore[assignment]
     tolerance = serializers.FloatField()
     max_relative_change = serializers.FloatField(allow_null=True)
     max_change_text = serializers.CharField(allow_null=True, help_text="as a percentage")
@@ -58,7 +58,7 @@ class StabilitySummarySerializer(serializers.Serializer[Any]):
 
 class StabilitySerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
-    source = serializers.CharField(
+    source = serializers.CharField(  # type: ignore[assignment]
         help_text="files: stability.csv (format 2); coverage.json: the historical layout's "
         "controls; none: the bundle publishes no per-point evidence",
     )
@@ -79,7 +79,7 @@ class ForwardSerializer(serializers.Serializer[Any]):
 
 class ConservationSerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]
     absent = serializers.CharField(allow_null=True, help_text="why no forward was traced")
     forwards = ForwardSerializer(many=True)
 
@@ -258,6 +258,7 @@ class CoverageRequestsView(APIView):
     )
     def post(self, request: Request) -> Response:
         from registry.jobs import BrokerUnavailable, JobParameterError
+        from registry.permissions import NotAllowed
         from registry.services.requests import request_cell
 
         body = CoverageRequestBodySerializer(data=request.data)
@@ -267,6 +268,8 @@ class CoverageRequestsView(APIView):
             made, created = request_cell(request.user, dict(body.validated_data))
         except JobParameterError as exc:
             return Response(exc.errors, status=400)
+        except NotAllowed as exc:
+            return Response({"error": "forbidden", "message": str(exc)}, status=403)
         except ValueError as exc:
             return Response({"problems": [str(exc)]}, status=400)
         except BrokerUnavailable as exc:

@@ -68,8 +68,8 @@ def coverage_matrix(
     for key in sorted(latest):
         cells = []
         for d in ordered:
-            table = latest[key].get(d)
-            if table is None:
+            found = latest[key].get(d)
+            if found is None:
                 gaps += 1
                 cells.append(
                     {
