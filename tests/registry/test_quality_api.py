@@ -242,3 +242,15 @@ def test_a_queue_is_online_only_while_its_workers_stamp_it(db: None) -> None:
     assert queue_online("gpu.H200") and not queue_online("gpu.B200")
     WorkerPresence.objects.update(last_seen=timezone.now() - timedelta(minutes=5))
     assert not queue_online("gpu.H200")
+
+
+def test_a_user_who_may_not_queue_jobs_may_not_request(h200: dict[str, Any]) -> None:
+    """registry.permissions.can_queue_job decides, as for a job (an inactive account may not)."""
+    from registry.permissions import NotAllowed
+
+    user = _user("gone")
+    user.is_active = False
+    user.save()
+    with pytest.raises(NotAllowed):
+        request_cell(user, _live_gap(h200))
+    assert not CoverageRequest.objects.exists()
