@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.permissions import AllowAny, IsAuthenticatedOrReadOnly
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -229,7 +228,7 @@ def _request_body(made: Any) -> dict[str, Any]:
 class CoverageRequestsView(APIView):
     """Requests for gaps of the coverage matrix: list them, or ask for one (token)."""
 
-    authentication_classes = (TokenAuthentication, SessionAuthentication)
+    # The settings' classes: hashed API tokens (registry/tokens.py) and the session.
     permission_classes = (IsAuthenticatedOrReadOnly,)
 
     @extend_schema(
