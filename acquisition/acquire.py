@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import acquisition
 from acquisition.adapters.base import AdapterRefusal
+from acquisition.evidence import conservation_evidence, stability_rows
 from acquisition.protocol.attribution import AttributionError
 from acquisition.protocol.banks import physical_banks
 from acquisition.protocol.measure import (
@@ -395,7 +396,21 @@ class _TargetRun:
         self.progress.event(
             "publish", f"writing {plan.target.deployment} into {request.bundle_dir}"
         )
-        publish_target(request, plan, rows, contract, coverage)
+        # The evidence beside the table: every control of the published points, read back
+        # from the checkpoint as a resume would, and the backend's traced native forwards.
+        with log.path.open(encoding="utf-8") as handle:
+            stability = stability_rows(json.loads(line) for line in handle)
+        conservation, absent = conservation_evidence(contract["backend"])
+        publish_target(
+            request,
+            plan,
+            rows,
+            contract,
+            coverage,
+            stability=stability,
+            conservation=conservation,
+            conservation_absent=absent,
+        )
         outcome.published = True
         outcome.bundle = request.bundle_dir
         return outcome

@@ -4,6 +4,7 @@ database from DATABASE_URL (scripts/test.sh points it at PostgreSQL when one ans
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -30,3 +31,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "redis_broker" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.redis)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    """Throttle and sign-in counters live in the cache: each test starts with none."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield

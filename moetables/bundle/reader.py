@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from moetables.bundle.current import read_current_entries
 from moetables.bundle.historical import read_historical_entries
 from moetables.bundle.model import HISTORICAL_SCHEMA, Bundle, ComponentTable, TableEntry
+from moetables.bundle.quality import QualityEvidence, load_quality
+from moetables.bundle.safeyaml import load_bounded_yaml
 from moetables.bundle.table import load_table
 from moetables.errors import BundleError
 
@@ -32,10 +32,7 @@ def read_meta(root: Path) -> dict[str, Any]:
         raise BundleError(META, f"is missing from {root}") from None
     except IsADirectoryError:
         raise BundleError(META, "is a directory") from None
-    try:
-        meta = yaml.safe_load(data)
-    except yaml.YAMLError as exc:
-        raise BundleError(META, f"is not valid YAML ({exc})") from None
+    meta = load_bounded_yaml(data, name=META)
     if not isinstance(meta, dict):
         raise BundleError(META, "must be a YAML mapping")
     return meta
@@ -140,6 +137,7 @@ class ValidationReport:
     root: Path
     bundle: Bundle | None = None
     tables: dict[str, ComponentTable] = field(default_factory=dict)
+    quality: dict[str, QualityEvidence] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -158,7 +156,9 @@ def validate_bundle(path: str | Path) -> ValidationReport:
     report.bundle = bundle
     for entry in bundle.entries:
         try:
-            report.tables[entry.table_path] = load_table(bundle.root, entry)
+            table = load_table(bundle.root, entry)
+            report.tables[entry.table_path] = table
+            report.quality[entry.table_path] = load_quality(bundle.root, entry, table)
         except BundleError as exc:
             report.problems.append(str(exc))
     return report

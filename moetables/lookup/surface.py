@@ -388,7 +388,8 @@ class ExpertSurface:
         ):
             low, high = g.assignment_bounds(tokens, active) if tokens >= 1 else (0, 0)
             raise QueryError(
-                f"{self.label}: N={tokens} A={active} M={pairs} is infeasible "
+                f"{self.label}: N={tokens} A={active} M={pairs} is infeasible: "
+                f"{g.infeasibility(tokens, active, pairs)} "
                 f"(need 1 <= A <= {g.local_experts} and {low} <= M <= {high})"
             )
         exact = self._exact.get((tokens, active, pairs))

@@ -105,7 +105,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
         fields: tuple[str, ...] = (
             "id", "url", "sha256", "hardware", "model", "variant", "layout", "vllm_version",
             "size", "file_count", "measured_at", "published_at", "source", "download_url",
-            "tables",
+            "tables", "exploratory",
         )
 
     def get_download_url(self, bundle: Bundle) -> str:
@@ -115,7 +115,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
 SUMMARY_FIELDS = (
     "id", "sha256", "hardware", "model", "variant", "layout", "vllm_version", "size",
-    "file_count", "measured_at", "published_at", "source", "targets",
+    "file_count", "measured_at", "published_at", "source", "targets", "exploratory",
 )
 
 
@@ -152,6 +152,7 @@ def bundle_summaries(rows: list[dict[str, Any]], request: Any) -> list[dict[str,
             "source": row["source"],
             "download_url": f"{prefix}{row['id']}/download",
             "tables": row["targets"],
+            "exploratory": row["exploratory"],
         }
         for row in rows
     ]
@@ -168,7 +169,7 @@ class BundleDetailSerializer(BundleSerializer):
     tables = DeploymentTableSerializer(many=True, read_only=True)  # type: ignore[assignment]
     files = serializers.SerializerMethodField()
     published_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
-        slug_field="username", read_only=True
+        slug_field="username", read_only=True, allow_null=True
     )
 
     class Meta(BundleSerializer.Meta):
@@ -192,9 +193,13 @@ class UploadSerializer(serializers.Serializer[Any]):
 class UploadResponseSerializer(BundleDetailSerializer):
     created = serializers.BooleanField(read_only=True)
     left_out = serializers.ListField(child=serializers.CharField(), read_only=True)
+    left_out_reasons = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="'path: left out: why' for each file the registry did not store",
+    )
 
     class Meta(BundleDetailSerializer.Meta):
-        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out")
+        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out", "left_out_reasons")
 
 
 class ProblemsSerializer(serializers.Serializer[Any]):
@@ -226,6 +231,12 @@ class LookupRequestSerializer(serializers.Serializer[Any]):
     variant = serializers.CharField(required=False, max_length=128)
     target = TargetSerializer()
     queries = QuerySerializer(many=True, required=False)
+    include_exploratory = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="a lookup by hardware + model + variant skips exploratory bundles (B/2B "
+        "tolerance above 3 %) unless this is true",
+    )
 
 
 class AnswerSerializer(serializers.Serializer[Any]):

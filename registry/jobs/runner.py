@@ -288,6 +288,9 @@ def _publish(job: AcquisitionJob, bundle_dir: Path) -> None:
         return
     job.result_bundle = result.bundle
     _finish(job, JobState.SUCCEEDED, phase="done")
+    from registry.services.requests import close_filled_requests
+
+    close_filled_requests(result.bundle, job)
 
 
 def _bundle_of(event: dict[str, Any] | None) -> Path | None:

@@ -48,6 +48,19 @@ def sweep_orphaned_jobs() -> list[str]:
 
 
 @worker_ready.connect
+def announce_worker(sender: Any = None, **_: Any) -> None:
+    """Stamp this node and its queues while it runs: a coverage request queues a job only
+    when a worker of its hardware's queue is online, and a queued job says when none is."""
+    from registry.services.requests import start_presence_heartbeat
+
+    try:
+        queues = sorted(sender.app.amqp.queues.consume_from)
+        start_presence_heartbeat(sender.hostname, queues)
+    except Exception:  # a worker with no database yet still starts
+        log.exception("announcing the worker failed")
+
+
+@worker_ready.connect
 def recover_orphaned_jobs(sender: Any = None, **_: Any) -> None:
     """On start, release the jobs that a dead worker of these queues left running.
 

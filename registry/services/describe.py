@@ -24,6 +24,7 @@ __all__ = [
     "backend_of",
     "jsonable",
     "measured_at_of",
+    "measured_at_problems",
     "table_fields",
     "vllm_version_of",
 ]
@@ -112,20 +113,45 @@ def _datetime(raw: Any) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
-def measured_at_of(bundle: Bundle) -> dt.datetime | None:
-    """The latest measurement time any MoE record states, else the root's."""
-    found: list[dt.datetime] = []
-    for record in _moe_records(bundle.meta):
-        if (value := _datetime(_get(record, "measured_at"))) is not None:
-            found.append(value)
+def _stated_times(bundle: Bundle) -> Iterable[tuple[str, Any]]:
+    """(where, raw value) of every measurement time the bundle states, MoE records first."""
+    legacy = _get(bundle.meta, "moe_components", "per_tp")
+    if isinstance(legacy, dict):
+        for tp, record in legacy.items():
+            yield f"meta.yaml:moe_components.per_tp.{tp}.measured_at", _get(record, "measured_at")
     for entry in bundle.entries:
         for key in ("measured_at", "completed_at"):
-            if (value := _datetime(entry.coverage.get(key))) is not None:
-                found.append(value)
+            yield f"{entry.where} coverage:{key}", entry.coverage.get(key)
+
+
+def measured_at_problems(bundle: Bundle) -> list[str]:
+    """Measurement times that parse but cannot be stored (issue 17, item 3), by field."""
+    from registry.checks import check_datetime
+
+    stated = [*_stated_times(bundle)]
+    stated += [(f"meta.yaml:{key}", bundle.meta.get(key)) for key in ("measured_at", "profiled_at")]
+    problems = []
+    for where, raw in stated:
+        value = _datetime(raw)
+        if value is not None and (why := check_datetime(value)) is not None:
+            problems.append(f"{where}: {why}")
+    return problems
+
+
+def measured_at_of(bundle: Bundle) -> dt.datetime | None:
+    """The latest measurement time any MoE record states, else the root's."""
+    from registry.checks import check_datetime
+
+    def usable(raw: Any) -> dt.datetime | None:
+        # Publication refuses unstorable times first; skipping them here keeps max() safe.
+        value = _datetime(raw)
+        return value if value is not None and check_datetime(value) is None else None
+
+    found = [v for _, raw in _stated_times(bundle) if (v := usable(raw)) is not None]
     if found:
         return max(found)
     for key in ("measured_at", "profiled_at"):
-        if (value := _datetime(bundle.meta.get(key))) is not None:
+        if (value := usable(bundle.meta.get(key))) is not None:
             return value
     return None
 

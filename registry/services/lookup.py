@@ -22,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from moetables.errors import BundleError, CoverageError
 from moetables.lookup import ComponentTables
 from registry.models import Bundle
-from registry.services.checkout import BlobDriftError, checkout_bundle
+from registry.services.checkout import BlobDriftError, BlobMissingError, checkout_bundle
 
 __all__ = [
     "BundleRef",
@@ -30,6 +30,7 @@ __all__ = [
     "LookupRequestError",
     "answer_lookup",
     "clear_lookup_cache",
+    "name_lookup_filter",
     "parse_lookup_request",
     "resolve_bundle",
     "run_lookup",
@@ -60,6 +61,7 @@ class LookupRequest:
     rank: int
     sequence_parallel: bool
     queries: list[Any]
+    include_exploratory: bool = False
 
     @property
     def target(self) -> dict[str, Any]:
@@ -83,6 +85,9 @@ _ID_MAX = 2**63 - 1
 
 
 def _is_text(value: str) -> bool:
+    # NUL: PostgreSQL refuses it in a query parameter (a 500; issue 17, item 8).
+    if "\x00" in value:
+        return False
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -130,7 +135,7 @@ def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
         problems.append("hardware, model and variant go together, as non-empty strings")
     elif given and not all(_is_text(n) for n in given):
         # JSON can carry lone surrogates; no database can store or compare them.
-        problems.append("hardware, model and variant must be valid Unicode text")
+        problems.append("hardware, model and variant must be valid Unicode text without NUL")
     raw = data.get("target")
     tp = dp = 1
     rank = 0
@@ -152,6 +157,9 @@ def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
             )
         elif rank >= tp * dp:
             problems.append(f"target.rank: rank must be below ep = {tp * dp}, got {rank}")
+    include_exploratory = data.get("include_exploratory", False)
+    if not isinstance(include_exploratory, bool):
+        problems.append(f"include_exploratory: must be true or false, got {include_exploratory!r}")
     if problems:
         raise LookupRequestError(problems)
     return LookupRequest(
@@ -163,6 +171,7 @@ def parse_lookup_request(data: Any, *, max_queries: int) -> LookupRequest:
         rank=rank,
         sequence_parallel=sp,
         queries=queries,
+        include_exploratory=include_exploratory,
     )
 
 
@@ -199,13 +208,20 @@ def resolve_bundle(request: LookupRequest) -> BundleRef | None:
     if memo.get("stamp") != stamp:
         memo["stamp"], memo["found"] = stamp, {}
     found: dict[Any, BundleRef | None] = memo["found"]
-    key = (request.bundle_id, request.sha256, request.name)
+    key = (request.bundle_id, request.sha256, request.name, request.include_exploratory)
     if key not in found:
         ref = _query_bundle(request)
         if len(found) >= RESOLVED_LIMIT:
             found.clear()
         found[key] = ref
     return found[key]
+
+
+def name_lookup_filter(include_exploratory: bool) -> str:
+    """The SQL condition a lookup *by name* adds: exploratory bundles (a B/2B tolerance looser
+    than the method's 3 %) answer only when asked. An id or a sha256 names one bundle
+    exactly and is answered whatever its quality."""
+    return "" if include_exploratory else " AND NOT exploratory"
 
 
 def _query_bundle(request: LookupRequest) -> BundleRef | None:
@@ -216,7 +232,9 @@ def _query_bundle(request: LookupRequest) -> BundleRef | None:
         where, params = "sha256 = %s", [request.sha256]
     else:
         assert request.name is not None
-        where = "hardware = %s AND model = %s AND variant = %s"
+        where = "hardware = %s AND model = %s AND variant = %s" + name_lookup_filter(
+            request.include_exploratory
+        )
         params = list(request.name)
     sql = f"SELECT id, sha256 FROM {table} WHERE {where} ORDER BY published_at DESC, id DESC"
     with connection.cursor() as cursor:
@@ -229,6 +247,11 @@ def tables_for(ref: BundleRef) -> Any:
     """The process's ComponentTables of the bundle (checked out from storage on first use)."""
     with _lock:
         tables = _tables.get(ref.sha256)
+        # A checkout discarded (verify_bundles) or deleted under a worker: rebuilt, not 409
+        # until a restart (issue 17, item 6). One stat per request.
+        if tables is not None and not tables.bundle.root.is_dir():
+            del _tables[ref.sha256]
+            tables = None
         if tables is not None:
             _tables.move_to_end(ref.sha256)
             return tables
@@ -266,6 +289,8 @@ def run_lookup(data: Any) -> tuple[int, dict[str, Any]]:
         request = parse_lookup_request(data, max_queries=settings.REGISTRY["MAX_LOOKUP_QUERIES"])
     except LookupRequestError as exc:
         return 400, {"error": "invalid", "problems": exc.problems}
+    except RecursionError:  # the repr of a value nested ~1,000 deep in a message
+        return 400, {"error": "invalid", "problems": ["the request is nested too deeply"]}
     ref = resolve_bundle(request)
     if ref is None:
         return 404, {"error": "not_found", "message": "no published bundle matches"}
@@ -273,8 +298,12 @@ def run_lookup(data: Any) -> tuple[int, dict[str, Any]]:
         answers = answer_lookup(ref, request)
     except CoverageError as exc:
         return 422, {"error": "no_coverage", "message": str(exc)}
+    except BlobMissingError as exc:
+        return 503, {"error": "storage_fault", "message": str(exc)}
     except (BundleError, BlobDriftError) as exc:
         return 409, {"error": "corrupt_bundle", "message": str(exc)}
+    except RecursionError:
+        return 400, {"error": "invalid", "problems": ["a query is nested too deeply"]}
     return 200, {
         "bundle": {"id": ref.id, "sha256": ref.sha256},
         "target": request.target,
