@@ -26,6 +26,7 @@ from acquisition.options import (
     plan_target,
 )
 from acquisition.options import prepare as prepare_options
+from acquisition.phases import PhaseClock
 from acquisition.progress import ProgressReporter
 
 if TYPE_CHECKING:
@@ -82,12 +83,17 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None) -> int:
+    """``whole_process`` (default: no ``argv`` given) books the interpreter's start in the
+    phase log; a call inside a longer-lived process times only itself."""
+    clock = PhaseClock(whole_process=argv is None if whole_process is None else whole_process)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    clock.path = args.phase_log
     try:
-        request, plans = prepare(args, argv)
+        with clock.phase("plan"):
+            request, plans = prepare(args, argv)
     except OptionError as exc:
         print(f"{parser.prog} {args.command}: error: {exc.message}", file=sys.stderr)
         return EXIT_INVALID
@@ -102,13 +108,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             progress.event("done", "dry run: planned only")
             return 0
-        return _acquire(request, plans, progress)
+        status: int | None = None
+        try:
+            status = _acquire(request, plans, progress, clock)
+        finally:
+            # Written whatever happened (an unexpected error leaves exit_status null).
+            clock.write(
+                exit_status=status,
+                backend=request.backend,
+                command_line=request.command_line,
+                points_total=progress.total,
+                points_done=progress.done,
+            )
+        return status
     finally:
         progress.close()
 
 
 def _acquire(
-    request: AcquisitionRequest, plans: list[PointPlan], progress: ProgressReporter
+    request: AcquisitionRequest,
+    plans: list[PointPlan],
+    progress: ProgressReporter,
+    clock: PhaseClock,
 ) -> int:
     # Imported here: validation and planning above never need torch.
     from acquisition.acquire import AcquisitionFailure, acquire_target
@@ -121,11 +142,15 @@ def _acquire(
     started = time.monotonic()
     try:
         limits = EngineLimits(request.max_num_batched_tokens, request.max_num_seqs)
-        runtime = replace(probe_runtime(request.device, request.cache_bytes), limits=limits)
+        with clock.phase("runtime_probe"):
+            runtime = replace(probe_runtime(request.device, request.cache_bytes), limits=limits)
         progress.event("admission", f"{runtime.device}: {runtime.device_name}")
         selections = []
         for plan in plans:
-            backend, report = select_backend(request.backend, request.model, plan.target, runtime)
+            with clock.phase("admission"):
+                backend, report = select_backend(
+                    request.backend, request.model, plan.target, runtime
+                )
             for line in report.lines():
                 progress.write(line)
             # The admitted path decides the components (the live path times a wrapper).
@@ -139,7 +164,7 @@ def _acquire(
         published = []
         failed: list[str] = []
         for plan, backend, report in selections:
-            outcome = acquire_target(request, plan, backend, runtime, report, progress)
+            outcome = acquire_target(request, plan, backend, runtime, report, progress, clock)
             if outcome.published:
                 published.append(plan)
             else:

@@ -67,6 +67,7 @@ def prepare(
         warmup_cycles=options.warmup_cycles,
         tolerance=options.quality_tolerance,
         attempts=options.control_attempts,
+        batch_points=options.profile_batch,
     )
     if options.cudagraph_capture_sizes:
         bad = [s for s in options.cudagraph_capture_sizes if s < 1]

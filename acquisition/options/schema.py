@@ -219,11 +219,29 @@ OPTIONS: tuple[Option, ...] = (
         job=False,
     ),
     Option(
+        "profile_batch",
+        "int",
+        8,
+        "--profile-batch",
+        "points measured in one profiler session (1: a session per point)",
+        minimum=1,
+        job=False,
+    ),
+    Option(
         "progress_json",
         "path",
         None,
         "--progress-json",
         "append JSON progress events to this file",
+        nullable=True,
+        job=False,
+    ),
+    Option(
+        "phase_log",
+        "path",
+        None,
+        "--phase-log",
+        "append the run's wall seconds per phase as one JSON line (issue 19)",
         nullable=True,
         job=False,
     ),
@@ -261,7 +279,9 @@ class AcquisitionOptions:
     warmup_cycles: int
     quality_tolerance: float
     control_attempts: int
+    profile_batch: int
     progress_json: Path | None
+    phase_log: Path | None
     no_progress_bar: bool
     dry_run: bool
     force: bool
