@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from django.http import Http404
 
@@ -171,6 +171,8 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
             loaded.lookups, loaded.rows, geometry, chosen, mode
         )
     evidence_error = None
+    stable: dict[str, Any] | None
+    conserved: dict[str, Any] | None
     try:
         stable = stability_payload(table)
         conserved = conservation_payload(table)
@@ -257,7 +259,7 @@ def compare_context(raw_a: str | None, raw_b: str | None,
     given = [raw for raw in (raw_a, raw_b, *(raw_also or [])) if raw not in (None, "")]
     wanted = [_int(raw) for raw in given]
     if any(pk is None for pk in wanted) or (
-        wanted and DeploymentTable.objects.filter(pk__in=wanted).count() != len(set(wanted))
+        wanted and DeploymentTable.objects.filter(pk__in=cast("list[int]", wanted)).count() != len(set(wanted))
     ):
         raise Http404("no such table")
     a, b = _int(raw_a), _int(raw_b)

@@ -23,7 +23,11 @@ __all__ = ["ConservationView", "CoverageView", "StabilityView"]
 
 
 class QualitySerializer(serializers.Serializer[Any]):
-    label = serializers.ChoiceField(choices=["method", "exploratory"])
+    # Field names of the API that are also attributes of a DRF field (label, source): the
+    # stubs type those as strings.
+    label = serializers.ChoiceField(  # type: ignore[assignment]
+        choices=["method", "exploratory"]
+    )
     tolerance = serializers.FloatField()
     max_relative_change = serializers.FloatField(allow_null=True)
 
@@ -56,7 +60,7 @@ class StabilitySummarySerializer(serializers.Serializer[Any]):
 
 class StabilitySerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
-    source = serializers.CharField(
+    source = serializers.CharField(  # type: ignore[assignment]
         help_text="files: stability.csv (format 2); coverage.json: the historical layout's "
         "controls; none: the bundle publishes no per-point evidence",
     )
@@ -77,7 +81,7 @@ class ForwardSerializer(serializers.Serializer[Any]):
 
 class ConservationSerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]
     absent = serializers.CharField(allow_null=True, help_text="why no forward was traced")
     forwards = ForwardSerializer(many=True)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -21,7 +21,7 @@ from registry.coverage_models import CoverageRequest, WorkerPresence
 from registry.models import DeploymentTable
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 
     from registry.models import AcquisitionJob, Bundle
 
@@ -110,7 +110,9 @@ def _job_parameters(cell: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageRequest:
+def request_cell(
+    user: AbstractBaseUser | AnonymousUser, cell: dict[str, Any]
+) -> CoverageRequest:
     """Record (or join) the request for ``cell``; queue a job when its queue is online.
 
     ``cell`` has hardware, model, variant, backend, tp, dp, rank, sequence_parallel. Raises
@@ -145,16 +147,16 @@ def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageReques
             .first()
         )
         if existing is not None:
-            existing.requesters.add(user)
+            existing.requesters.add(cast("User", user))
             return existing
         try:
             with transaction.atomic():
-                request = CoverageRequest.objects.create(**cell, requested_by=user)
+                request = CoverageRequest.objects.create(**cell, requested_by=cast("User", user))
         except IntegrityError:  # someone asked at the same moment: join theirs
             request = CoverageRequest.objects.exclude(state="closed").get(
                 **{k: cell[k] for k in keys}
             )
-        request.requesters.add(user)
+        request.requesters.add(cast("User", user))
     if request.state == CoverageRequest.State.OPEN and queue_online(queue_for(clean)):
         job = queue_job(user, params)
         CoverageRequest.objects.filter(pk=request.pk, state="open").update(
