@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from django.http import Http404
 
@@ -181,6 +181,9 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         stable = conserved = None
     if stable is not None:
         charts.update(figures.stability_figures(stable))
+        peak = stable["summary"]["max_relative_change"]
+        # The same rounding as the coverage card ("2.38%"), so the two never seem to disagree.
+        stable["summary"]["max_change_text"] = f"{peak:.2%}" if peak is not None else "n/a"
     if conserved is not None and (fig := figures.conservation_figure(conserved)) is not None:
         charts["conservation"] = fig
     sel = loaded.rows.select(EXPERTS, mode) & (loaded.rows.activated_experts > 0)
@@ -200,6 +203,10 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         "stability": stability,
         "evidence": {"stability": stable, "conservation": conserved, "error": evidence_error},
         "graph_missing": raw_mode == "graph" and mode != "graph",
+        "compact_change": (
+            f"{stability.max_relative_change:.2%}"
+            if stability.max_relative_change is not None else "n/a"
+        ),
         "contract": contract_summary(table.contract, table.bundle.meta),
         "coverage": coverage_summary(table),
         "example": example,
@@ -257,9 +264,10 @@ def compare_context(raw_a: str | None, raw_b: str | None,
     options = [(t.pk, table_label(t)) for t in tables]
     ids = [t.pk for t in tables]
     given = [raw for raw in (raw_a, raw_b, *(raw_also or [])) if raw not in (None, "")]
-    wanted = [_int(raw) for raw in given]
-    if any(pk is None for pk in wanted) or (
-        wanted and DeploymentTable.objects.filter(pk__in=cast("list[int]", wanted)).count() != len(set(wanted))
+    parsed = [_int(raw) for raw in given]
+    wanted = [pk for pk in parsed if pk is not None]
+    if len(wanted) != len(parsed) or (
+        wanted and DeploymentTable.objects.filter(pk__in=wanted).count() != len(set(wanted))
     ):
         raise Http404("no such table")
     a, b = _int(raw_a), _int(raw_b)
