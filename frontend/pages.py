@@ -13,7 +13,8 @@ from registry.models import AcquisitionJob, Bundle, DeploymentTable
 from registry.services.figures import load_deployment
 
 FILTER_KEYS = (
-    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "layout",
+    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "kernel",
+    "layout",
 )
 
 
@@ -49,6 +50,7 @@ def filter_choices() -> dict[str, list[Any]]:
         "dp": distinct(tables, "dp"),
         "ep": distinct(tables, "ep"),
         "backend": distinct(tables, "backend"),
+        "kernel": distinct(tables, "kernel"),
     }
 
 

@@ -6,9 +6,14 @@ from __future__ import annotations
 from django.urls import re_path
 
 from registry.api.jobs import JobViewSet
-from registry.api.views import ApiRootView, BundleViewSet, lookup
+from registry.api.views import ApiRootView, BundleViewSet, LookupDocumentation
+from registry.lookup.http import lookup
 
 app_name = "registry-api"
+
+# The schema generator (drf-spectacular) documents the lookup's URL through the view it names.
+lookup.cls = LookupDocumentation  # type: ignore[attr-defined]
+lookup.initkwargs = {}  # type: ignore[attr-defined]
 
 urlpatterns = [
     re_path(r"^$", ApiRootView.as_view(), name="api-root"),

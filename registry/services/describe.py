@@ -24,8 +24,11 @@ __all__ = [
     "backend_of",
     "jsonable",
     "measured_at_of",
+    "measured_at_of_meta",
     "table_fields",
+    "table_identity",
     "vllm_version_of",
+    "vllm_version_of_meta",
 ]
 
 
@@ -66,34 +69,61 @@ def _moe_records(meta: dict[str, Any]) -> list[Any]:
     return list(legacy.values()) if isinstance(legacy, dict) else []
 
 
-def vllm_version_of(bundle: Bundle) -> str:
+def table_identity(contract: Any) -> dict[str, Any]:
+    """What executed a table's expert region, from its contract: the execution path
+    (``backend``: the adapter, e.g. vllm-modular, vllm-live, torch-reference), the kernel
+    backend vLLM resolved (``kernel``, e.g. TRITON), whether vLLM's own kernels ran
+    (``native``) and the vLLM version.
+
+    Current contracts say all of it in ``backend`` (a mapping). Historical contracts (the
+    LLMServingSim profiler's ``expert_region``) name the kernel and the vLLM version; their
+    region schema ``native-modular-expert-region-*`` is vLLM's native modular kernel, the
+    path our ``vllm-modular`` adapter measures, so they are listed under that name.
+    """
+    c = contract if isinstance(contract, dict) else {}
+    structured = c.get("backend") if isinstance(c.get("backend"), dict) else {}
+    region = c.get("expert_region") if isinstance(c.get("expert_region"), dict) else {}
+    kernel = _strings([
+        structured.get("native_backend"),
+        c.get("native_backend"),
+        _get(c, "native_backend", "name"),
+        region.get("backend"),
+        c.get("expert_backend"),
+    ])[:128]
+    backend = _strings([structured.get("name"), c.get("backend")])
+    schema = region.get("schema")
+    if not backend and isinstance(schema, str) and schema.startswith("native-modular-"):
+        backend = "vllm-modular"
+    native = structured.get("native")
+    if not isinstance(native, bool):
+        # A kernel vLLM resolved natively, without a structured record that says otherwise.
+        native = bool(kernel) or backend.startswith("vllm-")
+    vllm = _strings([
+        structured.get("vllm_version"),
+        c.get("vllm_version"),
+        _get(c, "versions", "vllm"),
+        _get(c, "observations", "vllm_version"),
+        region.get("vllm_version"),
+    ])[:64]
+    return {"backend": backend[:128], "kernel": kernel, "native": native, "vllm_version": vllm}
+
+
+def vllm_version_of_meta(meta: Any, contracts: Iterable[Any]) -> str:
     """The root's vllm_version, else the MoE index's, else the first contract's."""
-    candidates: list[Any] = [bundle.meta.get("vllm_version")]
-    candidates += [_get(r, "vllm_version") for r in _moe_records(bundle.meta)]
-    for entry in bundle.entries:
-        c = entry.contract
-        candidates += [
-            c.get("vllm_version"),
-            _get(c, "versions", "vllm"),
-            _get(c, "observations", "vllm_version"),
-            _get(c, "expert_region", "vllm_version"),
-        ]
+    meta = meta if isinstance(meta, dict) else {}
+    candidates: list[Any] = [meta.get("vllm_version")]
+    candidates += [_get(r, "vllm_version") for r in _moe_records(meta)]
+    candidates += [table_identity(c)["vllm_version"] for c in contracts]
     return _strings(candidates)[:64]
 
 
+def vllm_version_of(bundle: Bundle) -> str:
+    return vllm_version_of_meta(bundle.meta, [entry.contract for entry in bundle.entries])
+
+
 def backend_of(entry: TableEntry) -> str:
-    """The native expert backend the contract names (historical: expert_region.backend)."""
-    c = entry.contract
-    return _strings(
-        [
-            c.get("native_backend"),
-            c.get("backend"),
-            _get(c, "native_backend", "name"),
-            _get(c, "backend", "name"),
-            c.get("expert_backend"),
-            _get(c, "expert_region", "backend"),
-        ]
-    )[:128]
+    """The execution path (adapter) that measured the entry (``table_identity``)."""
+    return str(table_identity(entry.contract)["backend"])
 
 
 def _datetime(raw: Any) -> dt.datetime | None:
@@ -112,22 +142,32 @@ def _datetime(raw: Any) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
-def measured_at_of(bundle: Bundle) -> dt.datetime | None:
-    """The latest measurement time any MoE record states, else the root's."""
+def measured_at_of_meta(meta: Any, coverages: Iterable[Any]) -> dt.datetime | None:
+    """The latest measurement time any MoE record or coverage states, else the root's or
+    the MoE category's provenance (``category_provenance.moe.profiled_at``)."""
+    meta = meta if isinstance(meta, dict) else {}
     found: list[dt.datetime] = []
-    for record in _moe_records(bundle.meta):
+    for record in _moe_records(meta):
         if (value := _datetime(_get(record, "measured_at"))) is not None:
             found.append(value)
-    for entry in bundle.entries:
+    for coverage in coverages:
         for key in ("measured_at", "completed_at"):
-            if (value := _datetime(entry.coverage.get(key))) is not None:
+            if (value := _datetime(_get(coverage, key))) is not None:
                 found.append(value)
     if found:
         return max(found)
-    for key in ("measured_at", "profiled_at"):
-        if (value := _datetime(bundle.meta.get(key))) is not None:
+    for raw in (
+        meta.get("measured_at"),
+        meta.get("profiled_at"),
+        _get(meta, "category_provenance", "moe", "profiled_at"),
+    ):
+        if (value := _datetime(raw)) is not None:
             return value
     return None
+
+
+def measured_at_of(bundle: Bundle) -> dt.datetime | None:
+    return measured_at_of_meta(bundle.meta, [entry.coverage for entry in bundle.entries])
 
 
 def _range(values: np.ndarray[Any, Any]) -> tuple[int | None, int | None]:
@@ -157,7 +197,7 @@ def table_fields(entry: TableEntry, table: ComponentTable) -> dict[str, Any]:
         "coverage": jsonable(entry.coverage),
         "components": list(entry.components),
         "modes": list(entry.modes),
-        "backend": backend_of(entry),
+        **table_identity(entry.contract),
         "row_count": len(table),
         "tokens_min": tokens[0],
         "tokens_max": tokens[1],
