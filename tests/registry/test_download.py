@@ -31,7 +31,7 @@ def test_it_streams_the_bundle_as_tar_gz(api: APIClient, published: Bundle, ship
     assert headers["Content-Type"] == "application/gzip"
     assert headers["ETag"] == f'"{published.sha256}"'
     assert headers["Content-Disposition"] == (
-        'attachment; filename="RTXPRO6000_Qwen--Qwen3-30B-A3B-Instruct-2507_bf16_vllm-modular_'  # issue 13: the backend in the name
+        'attachment; filename="RTXPRO6000_Qwen--Qwen3-30B-A3B-Instruct-2507_bf16_vllm-modular_'
         f'{published.sha256[:12]}.tar.gz"'
     )
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
