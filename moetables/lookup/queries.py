@@ -32,6 +32,7 @@ __all__ = [
     "LookupRequest",
     "Query",
     "RequestError",
+    "local_coordinates_problem",
     "parse_query",
     "parse_request",
     "read_columns",
@@ -55,6 +56,18 @@ def _int(raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
             return int(value)
         raise QueryError(f"{key} must be an integer, got {value!r}")
     return value
+
+
+def local_coordinates_problem(component: str, a: int, m: int) -> str | None:
+    """Why a scalar lookup of a local component refuses expert coordinates (``time_us``).
+
+    ``answer`` reads a local component's row by its tokens alone (its batch never reads
+    the expert coordinates); a scalar call that gives them is refused, so that a caller
+    who meant experts learns it.
+    """
+    if component != EXPERTS and (a != -1 or m != -1):
+        return f"{component} is a local component: give no expert coordinates"
+    return None
 
 
 def parse_query(raw: Any) -> Query:

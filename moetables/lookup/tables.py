@@ -24,6 +24,7 @@ from moetables.lookup.queries import (
     INT64_MAX,
     INT64_MIN,
     Query,
+    local_coordinates_problem,
     parse_query,
     read_columns,
 )
@@ -108,8 +109,9 @@ class DeploymentTables:
         if surface is not None:  # the hot path: a known component and mode, experts
             return surface.time(tokens, activated_experts, local_assignments)
         self._known(component, mode)
-        if activated_experts != -1 or local_assignments != -1:
-            raise QueryError(f"{component} is a local component: give no expert coordinates")
+        problem = local_coordinates_problem(component, activated_experts, local_assignments)
+        if problem is not None:
+            raise QueryError(problem)
         if tokens < 1:
             raise QueryError(f"tokens must be at least 1, got {tokens}")
         return self._local[(component, mode)].time(tokens)
