@@ -56,7 +56,7 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _CODES = {"out_of_support": OUT_OF_SUPPORT, "invalid": INVALID}
 
 
-class RegistryError(RuntimeError):
+class RegistryError(OSError):
     """The registry could not be asked (unreachable, refused the token, or failed)."""
 
 
