@@ -112,6 +112,9 @@ class _Http:
             self._local.conn = conn
         return conn
 
+    def close(self) -> None:
+        self._drop()
+
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
@@ -341,6 +344,16 @@ class RemoteTables:
     @property
     def url(self) -> str:
         return self._http.url
+
+    def close(self) -> None:
+        """Close this thread's connection to the registry (a later call opens another)."""
+        self._http.close()
+
+    def __enter__(self) -> RemoteTables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- HTTP ----------------------------------------------------------------------------
 

@@ -56,8 +56,21 @@ def _queries(tables: Any) -> list[Any]:
 
 
 @pytest.fixture
-def registry(live_server: Any) -> dict[str, Bundle]:
-    return {name: publish_bundle(path).bundle for name, path in FOLDERS.items()}
+def registry(live_server: Any) -> Iterator[dict[str, Bundle]]:
+    yield {name: publish_bundle(path).bundle for name, path in FOLDERS.items()}
+    # Keep-alive connections hold a live-server thread (and its database session) open.
+    for tables in OPENED:
+        tables.close()
+    OPENED.clear()
+
+
+OPENED: list[RemoteTables] = []
+
+
+def remote_tables(url: str, **kwargs: Any) -> RemoteTables:
+    tables = RemoteTables(url, **kwargs)
+    OPENED.append(tables)
+    return tables
 
 
 def _same_outcome(local: Any, remote: Any, *args: Any, **kwargs: Any) -> None:
@@ -78,7 +91,7 @@ def test_it_answers_as_component_tables_bit_for_bit(
 ) -> None:
     for name, bundle in registry.items():
         local = ComponentTables(FOLDERS[name])
-        remote = RemoteTables(live_server.url, bundle=bundle.pk)
+        remote = remote_tables(live_server.url, bundle=bundle.pk)
         for entry in local.bundle.entries:
             t = entry.target
             here = local.deployment(t.tp, t.dp, t.rank, t.sequence_parallel)
@@ -111,14 +124,14 @@ def test_refusals_are_the_same_errors_with_the_same_messages(
     live_server: Any, registry: dict[str, Bundle]
 ) -> None:
     local = ComponentTables(FOLDERS["live"])
-    remote = RemoteTables(live_server.url, bundle=registry["live"].sha256)
+    remote = remote_tables(live_server.url, bundle=registry["live"].sha256)
     _same_outcome(local.deployment, remote.deployment, 1, 2, 0)  # no DP2 table
     _same_outcome(local.deployment, remote.deployment, 1, 2, 0)  # absent, kept
     _same_outcome(local.deployment, remote.deployment, 1, 2, 5)  # rank beyond EP
     with pytest.raises(BundleError, match="no published bundle matches"):
-        RemoteTables(live_server.url, bundle="0" * 64).deployment(1, 1, 0)
+        remote_tables(live_server.url, bundle="0" * 64).deployment(1, 1, 0)
     with pytest.raises(QueryError, match="hardware, model and variant go together"):
-        RemoteTables(live_server.url, hardware="H200")
+        remote_tables(live_server.url, hardware="H200")
     with pytest.raises(RegistryError):
         RemoteTables("http://127.0.0.1:9", bundle=1, retries=1, backoff_s=0.01).deployment(
             1, 1, 0
@@ -129,10 +142,10 @@ def test_refusals_are_the_same_errors_with_the_same_messages(
 def test_a_name_resolves_to_the_best_bundle_for_each_target(
     live_server: Any, registry: dict[str, Bundle]
 ) -> None:
-    remote = RemoteTables(live_server.url, hardware="H200", model=QWEN.rsplit("/", 1)[0],
+    remote = remote_tables(live_server.url, hardware="H200", model=QWEN.rsplit("/", 1)[0],
                           variant="bf16")
     assert remote.deployment(1, 2, 0).answerer["backend"] == "vllm-modular"  # type: ignore[union-attr]
-    pinned = RemoteTables(live_server.url, hardware="H200", model=QWEN.rsplit("/", 1)[0],
+    pinned = remote_tables(live_server.url, hardware="H200", model=QWEN.rsplit("/", 1)[0],
                           variant="bf16", backend="torch-reference")
     assert pinned.deployment(1, 1, 0).answerer["id"] == registry["reference"].pk  # type: ignore[union-attr]
 
@@ -153,14 +166,14 @@ def test_it_downloads_once_and_answers_offline(
     monkeypatch.setattr(_Http, "request", spy)
     name = {"hardware": "H200", "model": QWEN.rsplit("/", 1)[0], "variant": "bf16"}
     cache = tmp_path / "cache"
-    first = RemoteTables(live_server.url, **name, cache_dir=cache).deployment(1, 2, 1)
+    first = remote_tables(live_server.url, **name, cache_dir=cache).deployment(1, 2, 1)
     assert (cache / registry["modular"].sha256 / "meta.yaml").is_file()
     assert ("download", 200) in statuses
     statuses.clear()
-    again = RemoteTables(live_server.url, **name, cache_dir=cache).deployment(1, 2, 1)
+    again = remote_tables(live_server.url, **name, cache_dir=cache).deployment(1, 2, 1)
     assert ("download", 304) in statuses  # confirmed by ETag, not downloaded again
     statuses.clear()
-    offline = RemoteTables(live_server.url, **name, cache_dir=cache, offline=True)
+    offline = remote_tables(live_server.url, **name, cache_dir=cache, offline=True)
     here = ComponentTables(FOLDERS["modular"]).deployment(1, 2, 1)
     queries = _queries(here)
     assert offline.deployment(1, 2, 1).answer(queries) == here.answer(queries)

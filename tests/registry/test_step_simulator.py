@@ -34,7 +34,8 @@ def test_the_example_totals_are_identical_in_process_and_remote(live_server: Any
     for folder in ("H200-vllm-live", "H200-torch-reference", "H200"):  # modular not last
         publish_bundle(root / folder / "Qwen/Qwen3-30B-A3B-Instruct-2507/bf16")
     local = example.simulate(ComponentTables(example.BUNDLE), steps=200, seed=3)
-    remote = example.simulate(RemoteTables(live_server.url, **example.NAME), steps=200, seed=3)
+    with RemoteTables(live_server.url, **example.NAME) as tables:
+        remote = example.simulate(tables, steps=200, seed=3)
     assert remote == local
     assert local.refused == 0 and local.decode_us > 0 and not math.isnan(local.prefill_us)
     assert local.prefill_us > local.decode_us  # prefill steps carry 2-16x the tokens
