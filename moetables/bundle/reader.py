@@ -24,6 +24,11 @@ _FILE_REF = re.compile(
 )
 
 
+# libyaml's parser where PyYAML was built with it: the same safe constructors, about ten times
+# faster (an H200 bundle's meta.yaml took 130 ms to parse in Python, most of a cached start).
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_meta(root: Path) -> dict[str, Any]:
     path = root / META
     try:
@@ -33,7 +38,7 @@ def read_meta(root: Path) -> dict[str, Any]:
     except IsADirectoryError:
         raise BundleError(META, "is a directory") from None
     try:
-        meta = yaml.safe_load(data)
+        meta = yaml.load(data, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise BundleError(META, f"is not valid YAML ({exc})") from None
     if not isinstance(meta, dict):
