@@ -33,6 +33,11 @@ urlpatterns = [
         name="bundle-download",
     ),
     re_path(
+        r"^bundles/(?P<pk>[0-9]+)/export/(?P<fmt>[a-z]+)/?$",
+        BundleViewSet.as_view({"get": "export"}),
+        name="bundle-export",
+    ),
+    re_path(
         r"^bundles/(?P<pk>[0-9]+)/files/(?P<path>.+)$",
         BundleViewSet.as_view({"get": "files"}),
         name="bundle-files",

@@ -33,6 +33,7 @@ from registry.api.serializers import (
 from registry.filtersets import BundleFilterSet
 from registry.models import Bundle
 from registry.services import PublishError, bundle_archive_chunks, publish_upload
+from registry.services.export import format_archive
 from registry.storage import bundle_storage, open_blob
 
 if TYPE_CHECKING:
@@ -157,6 +158,34 @@ class BundleViewSet(
         response["Content-Disposition"] = f'attachment; filename="{bundle.archive_stem}.tar.gz"'
         response["Cache-Control"] = "public, max-age=31536000, immutable"
         response["X-Bundle-Sha256"] = bundle.sha256
+        return response
+
+    @extend_schema(
+        parameters=[OpenApiParameter(
+            "fmt", str, OpenApiParameter.PATH, enum=["llmservingsim", "aiconfigurator"],
+            description="llmservingsim: the historical moe-components-v1 layout; "
+                        "aiconfigurator: its MoE perf table (balanced rows)",
+        )],
+        responses={
+            (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY),
+            422: OpenApiResponse(ProblemsSerializer, description="what the format cannot express"),
+        },
+    )
+    @action(detail=True, methods=["get"], url_path=r"export/(?P<fmt>[a-z]+)")
+    def export(self, request: Request, pk: str | None = None, fmt: str = "") -> HttpResponse:
+        """The bundle written for another simulator (``python -m moetables export``)."""
+        from moetables.export import FORMATS, ExportError
+
+        bundle = self.get_object()
+        if fmt not in FORMATS:
+            raise NotFound(f"no export format {fmt!r}; formats are {', '.join(FORMATS)}")
+        try:
+            name, data = format_archive(bundle, fmt)
+        except ExportError as exc:
+            return Response({"problems": exc.problems},
+                            status=status.HTTP_422_UNPROCESSABLE_ENTITY)
+        response = HttpResponse(data, content_type="application/gzip")
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
         return response
 
     @extend_schema(
