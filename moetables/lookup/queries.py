@@ -223,6 +223,8 @@ ENVELOPE_KEYS = (
     "queries",
 )
 TARGET_KEYS = ("tp", "dp", "ep", "rank", "sequence_parallel")
+_ENVELOPE_SET = frozenset(ENVELOPE_KEYS)
+_TARGET_SET = frozenset(TARGET_KEYS)
 # What a query string may pin (the same keys as in the body; both may not disagree).
 PIN_KEYS = ("backend", "vllm_version", "bundle")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -355,7 +357,7 @@ def parse_request(
     problems: list[str] = []
     if pins:
         data = _merge_pins(data, pins, problems)
-    unknown = [k for k in data if k not in ENVELOPE_KEYS]
+    unknown = data.keys() - _ENVELOPE_SET
     if unknown:
         problems.append(
             f"unknown keys {', '.join(map(repr, sorted(map(str, unknown))))}; a lookup takes "
@@ -403,7 +405,7 @@ def parse_request(
     if not isinstance(raw, Mapping):
         problems.append("target: must be an object with tp, dp, rank (and sequence_parallel)")
     else:
-        extra = [k for k in raw if k not in TARGET_KEYS]
+        extra = raw.keys() - _TARGET_SET
         if extra:
             problems.append(
                 f"target: unknown keys {', '.join(map(repr, sorted(map(str, extra))))}; "

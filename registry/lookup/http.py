@@ -20,6 +20,7 @@ X-Frame-Options come from the middleware listed before it, as for any request.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -92,17 +93,17 @@ def read_body(request: HttpRequest) -> Any:
 
 
 def _json(body: Any, status: int, headers: dict[str, str] | None = None) -> HttpResponse:
-    response = HttpResponse(orjson.dumps(body), content_type="application/json", status=status)
-    response["Allow"] = ALLOW
-    for key, value in (headers or {}).items():
-        response[key] = value
-    return response
+    return HttpResponse(
+        orjson.dumps(body), content_type="application/json", status=status,
+        headers={"Allow": ALLOW, **headers} if headers else {"Allow": ALLOW},
+    )
 
 
 def _ascii(value: Any) -> str:
     return str(value).encode("ascii", "backslashreplace").decode("ascii").replace("\n", " ")
 
 
+@functools.lru_cache(maxsize=256)  # a handful of bundles answer; their headers never change
 def _answerer_headers(answerer: Answerer) -> dict[str, str]:
     fields = answerer.as_dict()
     return {header: _ascii(fields[key]) for header, key in ANSWERER_HEADERS.items()}
@@ -150,7 +151,8 @@ def lookup(request: HttpRequest) -> HttpResponse:
     if refused is not None:
         return refused
     try:
-        lookup_request = parse_lookup(read_body(request), request.GET)
+        pins = request.GET if request.META.get("QUERY_STRING") else None
+        lookup_request = parse_lookup(read_body(request), pins)
         answerer, body = run_lookup(lookup_request)
     except RequestError as exc:
         return _json({"error": "invalid", "problems": exc.problems}, 400)
