@@ -64,8 +64,9 @@ def moe_shape(entry: TableEntry, meta: dict[str, Any]) -> tuple[dict[str, Any], 
     """The identity columns of ``entry``'s rows, and why they cannot be written (if so)."""
     c = entry.contract
     where = f"tp{entry.target.tp}/{entry.target.deployment}"
-    backend = c.get("backend") if isinstance(c.get("backend"), dict) else {}
-    region = c.get("expert_region") if isinstance(c.get("expert_region"), dict) else {}
+    raw_backend, raw_region = c.get("backend"), c.get("expert_region")
+    backend: dict[str, Any] = raw_backend if isinstance(raw_backend, dict) else {}
+    region: dict[str, Any] = raw_region if isinstance(raw_region, dict) else {}
     why: list[str] = []
     version = backend.get("vllm_version") or region.get("vllm_version") or c.get("vllm_version")
     if not version:
@@ -108,8 +109,8 @@ def balanced_load(tokens: int, entry: TableEntry) -> tuple[int, int]:
 def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> bool:
     """The rows as AIConfigurator's own parquet tables type them; False without pyarrow."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
     except ImportError:
         return False
     text = {"framework", "version", "device", "op_name", "kernel_source", "moe_dtype",
