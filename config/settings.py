@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("REGISTRY_VAR_DIR", BASE_DIR / "var")).resolve()
@@ -35,12 +37,37 @@ def _list(name: str, default: str) -> list[str]:
 
 
 DEBUG = _flag("DJANGO_DEBUG", False)
-# The default key is for a laptop; a deployment sets its own (docker-compose.yml does).
-SECRET_KEY = os.environ.get(
-    "DJANGO_SECRET_KEY", "insecure-development-key-set-DJANGO_SECRET_KEY-in-production"
-)
+# DJANGO_DEBUG=0 written out declares a production deployment (docs/registry.md,
+# "Production settings"); left unset, this is a laptop or a test run.
+PRODUCTION = os.environ.get("DJANGO_DEBUG", "").strip().lower() in {"0", "false", "no", "off"}
+_DEVELOPMENT_KEY = "insecure-development-key-set-DJANGO_SECRET_KEY-in-production"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "") or _DEVELOPMENT_KEY
+if PRODUCTION and (
+    SECRET_KEY in (_DEVELOPMENT_KEY, "change-me-in-production") or len(SECRET_KEY) < 50
+):
+    # A production process never runs on a public default key (issue 17, item 9): sessions
+    # and password-reset links signed with it could be forged by anyone.
+    raise ImproperlyConfigured(
+        "DJANGO_DEBUG=0 (production) needs DJANGO_SECRET_KEY: at least 50 random characters, "
+        "e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    )
 ALLOWED_HOSTS = _list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = _list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+# Behind TLS (the default in production; DJANGO_HTTPS=0 for a plain-HTTP test stack): HTTPS
+# only, HSTS, cookies never sent in clear, and the proxy's X-Forwarded-Proto trusted.
+HTTPS = _flag("DJANGO_HTTPS", PRODUCTION)
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = _int("DJANGO_HSTS_SECONDS", 31_536_000) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS and _flag("DJANGO_HSTS_PRELOAD", True)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -60,6 +87,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A strict Content-Security-Policy on every response, the lookup's included.
+    "config.security.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -131,8 +160,13 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 # Static files (the Swagger UI sidecar, the admin) are served from the apps too, so a
-# checkout works before or without collectstatic.
-WHITENOISE_USE_FINDERS = True
+# checkout works before or without collectstatic. The run command collects them first (with
+# gzip and brotli copies) and sets REGISTRY_COLLECTED_STATIC=1: then only the collected files
+# are served, compressed for clients that accept it.
+WHITENOISE_USE_FINDERS = os.environ.get("REGISTRY_COLLECTED_STATIC", "") != "1"
+# Vendored libraries carry their version in the file name (plotly-4.1.1.min.js): a new version
+# is a new URL, so browsers may keep them for good (max-age 10 years, immutable).
+WHITENOISE_IMMUTABLE_FILE_TEST = r"/vendor/[^/]+-\d+\.\d+\.\d+(\.min)?\.(js|css)$"
 
 # Bundle files live in the "bundles" storage under their sha256; swapping the backend for
 # object storage later changes this entry only (warehouse-style storage behind an interface).
@@ -149,7 +183,7 @@ STORAGES = {
 }
 
 # Registry limits and working folders.
-REGISTRY = {
+REGISTRY: dict[str, Any] = {
     # Checked-out bundle trees that lookups read (a cache rebuilt from the blobs).
     "CHECKOUT_DIR": VAR_DIR / "checkouts",
     # Where uploads are unpacked and validated before anything is stored.
@@ -157,6 +191,9 @@ REGISTRY = {
     "MAX_ARCHIVE_BYTES": _int("REGISTRY_MAX_ARCHIVE_BYTES", 256 * 1024 * 1024),
     "MAX_UNPACKED_BYTES": _int("REGISTRY_MAX_UNPACKED_BYTES", 1024 * 1024 * 1024),
     "MAX_FILES": _int("REGISTRY_MAX_FILES", 10_000),
+    # Bytes of bundles one account may have published over HTTP (sum of their sizes; a bundle
+    # already published by anyone costs nothing). 0: no quota. Staff are not counted.
+    "USER_QUOTA_BYTES": _int("REGISTRY_USER_QUOTA_BYTES", 4 * 1024 * 1024 * 1024),
     "MAX_LOOKUP_QUERIES": _int("REGISTRY_MAX_LOOKUP_QUERIES", 100_000),
     "LOOKUP_CACHE_BUNDLES": _int("REGISTRY_LOOKUP_CACHE_BUNDLES", 32),
     # Acquisition jobs (docs/jobs.md): each job's work folder is JOBS_DIR/job-<id>.
@@ -171,11 +208,22 @@ REGISTRY = {
     "JOB_SWEEP_S": _int("REGISTRY_JOB_SWEEP_S", 60),
     # A job that loses its worker after this many starts is failed, not sent again.
     "JOB_MAX_ATTEMPTS": _int("REGISTRY_JOB_MAX_ATTEMPTS", 3),
+    # Request rates (N/second|minute|hour|day), per user or client address; empty: no limit.
+    # Lookups are off by default (simulators call them per step); the rest are on.
+    "LOOKUP_THROTTLE": os.environ.get("REGISTRY_LOOKUP_THROTTLE") or None,
+    "UPLOAD_THROTTLE": os.environ.get("REGISTRY_UPLOAD_THROTTLE", "60/hour") or None,
+    "JOB_THROTTLE": os.environ.get("REGISTRY_JOB_THROTTLE", "120/hour") or None,
+    # Failed sign-ins per (client address, user name); past it, even the right password is
+    # refused until the period has passed (registry/signin.py).
+    "SIGNIN_THROTTLE": os.environ.get("REGISTRY_SIGNIN_THROTTLE", "5/minute") or None,
 }
 
 FILE_UPLOAD_TEMP_DIR = None
 # Lookup batches of 100,000 queries are a few MB of JSON.
 DATA_UPLOAD_MAX_MEMORY_SIZE = _int("DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", 64 * 1024 * 1024)
+
+# Every password check goes through the sign-in throttle (registry/signin.py).
+AUTHENTICATION_BACKENDS = ["registry.signin.ThrottledModelBackend"]
 
 # People sign in on the dashboard's own page (django.contrib.auth views) to queue jobs.
 LOGIN_URL = "/accounts/login/"
@@ -184,7 +232,8 @@ LOGOUT_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # Tokens are stored hashed (registry/tokens.py).
+        "registry.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticatedOrReadOnly"],
@@ -199,8 +248,14 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    # Lookups are throttled only when a rate is set, e.g. REGISTRY_LOOKUP_THROTTLE=100/second.
-    "DEFAULT_THROTTLE_RATES": {"lookup": os.environ.get("REGISTRY_LOOKUP_THROTTLE") or None},
+    # Rates live in REGISTRY (read per request by registry/api/throttles.py), not here.
+    # Deeply nested JSON is a 400 on every path, never a RecursionError (issue 17, item 8).
+    "DEFAULT_PARSER_CLASSES": [
+        "registry.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "EXCEPTION_HANDLER": "registry.api.parsers.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 

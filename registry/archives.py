@@ -17,7 +17,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from registry.manifest import ManifestError, check_member_path
 
@@ -160,13 +160,57 @@ def _write_member(dest: Path, path: str, reader: IO[bytes], size: int) -> None:
         raise ArchiveError(f"{path!r} is truncated: {written} of {size} bytes")
 
 
+class _StrictTarInfo(tarfile.TarInfo):
+    """A header that tarfile cannot read is an error, not the end of the archive.
+
+    tarfile stops quietly at a damaged header after the first member, so a bundle cut by a
+    bad block kept only the members before it and was accepted (issue 17, item 5). The end
+    marker (a zero block) is remembered, so that what follows it can be checked.
+    """
+
+    @classmethod
+    def fromtarfile(cls, archive: tarfile.TarFile) -> _StrictTarInfo:
+        try:
+            return super().fromtarfile(archive)
+        except tarfile.EOFHeaderError:  # type: ignore[attr-defined]  # private, stable since 3.2
+            archive.saw_end_marker = True  # type: ignore[attr-defined]
+            raise
+        except tarfile.EmptyHeaderError:  # type: ignore[attr-defined]
+            raise  # the data ends at a block boundary: the end, with no marker
+        except (tarfile.InvalidHeaderError, tarfile.TruncatedHeaderError) as exc:  # type: ignore[attr-defined]
+            raise ArchiveError(
+                f"a damaged tar header at byte {archive.offset} of the tar stream ({exc})"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise ArchiveError(
+                f"a member name near byte {archive.offset} is not UTF-8 ({exc.reason})"
+            ) from None
+
+
+def _rest_is_zeros(tar: tarfile.TarFile, stream: IO[bytes]) -> bool:
+    """Whether everything after the end marker is zero padding (tar pads to a record)."""
+    leftover = getattr(tar.fileobj, "buf", b"")
+    if leftover.strip(b"\0"):
+        return False
+    while block := stream.read(1 << 16):
+        if block.strip(b"\0"):
+            return False
+    return True
+
+
 def _unpack_tar_gz(source: Path, dest: Path, limits: ArchiveLimits) -> None:
     budget = _Budget(limits)
     # Headers count against the cap too: BLOCK per entry plus PAX records.
     cap = limits.max_unpacked_bytes + (limits.max_entries + 4) * 2 * BLOCK + RECORD
     with gzip.open(source, "rb") as raw:
-        stream = io.BufferedReader(_CappedReader(raw, cap), buffer_size=1 << 16)
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
+        stream = io.BufferedReader(_CappedReader(cast("IO[bytes]", raw), cap), buffer_size=1 << 16)
+        with tarfile.open(
+            fileobj=stream,
+            mode="r|",
+            tarinfo=_StrictTarInfo,
+            encoding="utf-8",
+            errors="strict",
+        ) as tar:
             for member in tar:
                 path = budget.entry(member.name)
                 if member.isdir():
@@ -178,6 +222,8 @@ def _unpack_tar_gz(source: Path, dest: Path, limits: ArchiveLimits) -> None:
                 if reader is None:  # pragma: no cover - regular members always have data
                     raise ArchiveError(f"{path!r} has no data")
                 _write_member(dest, path, reader, member.size)
+            if getattr(tar, "saw_end_marker", False) and not _rest_is_zeros(tar, stream):
+                raise ArchiveError("the archive has data after the tar end marker")
     if budget.files == 0:
         raise ArchiveError("the archive holds no files")
 
@@ -201,7 +247,7 @@ def _unpack_zip(source: Path, dest: Path, limits: ArchiveLimits) -> None:
         if len(infos) > limits.max_entries:
             raise ArchiveError(f"the archive has more than {limits.max_entries} entries")
         for info in infos:
-            path = budget.entry(info.filename)
+            path = budget.entry(_zip_name(info))
             mode = info.external_attr >> 16
             kind = stat.S_IFMT(mode)
             if info.is_dir():
@@ -219,6 +265,17 @@ def _unpack_zip(source: Path, dest: Path, limits: ArchiveLimits) -> None:
                 _write_member(dest, path, reader, info.file_size)
     if budget.files == 0:
         raise ArchiveError("the archive holds no files")
+
+
+def _zip_name(info: zipfile.ZipInfo) -> str:
+    """The member name as UTF-8, strictly: zipfile reads names without the UTF-8 flag as
+    cp437, which turns any bytes into some text; those bytes must be UTF-8 too."""
+    if info.flag_bits & 0x800:
+        return info.filename  # zipfile decoded it as UTF-8 (strictly)
+    try:
+        return info.orig_filename.encode("cp437").decode("utf-8")
+    except UnicodeError:
+        raise ArchiveError(f"the member name {info.orig_filename!r} is not UTF-8") from None
 
 
 def find_bundle_root(folder: Path, marker: str = "meta.yaml") -> Path:

@@ -25,6 +25,7 @@ __all__ = [
     "ManifestError",
     "check_member_path",
     "is_left_out",
+    "left_out_reason",
     "scan_tree",
 ]
 
@@ -38,6 +39,10 @@ LEFT_OUT_PATTERNS = (
     "*trace*.json",
     "*trace*.json.gz",
 )
+# The files a bundle is made of (docs/bundle-format.md): YAML and JSON metadata, CSV tables,
+# and plain-text notes. Anything else (HTML, SVG, scripts, binaries) is never stored, so the
+# registry cannot be made to host content a browser would run (issue 17, item 1).
+FORMAT_SUFFIXES = (".yaml", ".yml", ".json", ".csv", ".md", ".txt")
 MAX_PATH_CHARS = 1024
 MAX_PART_CHARS = 255
 
@@ -46,9 +51,18 @@ class ManifestError(ValueError):
     """A path or file that a bundle cannot hold."""
 
 
-def is_left_out(path: str) -> bool:
+def left_out_reason(path: str) -> str | None:
+    """Why publication leaves ``path`` out, or None when the bundle keeps it."""
     name = path.rsplit("/", 1)[-1]
-    return any(fnmatchcase(name, pattern) for pattern in LEFT_OUT_PATTERNS)
+    if any(fnmatchcase(name, pattern) for pattern in LEFT_OUT_PATTERNS):
+        return "an acquisition artifact, never published"
+    if not name.lower().endswith(FORMAT_SUFFIXES):
+        return "not a file of the bundle format (only " + ", ".join(FORMAT_SUFFIXES) + ")"
+    return None
+
+
+def is_left_out(path: str) -> bool:
+    return left_out_reason(path) is not None
 
 
 def check_member_path(raw: str) -> str:
@@ -61,6 +75,10 @@ def check_member_path(raw: str) -> str:
         raise ManifestError("an entry has an empty name")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in raw):
         raise ManifestError(f"{raw!r}: control characters are not allowed in names")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ManifestError(f"{raw!r}: a name must be valid UTF-8 text") from None
     if "\\" in raw:
         raise ManifestError(f"{raw!r}: backslashes are not allowed in names")
     if raw.startswith("/") or (len(raw) > 1 and raw[1] == ":"):

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from registry.checks import MEASURED_AT_RANGE
 from registry.choices import BundleLayout, BundleSource
 from registry.manifest import Manifest
 
@@ -41,6 +42,11 @@ class Bundle(models.Model):
     # never change after publication, so the copy cannot go stale).
     targets = models.JSONField(default=list, help_text="brief tables, as the list shows them")
     vllm_version = models.CharField(max_length=64, blank=True)
+    exploratory = models.BooleanField(
+        default=False,
+        help_text="a table was measured with a B/2B tolerance above the method's 3 %; "
+        "name lookups skip it unless asked",
+    )
     measured_at = models.DateTimeField(null=True, blank=True)
     published_at = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=16, choices=BundleSource.choices)
@@ -54,6 +60,17 @@ class Bundle(models.Model):
 
     class Meta:
         ordering = ("-published_at", "-id")
+        # The database itself refuses a time that cannot be read back (year 0 or 10000 after
+        # conversion to UTC answered 500 on every page that listed it; issue 17, item 3).
+        constraints = (
+            models.CheckConstraint(
+                condition=models.Q(measured_at__isnull=True)
+                | models.Q(
+                    measured_at__gte=MEASURED_AT_RANGE[0], measured_at__lt=MEASURED_AT_RANGE[1]
+                ),
+                name="registry_bundle_measured_at_in_range",
+            ),
+        )
         indexes = (
             models.Index(fields=["hardware", "model", "variant", "-published_at"]),
             models.Index(fields=["model"]),
@@ -167,6 +184,14 @@ class DeploymentTable(models.Model):
 
 
 # Acquisition jobs live in their own module (registry/jobs/) and are part of this app.
+# Who changed what, and who may publish under a name (issue 17): their own modules.
+from registry.audit import StateChange  # noqa: E402
 from registry.jobs.models import AcquisitionJob  # noqa: E402
+from registry.namespaces import Namespace, NamespaceGrant  # noqa: E402
 
-__all__ += ["AcquisitionJob"]
+__all__ += ["AcquisitionJob", "Namespace", "NamespaceGrant", "StateChange"]
+
+# Coverage requests and worker presence (registry/coverage_models.py).
+from registry.coverage_models import CoverageRequest, WorkerPresence  # noqa: E402
+
+__all__ += ["CoverageRequest", "WorkerPresence"]

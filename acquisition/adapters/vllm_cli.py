@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     # Refusals found while building (CapabilityError is an AdapterRefusal) exit 3 in cli.main.
-    return cli.main(rest)
+    return cli.main(rest, whole_process=argv is None)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import dataclasses
 import gc
 import json
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -145,6 +146,35 @@ def model_folder(model: MoeModel) -> Path:
     if model.source.startswith("local:"):
         return Path(model.source.removeprefix("local:"))
     raise CapabilityError(f"{model.name}: no local folder with config.json is known")
+
+
+def register_model_classes(architectures: list[str]) -> list[str]:
+    """Give vLLM's model registry the checkpoint's model classes, inspected in this process.
+
+    vLLM inspects a lazily registered model class in a fresh Python subprocess (so that a
+    parent which never touched CUDA stays fork-safe), which imports vLLM and torch again:
+    about 20 s of a 45 s engine start on the H200 host, on every fresh machine (the result
+    is cached on disk, but a lent machine starts empty). This process has initialised CUDA
+    already, so the reason does not apply: the very class the registry would load
+    (``load_model_cls``) is registered through vLLM's public ``register_model``, which
+    inspects it here. Returns the architectures registered; nothing where vLLM's registry
+    is not reachable (the engine then inspects as usual).
+    """
+    try:
+        from vllm import ModelRegistry
+    except Exception:
+        return []
+    done = []
+    for arch in architectures:
+        entry = getattr(ModelRegistry, "models", {}).get(arch)
+        if entry is None or not callable(getattr(entry, "load_model_cls", None)):
+            continue
+        try:
+            ModelRegistry.register_model(arch, entry.load_model_cls())
+        except Exception:  # the engine's own inspection still runs; never fatal here
+            continue
+        done.append(arch)
+    return done
 
 
 def smallest_moe_prefix(config: dict[str, Any]) -> int:
@@ -511,7 +541,13 @@ class VllmLiveSession(UnquantizedExpertBanks):
         self.banks: list[tuple[Any, Any]] = []
         self.ownership: list[dict[str, Any]] = []
         self.engine_settings: dict[str, Any] = {}
+        # Seconds of the build's own phases, for the acquisition's phase table (issue 19).
+        self.build_phases: dict[str, float] = {}
+        started = time.perf_counter()
         self._engine = self._start_engine(engine_factory)
+        self.build_phases["build.engine_start"] = (
+            time.perf_counter() - started - self.build_phases.get("build.model_info", 0.0)
+        )
         self.layer = self._reach_layer()
         reasons = layer_reasons(self.layer, model, surface)
         if reasons:
@@ -528,12 +564,14 @@ class VllmLiveSession(UnquantizedExpertBanks):
         logits = self.gate_logits(probe)
         self.observations["router_logits_dtype"] = str(logits.dtype).removeprefix("torch.")
         if check_ownership:
+            started = time.perf_counter()
             tokens = ownership_tokens or tuple(
                 sorted({1, min(256, limits.max_num_batched_tokens), limits.max_num_batched_tokens})
             )
             for n in tokens:
                 self.ownership.append(self._check_ownership(n))
             self._check_wrapper_declaration()
+            self.build_phases["build.ownership_traces"] = time.perf_counter() - started
         self.check_state()
 
     # -- the engine -----------------------------------------------------------------------
@@ -567,9 +605,15 @@ class VllmLiveSession(UnquantizedExpertBanks):
         if self.limits.attention_backend:
             arguments["attention_backend"] = self.limits.attention_backend
         factory = engine_factory or self.surface["llm"]
+        inspected: list[str] = []
+        if engine_factory is None:
+            started = time.perf_counter()
+            inspected = register_model_classes(config.get("architectures") or [])
+            self.build_phases["build.model_info"] = time.perf_counter() - started
         engine = factory(**arguments)
         self.engine_settings = {
             "requested": {k: v for k, v in arguments.items() if k != "model"},
+            "model_classes_inspected_in_process": inspected,
             "model_folder": str(folder),
             "smallest_moe_prefix_layers": prefix,
             "multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),

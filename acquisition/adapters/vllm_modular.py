@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -582,7 +583,10 @@ class VllmModularSession(UnquantizedExpertBanks):
         self.router = choice.router
         self.topk_dtype = prepare_finalize.topk_indices_dtype() or torch.int32
         self.observations: dict[str, Any] = {}
+        started = time.perf_counter()
         self._observe(runtime)
+        # Seconds of the build's own traces, for the acquisition's phase table (issue 19).
+        self.build_phases = {"build.observations": time.perf_counter() - started}
 
     def _probe_stimulus(self) -> RoutingStimulus:
         from acquisition.protocol.stimulus import routing_stimulus

@@ -10,7 +10,13 @@ from moetables.bundle.model import COMPONENTS, EXPERTS, MODES
 from moetables.errors import BundleError
 from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map
 
-__all__ = ["contract_id", "entry_geometry", "require"]
+__all__ = ["MAX_GLOBAL_EXPERTS", "MAX_TOP_K", "contract_id", "entry_geometry", "require"]
+
+# Bounds that keep validation cheap whatever a contract says: the work of checking a contract
+# grows with its expert count (issue 17, item 4: 5e7 experts took 4 s and 2 GB). The largest
+# MoE models published have a few hundred experts per layer.
+MAX_GLOBAL_EXPERTS = 65_536
+MAX_TOP_K = 1_024
 
 
 def contract_id(contract: dict[str, Any]) -> str:
@@ -69,6 +75,14 @@ def entry_geometry(
     experts = require(contract, "global_experts", int, where=where)
     top_k = require(contract, "global_top_k", int, where=where)
     local = require(contract, "local_experts", int, where=where)
+    if not 1 <= experts <= MAX_GLOBAL_EXPERTS:
+        raise BundleError(
+            f"{where}.global_experts", f"must be within 1..{MAX_GLOBAL_EXPERTS}, got {experts}"
+        )
+    if not 1 <= top_k <= min(experts, MAX_TOP_K):
+        raise BundleError(
+            f"{where}.global_top_k", f"must be within 1..{min(experts, MAX_TOP_K)}, got {top_k}"
+        )
     try:
         geometry = ExpertGeometry.for_target(experts, top_k, target)
     except ValueError as exc:

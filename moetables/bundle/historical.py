@@ -35,10 +35,19 @@ def _load_json(path: Path, name: str) -> Any:
         data = path.read_bytes()
     except FileNotFoundError:
         raise BundleError(name, "is missing") from None
+    return _parse_json(data, name)
+
+
+def _parse_json(data: bytes, name: str) -> Any:
+    """JSON from strictly UTF-8 bytes (json.loads would also take UTF-16 and UTF-32)."""
     try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BundleError(name, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
         raise BundleError(name, f"is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BundleError(name, "is nested too deeply") from None
 
 
 def read_historical_entries(root: Path, tp: int, record: Any) -> list[TableEntry]:
@@ -55,10 +64,7 @@ def read_historical_entries(root: Path, tp: int, record: Any) -> list[TableEntry
         raise BundleError(
             index_rel, f"index checksum mismatch: meta.yaml declares sha256 {declared}"
         )
-    try:
-        index = json.loads(index_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(index_rel, f"is not valid JSON ({exc})") from None
+    index = _parse_json(index_bytes, index_rel)
     if not isinstance(index, dict) or index.get("schema") != HISTORICAL_SCHEMA:
         got = index.get("schema") if isinstance(index, dict) else type(index).__name__
         raise BundleError(f"{index_rel}:schema", f"must be {HISTORICAL_SCHEMA!r}, got {got!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +34,26 @@ def load_table(root: Path, entry: TableEntry) -> ComponentTable:
     return parse_table(data, entry)
 
 
+# Plain ASCII decimal only: Python's int() and float() also read "7_5", Arabic-Indic "١" and
+# fullwidth "１", which no CSV writer means as numbers (issue 17, item 5).
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def _int_field(text: str, *, where: str, column: str) -> int:
-    stripped = text.strip()
-    body = stripped[1:] if stripped.startswith("-") else stripped
-    if not body.isdigit():
-        raise BundleError(where, f"{column} must be an integer, got {text!r}")
+    stripped = text.strip(" \t")
+    if not _INTEGER.fullmatch(stripped):
+        raise BundleError(where, f"{column} must be an integer (plain ASCII decimal), got {text!r}")
     return int(stripped)
+
+
+def _decimal_field(text: str, *, where: str, column: str) -> float:
+    stripped = text.strip(" \t")
+    if not _DECIMAL.fullmatch(stripped):
+        if stripped.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            raise BundleError(where, f"{column} must be finite and positive, got {text!r}")
+        raise BundleError(where, f"{column} must be a number (plain ASCII decimal), got {text!r}")
+    return float(stripped)
 
 
 def parse_table(data: bytes, entry: TableEntry) -> ComponentTable:
@@ -90,10 +105,7 @@ def parse_table(data: bytes, entry: TableEntry) -> ComponentTable:
         tokens = _int_field(fields[2], where=where, column="tokens")
         active = _int_field(fields[3], where=where, column="activated_experts")
         pairs = _int_field(fields[4], where=where, column="local_assignments")
-        try:
-            time_us = float(fields[5])
-        except ValueError:
-            raise BundleError(where, f"time_us must be a number, got {fields[5]!r}") from None
+        time_us = _decimal_field(fields[5], where=where, column="time_us")
         if not math.isfinite(time_us) or time_us <= 0:
             raise BundleError(where, f"time_us must be finite and positive, got {fields[5]!r}")
         if tokens < 1:

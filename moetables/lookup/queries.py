@@ -219,8 +219,8 @@ def read_columns(
 # Every key a lookup body may carry; anything else is refused, never ignored (a misspelt pin
 # silently ignored would answer from another bundle than the caller meant).
 ENVELOPE_KEYS = (
-    "bundle", "sha256", "hardware", "model", "variant", "backend", "vllm_version", "target",
-    "queries",
+    "bundle", "sha256", "hardware", "model", "variant", "backend", "vllm_version",
+    "include_exploratory", "target", "queries",
 )
 TARGET_KEYS = ("tp", "dp", "ep", "rank", "sequence_parallel")
 _ENVELOPE_SET = frozenset(ENVELOPE_KEYS)
@@ -255,6 +255,8 @@ class LookupRequest:
     name: tuple[str, str, str] | None = None  # hardware, model, variant
     backend: str | None = None
     vllm_version: str | None = None
+    # A name also finds exploratory bundles (a B/2B tolerance looser than the method's 3 %).
+    include_exploratory: bool = False
 
     @property
     def target(self) -> dict[str, Any]:
@@ -279,6 +281,8 @@ class LookupRequest:
             out["backend"] = self.backend
         if self.vllm_version is not None:
             out["vllm_version"] = self.vllm_version
+        if self.include_exploratory:
+            out["include_exploratory"] = True
         target = self.target
         del target["ep"]
         out["target"] = target
@@ -295,7 +299,7 @@ def _text_problem(key: str, value: Any) -> str | None:
     except UnicodeEncodeError:  # JSON can carry lone surrogates; no database stores them
         return f"{key}: must be valid Unicode text"
     if "\x00" in value:  # PostgreSQL cannot store or compare NUL in text
-        return f"{key}: must not contain NUL characters"
+        return f"{key}: must be text without NUL characters"
     return None
 
 
@@ -398,6 +402,9 @@ def parse_request(
         if value is not None and (p := _text_problem(key, value)) is not None:
             problems.append(p)
         pinned[key] = value
+    include_exploratory = data.get("include_exploratory", False)
+    if not isinstance(include_exploratory, bool):
+        problems.append(f"include_exploratory: must be true or false, got {include_exploratory!r}")
     raw = data.get("target")
     tp = dp = 1
     rank = 0
@@ -438,4 +445,5 @@ def parse_request(
         name=(names[0], names[1], names[2]) if given else None,
         backend=pinned["backend"],
         vllm_version=pinned["vllm_version"],
+        include_exploratory=include_exploratory,
     )

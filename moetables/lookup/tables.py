@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,10 @@ from moetables.lookup.queries import (
 )
 from moetables.lookup.surface import Coordinates, ExpertSurface
 
+if TYPE_CHECKING:
+    from moetables.comm import Cluster
+    from moetables.estimate import BatchEstimate, LayerEstimate
+
 __all__ = ["BatchResult", "ComponentTables", "DeploymentTables"]
 
 SCALAR_CACHE_SIZE = 65536
@@ -47,6 +51,7 @@ class DeploymentTables:
     def __init__(self, root: Path, entry: TableEntry, *, coordinates: Coordinates = "raw") -> None:
         self.entry = entry
         self.target = entry.target
+        self._coordinates: Coordinates = coordinates
         table = load_table(root, entry)
         where = f"{entry.target.deployment} tp{entry.target.tp}"
         self._local: dict[tuple[str, str], LocalCurve] = {}
@@ -80,8 +85,48 @@ class DeploymentTables:
                     )
         self.components = entry.components
         self.modes = entry.modes
+        self.root = root
+        # The bundle this rank came from: a layer estimate needs its sibling ranks.
+        self.owner: ComponentTables | None = None
         # A bounded cache keyed by every coordinate (R40); errors are not cached.
         self.time_us = functools.lru_cache(maxsize=SCALAR_CACHE_SIZE)(self._time_us)
+
+    def estimate(
+        self,
+        tokens_per_rank: Sequence[int],
+        policy: str = "balanced",
+        cluster: Cluster | None = None,
+        mode: str = "eager",
+        **options: Any,
+    ) -> LayerEstimate:
+        """The MoE layer estimate of this rank's deployment (every rank of its TP/DP/SP) for
+        one step's padded per-DP-rank token counts; see `moetables.estimate`."""
+        owner = self.owner
+        if owner is None:
+            owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
+        t = self.target
+        return owner.estimate(
+            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
+            policy=policy, cluster=cluster, mode=mode, **options,
+        )
+
+    def estimate_batch(
+        self,
+        tokens_per_rank: Any,
+        policy: str = "balanced",
+        cluster: Cluster | None = None,
+        mode: str = "eager",
+        **options: Any,
+    ) -> BatchEstimate:
+        """`estimate` for many steps at once: arrays per step (see `BatchEstimate`)."""
+        owner = self.owner
+        if owner is None:
+            owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
+        t = self.target
+        return owner.estimate_batch(
+            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
+            policy=policy, cluster=cluster, mode=mode, **options,
+        )
 
     def _known(self, component: str, mode: str) -> None:
         if component not in self.components:
@@ -337,8 +382,52 @@ class ComponentTables:
                 self._absent[key] = message
                 raise CoverageError(message)
             tables = DeploymentTables(self.bundle.root, entry, coordinates=self.coordinates)
+            tables.owner = self
             self._loaded[key] = tables
             return tables
+
+    def estimate(
+        self,
+        tokens_per_rank: Sequence[int],
+        *,
+        tp: int,
+        dp: int,
+        sequence_parallel: bool = False,
+        policy: str = "balanced",
+        cluster: Cluster | None = None,
+        mode: str = "eager",
+        **options: Any,
+    ) -> LayerEstimate:
+        """One MoE layer in one step of the TP/DP(/SP) deployment: per rank rows, N, A, M,
+        component times, compute, wait and transfer; the collectives; the layer time.
+
+        ``options``: ``expert_counts`` (histogram), ``active_curve`` and ``load_shares``
+        (custom), ``seed`` (random), ``capture_sizes`` (graph mode).
+        """
+        from moetables.estimate import estimator_for
+
+        return estimator_for(self, tp, dp, sequence_parallel).estimate(
+            tokens_per_rank, policy=policy, cluster=cluster, mode=mode, **options
+        )
+
+    def estimate_batch(
+        self,
+        tokens_per_rank: Any,
+        *,
+        tp: int,
+        dp: int,
+        sequence_parallel: bool = False,
+        policy: str = "balanced",
+        cluster: Cluster | None = None,
+        mode: str = "eager",
+        **options: Any,
+    ) -> BatchEstimate:
+        """`estimate` for many steps: ``tokens_per_rank`` of shape (steps, dp)."""
+        from moetables.estimate import estimator_for
+
+        return estimator_for(self, tp, dp, sequence_parallel).estimate_batch(
+            tokens_per_rank, policy=policy, cluster=cluster, mode=mode, **options
+        )
 
 
 # Re-exported for callers that switch on batch codes.

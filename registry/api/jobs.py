@@ -3,8 +3,9 @@ call into `registry.jobs.services`; the worker does the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.http import FileResponse, Http404
 from django.urls import reverse
@@ -21,15 +22,12 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import IsAuthenticated, IsAuthenticatedOrReadOnly
 from rest_framework.response import Response
 
+from registry.api.throttles import JobThrottle
 from registry.jobs.models import AcquisitionJob
-from registry.jobs.parameters import JobParameterError
-from registry.jobs.services import (
-    BrokerUnavailable,
-    JobStateError,
-    cancel_job,
-    queue_job,
-    retry_job,
-)
+from registry.jobs.parameters import JobParameterError, JobParametersSerializer
+from registry.jobs.services import BrokerUnavailable, JobStateError
+from registry.permissions import NotAllowed, can_view_job_details
+from registry.services.authorized import cancel_job_as, queue_job_as, retry_job_as
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -38,38 +36,18 @@ if TYPE_CHECKING:
 __all__ = ["AcquisitionJobSerializer", "JobParametersSerializer", "JobViewSet"]
 
 
-class JobParametersSerializer(serializers.Serializer[Any]):
-    """The request body: `docs/jobs.md` lists every parameter; checked by the CLI's own code."""
-
-    command = serializers.ChoiceField(choices=["slice", "profile"], default="slice")
-    model = serializers.CharField(help_text="catalog id, e.g. Qwen/Qwen3-30B-A3B-Instruct-2507")
-    hardware = serializers.CharField(help_text="hardware label; the queue is gpu.<hardware>")
-    tp = serializers.ListField(child=serializers.IntegerField(), required=False)
-    tp_refresh = serializers.ListField(
-        child=serializers.IntegerField(), required=False, allow_null=True
-    )
-    dp = serializers.ListField(child=serializers.IntegerField(), required=False)
-    ep = serializers.ListField(child=serializers.IntegerField(), required=False, allow_null=True)
-    max_num_batched_tokens = serializers.IntegerField(required=False)
-    max_num_seqs = serializers.IntegerField(required=False)
-    rounds = serializers.IntegerField(required=False)
-    iterations = serializers.IntegerField(required=False)
-    grid_factor = serializers.FloatField(required=False)
-    backend = serializers.CharField(required=False)
-    device = serializers.ChoiceField(choices=["cuda", "cpu"], required=False)
-    dtype = serializers.CharField(required=False)
-    cudagraph_mode = serializers.CharField(required=False)
-    warmup_cycles = serializers.IntegerField(required=False)
-    quality_tolerance = serializers.FloatField(required=False)
-    cache_bytes = serializers.IntegerField(required=False, allow_null=True)
-
-
 class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
     result_bundle = serializers.SerializerMethodField()
-    progress = serializers.FloatField(source="progress_fraction", read_only=True)
-    command_line = serializers.CharField(read_only=True)
+    progress = serializers.FloatField(source="progress_fraction", read_only=True, allow_null=True)
+    command_line = serializers.SerializerMethodField()
+    work_dir = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
+    waiting_for_worker = serializers.SerializerMethodField(
+        help_text="for a queued job whose queue has no online worker: says so, else null"
+    )
 
     class Meta:
         model = AcquisitionJob
@@ -98,6 +76,7 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
             "work_dir",
             "artifacts",
             "command_line",
+            "waiting_for_worker",
         )
         read_only_fields = fields
 
@@ -105,11 +84,36 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
         request = self.context.get("request")
         return request.build_absolute_uri(path) if request is not None else path
 
+    def _details_shown(self, job: AcquisitionJob) -> bool:
+        request = self.context.get("request")
+        return can_view_job_details(getattr(request, "user", None), job)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_work_dir(self, job: AcquisitionJob) -> str | None:
+        """The job's folder on the worker host: its creator and staff only (issue 17, item 9)."""
+        return job.work_dir if self._details_shown(job) else None
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_command_line(self, job: AcquisitionJob) -> str:
+        try:
+            shown = job.command_line
+        except (KeyError, TypeError):  # parameters of a row not made by queue_job
+            return ""
+        if self._details_shown(job) or not job.work_dir:
+            return shown
+        return shown.replace(job.work_dir, "<work_dir>")
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_waiting_for_worker(self, job: AcquisitionJob) -> str | None:
+        from registry.services.requests import waiting_for_worker
+
+        return waiting_for_worker(job)
+
     @extend_schema_field(OpenApiTypes.URI)
     def get_url(self, job: AcquisitionJob) -> str:
         return self._absolute(reverse("registry-api:job-detail", args=[job.pk]))
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(serializers.JSONField(allow_null=True))
     def get_result_bundle(self, job: AcquisitionJob) -> dict[str, Any] | None:
         bundle = job.result_bundle
         if bundle is None:
@@ -146,6 +150,7 @@ class JobViewSet(
 
     serializer_class = AcquisitionJobSerializer
     permission_classes = (IsAuthenticatedOrReadOnly,)
+    throttle_classes = (JobThrottle,)
     filterset_fields = ("state", "queue")
     ordering_fields = ("id", "created_at", "started_at", "finished_at")
 
@@ -162,11 +167,13 @@ class JobViewSet(
     )
     def create(self, request: Request) -> Response:
         # The service checks every field (and refuses unknown ones) the way the CLI does; the
-        # serializer above only documents the body.
+        # serializer (derived from acquisition.options like the check) documents the body.
         data = request.data
         params = data.dict() if hasattr(data, "dict") else data
         try:
-            job = queue_job(request.user, params)
+            job = queue_job_as(request.user, cast("Mapping[str, Any]", params))
+        except NotAllowed as exc:
+            raise PermissionDenied(str(exc)) from None
         except JobParameterError as exc:
             return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
         except BrokerUnavailable as exc:
@@ -176,20 +183,16 @@ class JobViewSet(
         body = self.get_serializer(job).data
         return Response(body, status=status.HTTP_201_CREATED, headers={"Location": body["url"]})
 
-    def _own(self, request: Request, job: AcquisitionJob) -> None:
-        user = request.user
-        if not (user.is_staff or job.created_by_id == user.pk):
-            raise PermissionDenied("only the job's creator or staff may change it")
-
     @extend_schema(
         request=None, responses={200: AcquisitionJobSerializer, 409: OpenApiTypes.OBJECT}
     )
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
-        self._own(request, job)
         try:
-            job = cancel_job(job)
+            job = cancel_job_as(request.user, job)
+        except NotAllowed as exc:
+            raise PermissionDenied(str(exc)) from None
         except JobStateError as exc:
             return Response(
                 {"error": "conflict", "message": str(exc)}, status=status.HTTP_409_CONFLICT
@@ -223,9 +226,10 @@ class JobViewSet(
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
-        self._own(request, job)
         try:
-            job = retry_job(job)
+            job = retry_job_as(request.user, job)
+        except NotAllowed as exc:
+            raise PermissionDenied(str(exc)) from None
         except JobStateError as exc:
             return Response(
                 {"error": "conflict", "message": str(exc)}, status=status.HTTP_409_CONFLICT

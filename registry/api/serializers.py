@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -87,12 +88,12 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
         return _file_url(self.context, table.bundle_id, table.table_path)
 
 
-def _absolute(context: dict[str, Any], path: str) -> str:
+def _absolute(context: Mapping[str, Any], path: str) -> str:
     request = context.get("request")
     return request.build_absolute_uri(path) if request is not None else path
 
 
-def _file_url(context: dict[str, Any], bundle_id: int, path: str) -> str:
+def _file_url(context: Mapping[str, Any], bundle_id: int, path: str) -> str:
     url = reverse("registry-api:bundle-files", kwargs={"pk": bundle_id, "path": "-"})
     return _absolute(context, url.removesuffix("-") + quote(path))
 
@@ -104,10 +105,10 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
     class Meta:
         model = Bundle
-        fields = (
+        fields: tuple[str, ...] = (
             "id", "url", "sha256", "hardware", "model", "variant", "layout", "vllm_version",
             "size", "file_count", "measured_at", "published_at", "source", "download_url",
-            "tables",
+            "tables", "exploratory",
         )
 
     def get_download_url(self, bundle: Bundle) -> str:
@@ -117,7 +118,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
 SUMMARY_FIELDS = (
     "id", "sha256", "hardware", "model", "variant", "layout", "vllm_version", "size",
-    "file_count", "measured_at", "published_at", "source", "targets",
+    "file_count", "measured_at", "published_at", "source", "targets", "exploratory",
 )
 
 
@@ -154,6 +155,7 @@ def bundle_summaries(rows: list[dict[str, Any]], request: Any) -> list[dict[str,
             "source": row["source"],
             "download_url": f"{prefix}{row['id']}/download",
             "tables": row["targets"],
+            "exploratory": row["exploratory"],
         }
         for row in rows
     ]
@@ -169,7 +171,9 @@ class FileSerializer(serializers.Serializer[Any]):
 class BundleDetailSerializer(BundleSerializer):
     tables = DeploymentTableSerializer(many=True, read_only=True)  # type: ignore[assignment]
     files = serializers.SerializerMethodField()
-    published_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    published_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta(BundleSerializer.Meta):
         fields = (
@@ -192,9 +196,13 @@ class UploadSerializer(serializers.Serializer[Any]):
 class UploadResponseSerializer(BundleDetailSerializer):
     created = serializers.BooleanField(read_only=True)
     left_out = serializers.ListField(child=serializers.CharField(), read_only=True)
+    left_out_reasons = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="'path: left out: why' for each file the registry did not store",
+    )
 
     class Meta(BundleDetailSerializer.Meta):
-        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out")
+        fields = (*BundleDetailSerializer.Meta.fields, "created", "left_out", "left_out_reasons")
 
 
 class ProblemsSerializer(serializers.Serializer[Any]):
@@ -232,6 +240,12 @@ class LookupRequestSerializer(serializers.Serializer[Any]):
     vllm_version = serializers.CharField(required=False, help_text="pin: e.g. 0.26.0")
     target = TargetSerializer()
     queries = QuerySerializer(many=True, required=False)
+    include_exploratory = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="a lookup by hardware + model + variant skips exploratory bundles (B/2B "
+        "tolerance above 3 %) unless this is true",
+    )
 
 
 class AnswerSerializer(serializers.Serializer[Any]):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from django.urls import re_path
 
+from registry.api.estimate import estimate
 from registry.api.jobs import JobViewSet
+from registry.api.quality import ConservationView, CoverageView, StabilityView
 from registry.api.views import ApiRootView, BundleViewSet, LookupDocumentation
 from registry.lookup.http import lookup
 
@@ -43,6 +45,12 @@ urlpatterns = [
         name="bundle-files",
     ),
     re_path(r"^lookup/?$", lookup, name="lookup"),
+    re_path(r"^estimate/?$", estimate, name="estimate"),
+    re_path(r"^tables/(?P<pk>[0-9]+)/stability/?$", StabilityView.as_view(),
+            name="table-stability"),
+    re_path(r"^tables/(?P<pk>[0-9]+)/conservation/?$", ConservationView.as_view(),
+            name="table-conservation"),
+    re_path(r"^coverage/?$", CoverageView.as_view(), name="coverage"),
     re_path(r"^jobs/?$", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
     re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}),
             name="job-detail"),

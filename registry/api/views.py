@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import mimetypes
 from typing import TYPE_CHECKING
 
+import orjson
 from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.security import FILE_POLICY
 from registry.api.serializers import (
     SUMMARY_FIELDS,
     BundleDetailSerializer,
@@ -30,11 +30,15 @@ from registry.api.serializers import (
     UploadSerializer,
     bundle_summaries,
 )
+from registry.api.throttles import UploadThrottle
 from registry.filtersets import BundleFilterSet
 from registry.models import Bundle
+from registry.permissions import NotAllowed
 from registry.services import PublishError, bundle_archive_chunks, publish_upload
+from registry.services.checkout import BlobDriftError, checkout_file
 from registry.services.export import format_archive
-from registry.storage import bundle_storage, open_blob
+from registry.services.publish import QuotaExceeded
+from registry.tokens import HashedTokenAuthentication
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -42,8 +46,12 @@ if TYPE_CHECKING:
 
 __all__ = ["ApiRootView", "BundleViewSet", "LookupDocumentation"]
 
+# Bundle files are data and are always served as downloads (issue 17, item 1): a type from
+# this table or application/octet-stream, never one guessed from the name (an .html or .svg
+# stored before the registry refused them must not come back as text/html or image/svg+xml).
 CONTENT_TYPES = {".csv": "text/csv", ".yaml": "application/yaml", ".yml": "application/yaml",
-                 ".json": "application/json", ".jsonl": "application/jsonl"}
+                 ".json": "application/json", ".jsonl": "application/jsonl",
+                 ".md": "text/plain", ".txt": "text/plain"}
 
 
 def _etag_matches(request: Request, etag: str) -> bool:
@@ -52,6 +60,16 @@ def _etag_matches(request: Request, etag: str) -> bool:
         return False
     tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
     return "*" in tags or etag in tags
+
+
+def _storage_fault(exc: Exception) -> HttpResponse:
+    """A stored file is missing or damaged: a clear 503, never a 500 or a cut connection."""
+    response = HttpResponse(
+        orjson.dumps({"error": "storage_fault", "message": str(exc)}),
+        status=status.HTTP_503_SERVICE_UNAVAILABLE, content_type="application/json",
+    )
+    response["Retry-After"] = "300"
+    return response
 
 
 def _not_modified(etag: str) -> HttpResponse:
@@ -90,8 +108,9 @@ class BundleViewSet(
     ordering = ("-published_at", "-id")
     lookup_value_regex = r"[0-9]+"
     # Reads are anonymous; uploads need a DRF token ("Authorization: Token <key>").
-    authentication_classes = (TokenAuthentication,)
+    authentication_classes = (HashedTokenAuthentication,)
     parser_classes = (MultiPartParser, FormParser)
+    throttle_classes = (UploadThrottle,)
 
     def get_queryset(self) -> QuerySet[Bundle]:
         queryset = Bundle.objects.all()
@@ -115,6 +134,9 @@ class BundleViewSet(
             201: OpenApiResponse(UploadResponseSerializer, description="a new bundle"),
             200: OpenApiResponse(UploadResponseSerializer, description="identical content exists"),
             400: OpenApiResponse(ProblemsSerializer, description="every problem found"),
+            401: OpenApiResponse(description="no token, or a wrong one"),
+            403: OpenApiResponse(description="the name belongs to another publisher"),
+            413: OpenApiResponse(ProblemsSerializer, description="over the publisher's quota"),
         },
     )
     def create(self, request: Request) -> Response:
@@ -127,13 +149,23 @@ class BundleViewSet(
             )
         try:
             result = publish_upload(upload, published_by=request.user)
+        except NotAllowed as exc:
+            raise PermissionDenied(str(exc)) from None
+        except QuotaExceeded as exc:
+            return Response(
+                {"problems": exc.problems}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+            )
         except PublishError as exc:
             return Response({"problems": exc.problems}, status=status.HTTP_400_BAD_REQUEST)
         bundle = Bundle.objects.select_related("published_by").prefetch_related("tables").get(
             pk=result.bundle.pk
         )
         body = BundleDetailSerializer(bundle, context=self.get_serializer_context()).data
-        body.update(created=result.created, left_out=result.left_out)
+        body.update(
+            created=result.created,
+            left_out=result.left_out,
+            left_out_reasons=result.left_out_reasons,
+        )
         headers = {"Location": body["url"]} if result.created else {}
         code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
         return Response(body, status=code, headers=headers)
@@ -142,6 +174,8 @@ class BundleViewSet(
         responses={
             (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY),
             304: OpenApiResponse(description="If-None-Match matched the bundle's sha256"),
+            404: OpenApiResponse(description="no such bundle"),
+            503: OpenApiResponse(description="a stored file is missing or damaged"),
         },
     )
     @action(detail=True, methods=["get"], url_path="download")
@@ -151,9 +185,11 @@ class BundleViewSet(
         etag = f'"{bundle.sha256}"'
         if _etag_matches(request, etag):
             return _not_modified(etag)
-        response = StreamingHttpResponse(
-            bundle_archive_chunks(bundle), content_type="application/gzip"
-        )
+        try:
+            chunks = bundle_archive_chunks(bundle)
+        except BlobDriftError as exc:
+            return _storage_fault(exc)
+        response = StreamingHttpResponse(chunks, content_type="application/gzip")
         response["ETag"] = etag
         response["Content-Disposition"] = f'attachment; filename="{bundle.archive_stem}.tar.gz"'
         response["Cache-Control"] = "public, max-age=31536000, immutable"
@@ -190,7 +226,12 @@ class BundleViewSet(
 
     @extend_schema(
         parameters=[OpenApiParameter("path", str, OpenApiParameter.PATH, description="file path")],
-        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY)},
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
+            304: OpenApiResponse(description="If-None-Match matched the file's sha256"),
+            404: OpenApiResponse(description="no such bundle or file"),
+            503: OpenApiResponse(description="the stored file is missing or damaged"),
+        },
     )
     @action(detail=True, methods=["get"], url_path=r"files/(?P<path>.+)")
     def files(self, request: Request, pk: str | None = None, path: str = "") -> HttpResponse:
@@ -202,13 +243,20 @@ class BundleViewSet(
         etag = f'"{record["sha256"]}"'
         if _etag_matches(request, etag):
             return _not_modified(etag)
-        suffix = "." + path.rsplit(".", 1)[-1] if "." in path else ""
-        content_type = CONTENT_TYPES.get(suffix) or mimetypes.guess_type(path)[0]
+        suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path else ""
+        try:
+            # From the verified checkout: a drifted blob is never served under its ETag.
+            local = checkout_file(bundle, record)
+        except BlobDriftError as exc:
+            return _storage_fault(exc)
         response = FileResponse(
-            open_blob(bundle_storage(), record["sha256"]),
-            content_type=content_type or "application/octet-stream",
+            local.open("rb"),
+            content_type=CONTENT_TYPES.get(suffix, "application/octet-stream"),
+            as_attachment=True,
             filename=path.rsplit("/", 1)[-1],
         )
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = FILE_POLICY
         response["ETag"] = etag
         response["Cache-Control"] = "public, max-age=31536000, immutable"
         return response
@@ -236,6 +284,7 @@ class LookupDocumentation(APIView):
             400: OpenApiResponse(ProblemsSerializer, description="malformed request"),
             404: OpenApiResponse(LookupErrorSerializer, description="no such bundle"),
             409: OpenApiResponse(LookupErrorSerializer, description="stored bundle is corrupt"),
+            503: OpenApiResponse(LookupErrorSerializer, description="a stored file is missing"),
             422: OpenApiResponse(LookupErrorSerializer, description="no table for the target"),
         },
     )

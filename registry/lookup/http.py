@@ -8,6 +8,7 @@ a throttle, a malformed body): one reading of the body, one check of the envelop
     NoSuchBundle                                       404 {"error": "not_found", "message"}
     NoCoverage (no bundle has a table for the target)  422 {"error": "no_coverage", "message"}
     CorruptBundle (stored files fail their checksums)  409 {"error": "corrupt_bundle", "message"}
+    StorageFault (a stored blob is missing)            503 {"error": "storage_fault", "message"}
     a bad token                                        401; throttled: 429 with Retry-After
 
 ``LookupMiddleware`` only places the door early: it calls ``lookup`` for the lookup's path
@@ -31,17 +32,17 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, get_script_prefix, resolve, reverse
 from django.views.decorators.csrf import csrf_exempt
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from moetables.lookup import RequestError
 from registry.api.throttles import LookupThrottle
 from registry.lookup.services import Answerer, LookupFailure, parse_lookup, run_lookup
+from registry.tokens import HashedTokenAuthentication
 
 __all__ = ["ANSWERER_HEADERS", "LookupMiddleware", "lookup", "read_body"]
 
 ALLOW = "POST, OPTIONS"
-STATUSES = {"not_found": 404, "no_coverage": 422, "corrupt_bundle": 409}
+STATUSES = {"not_found": 404, "no_coverage": 422, "corrupt_bundle": 409, "storage_fault": 503}
 # Who answered, in headers too, so that a simulator can record it without parsing the body.
 ANSWERER_HEADERS = {
     "X-Bundle-Id": "id", "X-Bundle-Sha256": "sha256", "X-Bundle-Backend": "backend",
@@ -53,6 +54,9 @@ ANSWERER_HEADERS = {
 _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_NUMBER = b"0" * 19
 _JSON_TYPES = ("application/json",)
+# As registry.api.parsers words it (not imported: this module loads with the middleware,
+# before DRF's settings, which import that module).
+TOO_DEEP = "the JSON body is nested too deeply (at most 1024 levels)"
 
 
 def _reject_constant(name: str) -> Any:
@@ -87,7 +91,11 @@ def read_body(request: HttpRequest) -> Any:
     except (LookupError, UnicodeDecodeError) as exc:
         raise RequestError([f"the body cannot be decoded as {charset}: {exc}"]) from None
     except RecursionError:
-        raise RequestError(["the body is nested too deeply"]) from None
+        # json recurses out somewhat before orjson's 1,024 levels: what orjson reads stands
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise RequestError([TOO_DEEP]) from None
     except ValueError as exc:
         raise RequestError([f"the body is not valid JSON: {exc}"]) from None
 
@@ -113,7 +121,7 @@ def _credentials(request: HttpRequest) -> HttpResponse | None:
     """Read a token (for per-user throttling) and apply the throttle; a response refuses."""
     user = None
     if "HTTP_AUTHORIZATION" in request.META:
-        auth = TokenAuthentication()
+        auth = HashedTokenAuthentication()
         try:
             found = auth.authenticate(request)  # type: ignore[arg-type]
         except AuthenticationFailed as exc:
@@ -157,7 +165,10 @@ def lookup(request: HttpRequest) -> HttpResponse:
     except RequestError as exc:
         return _json({"error": "invalid", "problems": exc.problems}, 400)
     except LookupFailure as exc:
-        return _json({"error": exc.code, "message": exc.message}, STATUSES[exc.code])
+        headers = {"Retry-After": "300"} if exc.code == "storage_fault" else None
+        return _json({"error": exc.code, "message": exc.message}, STATUSES[exc.code], headers)
+    except RecursionError:  # the repr of a value nested ~1,000 deep in a message
+        return _json({"error": "invalid", "problems": [TOO_DEEP]}, 400)
     return _json(body, 200, _answerer_headers(answerer))
 
 

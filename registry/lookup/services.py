@@ -24,7 +24,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from moetables.errors import BundleError, CoverageError
 from moetables.lookup import ComponentTables, LookupRequest, parse_request
 from registry.models import Bundle, DeploymentTable
-from registry.services.checkout import BlobDriftError, checkout_bundle
+from registry.services.checkout import BlobDriftError, BlobMissingError, checkout_bundle
 
 __all__ = [
     "Answerer",
@@ -33,6 +33,7 @@ __all__ = [
     "LookupFailure",
     "NoCoverage",
     "NoSuchBundle",
+    "StorageFault",
     "answer_lookup",
     "choose_bundle",
     "clear_lookup_cache",
@@ -68,6 +69,12 @@ class NoCoverage(LookupFailure):
 
 class CorruptBundle(LookupFailure):
     code = "corrupt_bundle"
+
+
+class StorageFault(LookupFailure):
+    """A stored blob is missing: the registry's storage, not the bundle, is at fault."""
+
+    code = "storage_fault"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +158,7 @@ def choose_bundle(request: LookupRequest) -> Answerer:
     key = (
         request.bundle_id, request.sha256, request.name, request.backend, request.vllm_version,
         request.tp, request.dp, request.rank, request.sequence_parallel,
+        request.include_exploratory,
     )
     if key not in found:
         try:
@@ -178,6 +186,10 @@ def _bundle_filter(request: LookupRequest) -> tuple[list[str], list[Any]]:
     if request.name is not None:
         where.append("b.hardware = %s AND b.model = %s AND b.variant = %s")
         params += list(request.name)
+        if request.bundle_id is None and request.sha256 is None and not request.include_exploratory:
+            # Exploratory bundles (a B/2B tolerance looser than the method's 3 %) answer a
+            # name only when asked; an id or a sha256 names one bundle exactly.
+            where.append("NOT b.exploratory")
     return where, params
 
 
@@ -236,6 +248,8 @@ def _why_none(request: LookupRequest) -> LookupFailure:
     if request.name is not None:
         hardware, model, variant = request.name
         named = named.filter(hardware=hardware, model=model, variant=variant)
+        if request.bundle_id is None and request.sha256 is None and not request.include_exploratory:
+            named = named.filter(exploratory=False)
     found = list(named.order_by("-published_at", "-id")[:20])
     if not found:
         return NoSuchBundle("no published bundle matches")
@@ -247,6 +261,8 @@ def _why_none(request: LookupRequest) -> LookupFailure:
             )
         except CoverageError as exc:
             return NoCoverage(str(exc))
+        except BlobMissingError as exc:
+            return StorageFault(str(exc))
         except (BundleError, BlobDriftError) as exc:
             return CorruptBundle(str(exc))
     pins = [f"{k}={v!r}" for k, v in (("backend", request.backend),
@@ -272,6 +288,11 @@ def tables_for(ref: BundleRef) -> Any:
     """The process's ComponentTables of the bundle (checked out from storage on first use)."""
     with _lock:
         tables = _tables.get(ref.sha256)
+        # A checkout discarded (verify_bundles) or deleted under a worker: rebuilt, not 409
+        # until a restart (issue 17, item 6). One stat per request.
+        if tables is not None and not tables.bundle.root.is_dir():
+            del _tables[ref.sha256]
+            tables = None
         if tables is not None:
             _tables.move_to_end(ref.sha256)
             return tables
@@ -299,6 +320,8 @@ def answer_lookup(answerer: Answerer, request: LookupRequest) -> list[dict[str, 
         answers: list[dict[str, Any]] = deployment.answer(request.queries)
     except CoverageError as exc:  # the index says a table exists; the bundle disagrees
         raise NoCoverage(str(exc)) from None
+    except BlobMissingError as exc:
+        raise StorageFault(str(exc)) from None
     except (BundleError, BlobDriftError) as exc:
         raise CorruptBundle(str(exc)) from None
     return answers

@@ -20,15 +20,46 @@ from registry.storage import bundle_storage, open_blob
 if TYPE_CHECKING:
     from registry.models import Bundle
 
-__all__ = ["BlobDriftError", "checkout_bundle", "checkout_path"]
+__all__ = [
+    "BlobDriftError",
+    "BlobMissingError",
+    "checkout_bundle",
+    "checkout_file",
+    "checkout_path",
+]
 
 
 class BlobDriftError(RuntimeError):
     """A stored blob no longer has the bytes its digest names; run manage.py verify_bundles."""
 
 
+class BlobMissingError(BlobDriftError):
+    """A blob the manifest names is gone from storage (issue 17, item 6)."""
+
+
 def checkout_path(sha256: str) -> Path:
     return Path(settings.REGISTRY["CHECKOUT_DIR"]) / sha256
+
+
+def checkout_file(bundle: Bundle, record: dict[str, object]) -> Path:
+    """The verified checkout's copy of one manifest file; rebuilt once if it went missing.
+
+    Files are served from checkouts, whose every byte was hashed against the manifest when
+    they were made (issue 17, item 6), never straight from a blob that may have drifted.
+    """
+    rel = str(record["path"]).split("/")
+    for attempt in range(2):
+        path = checkout_bundle(bundle).joinpath(*rel)
+        try:
+            if path.stat().st_size == record["size"]:
+                return path
+        except FileNotFoundError:
+            pass
+        if attempt == 0:  # a damaged or half-discarded checkout: rebuild it from the blobs
+            shutil.rmtree(checkout_path(bundle.sha256), ignore_errors=True)
+    raise BlobDriftError(
+        f"bundle {bundle.pk} file {record['path']}: the checkout cannot be rebuilt intact"
+    )
 
 
 def checkout_bundle(bundle: Bundle) -> Path:
@@ -43,7 +74,14 @@ def checkout_bundle(bundle: Bundle) -> Path:
             out = stage.joinpath(*record["path"].split("/"))
             out.parent.mkdir(parents=True, exist_ok=True)
             digest = hashlib.sha256()
-            with open_blob(storage, record["sha256"]) as src, out.open("wb") as dst:
+            try:
+                src = open_blob(storage, record["sha256"])
+            except FileNotFoundError:
+                raise BlobMissingError(
+                    f"bundle {bundle.pk} file {record['path']}: its blob {record['sha256']} "
+                    "is missing from storage; run manage.py verify_bundles"
+                ) from None
+            with src, out.open("wb") as dst:
                 while block := src.read(1 << 20):
                     digest.update(block)
                     dst.write(block)

@@ -25,6 +25,7 @@ __all__ = [
     "jsonable",
     "measured_at_of",
     "measured_at_of_meta",
+    "measured_at_problems",
     "table_fields",
     "table_identity",
     "vllm_version_of",
@@ -142,26 +143,67 @@ def _datetime(raw: Any) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
-def measured_at_of_meta(meta: Any, coverages: Iterable[Any]) -> dt.datetime | None:
-    """The latest measurement time any MoE record or coverage states, else the root's or
-    the MoE category's provenance (``category_provenance.moe.profiled_at``)."""
-    meta = meta if isinstance(meta, dict) else {}
-    found: list[dt.datetime] = []
-    for record in _moe_records(meta):
-        if (value := _datetime(_get(record, "measured_at"))) is not None:
-            found.append(value)
-    for coverage in coverages:
+def _stated_times_meta(meta: Any, coverages: Iterable[Any]) -> Iterable[tuple[str, Any]]:
+    """(where, raw value) of every measurement time stated, MoE records first."""
+    legacy = _get(meta, "moe_components", "per_tp")
+    if isinstance(legacy, dict):
+        for tp, record in legacy.items():
+            yield f"meta.yaml:moe_components.per_tp.{tp}.measured_at", _get(record, "measured_at")
+    for i, coverage in enumerate(coverages):
         for key in ("measured_at", "completed_at"):
-            if (value := _datetime(_get(coverage, key))) is not None:
-                found.append(value)
+            yield f"table {i} coverage:{key}", _get(coverage, key)
+
+
+def _root_times(meta: Any) -> list[tuple[str, Any]]:
+    """The root's own times, then the MoE category's provenance (current bundles state their
+    measurement time only there: ``category_provenance.moe.profiled_at``)."""
+    return [
+        ("meta.yaml:measured_at", _get(meta, "measured_at")),
+        ("meta.yaml:profiled_at", _get(meta, "profiled_at")),
+        ("meta.yaml:category_provenance.moe.profiled_at",
+         _get(meta, "category_provenance", "moe", "profiled_at")),
+    ]
+
+
+def _stated_times(bundle: Bundle) -> Iterable[tuple[str, Any]]:
+    """(where, raw value) of every measurement time the bundle states, MoE records first."""
+    legacy = _get(bundle.meta, "moe_components", "per_tp")
+    if isinstance(legacy, dict):
+        for tp, record in legacy.items():
+            yield f"meta.yaml:moe_components.per_tp.{tp}.measured_at", _get(record, "measured_at")
+    for entry in bundle.entries:
+        for key in ("measured_at", "completed_at"):
+            yield f"{entry.where} coverage:{key}", entry.coverage.get(key)
+
+
+def measured_at_problems(bundle: Bundle) -> list[str]:
+    """Measurement times that parse but cannot be stored (issue 17, item 3), by field."""
+    from registry.checks import check_datetime
+
+    stated = [*_stated_times(bundle), *_root_times(bundle.meta)]
+    problems = []
+    for where, raw in stated:
+        value = _datetime(raw)
+        if value is not None and (why := check_datetime(value)) is not None:
+            problems.append(f"{where}: {why}")
+    return problems
+
+
+def measured_at_of_meta(meta: Any, coverages: Iterable[Any]) -> dt.datetime | None:
+    """The latest measurement time any MoE record or coverage states, else the root's, else
+    the MoE category's provenance."""
+    from registry.checks import check_datetime
+
+    def usable(raw: Any) -> dt.datetime | None:
+        # Publication refuses unstorable times first; skipping them here keeps max() safe.
+        value = _datetime(raw)
+        return value if value is not None and check_datetime(value) is None else None
+
+    found = [v for _, raw in _stated_times_meta(meta, coverages) if (v := usable(raw)) is not None]
     if found:
         return max(found)
-    for raw in (
-        meta.get("measured_at"),
-        meta.get("profiled_at"),
-        _get(meta, "category_provenance", "moe", "profiled_at"),
-    ):
-        if (value := _datetime(raw)) is not None:
+    for _, raw in _root_times(meta):
+        if (value := usable(raw)) is not None:
             return value
     return None
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import shutil
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from registry.archives import iter_tar_gz
-from registry.services.checkout import checkout_bundle
-from registry.storage import bundle_storage, open_blob
+from registry.services.checkout import checkout_bundle, checkout_file
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from registry.models import Bundle
@@ -24,10 +23,16 @@ def bundle_archive_chunks(bundle: Bundle) -> Iterator[bytes]:
 
     Same content, same bytes: re-uploading a download gives back the same bundle.
     """
-    storage = bundle_storage()
+    # Checked out (every byte hashed against the manifest) before the first byte is sent: a
+    # missing or drifted blob is a clean error (BlobDriftError), not a cut connection.
+    paths = [checkout_file(bundle, record) for record in bundle.manifest]
     files = (
-        (record["path"], int(record["size"]), partial(open_blob, storage, record["sha256"]))
-        for record in bundle.manifest
+        (
+            str(record["path"]),
+            int(record["size"]),
+            cast("Callable[[], IO[bytes]]", partial(path.open, "rb")),
+        )
+        for record, path in zip(bundle.manifest, paths, strict=True)
     )
     return iter_tar_gz(bundle.archive_stem, files)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_vllm_fakes as fv
 import torch
+import vllm_fakes as fv
 from tiny_moe import write_model
 
 from acquisition.adapters.base import AdapterRefusal, EngineLimits
@@ -337,3 +337,49 @@ def test_the_selection_list_carries_the_vllm_adapters_first() -> None:
     assert [b.name for b in NATIVE_BACKENDS] == ["vllm-modular", "vllm-live"]
     assert backend_names()[:3] == ["auto", "vllm-modular", "vllm-live"]
     assert BACKENDS[-1].name == "torch-reference"
+
+
+def test_the_model_class_is_inspected_in_process_through_the_public_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 19: vLLM's registry gets the very class it would load, inspected here (no
+    subprocess re-importing vLLM); an unknown architecture or a registry error changes nothing."""
+    import sys
+    import types
+
+    from acquisition.adapters.vllm_live import register_model_classes
+
+    class Model(torch.nn.Module):
+        pass
+
+    class Lazy:
+        def load_model_cls(self) -> type:
+            return Model
+
+    class Registry:
+        def __init__(self) -> None:
+            self.models: dict[str, Any] = {"Qwen3MoeForCausalLM": Lazy(), "Broken": Lazy()}
+            self.registered: list[tuple[str, type]] = []
+
+        def register_model(self, arch: str, cls: type) -> None:
+            if arch == "Broken":
+                raise TypeError("refused")
+            self.registered.append((arch, cls))
+
+    registry = Registry()
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(ModelRegistry=registry))
+    done = register_model_classes(["Qwen3MoeForCausalLM", "Unknown", "Broken"])
+    assert done == ["Qwen3MoeForCausalLM"]
+    assert registry.registered == [("Qwen3MoeForCausalLM", Model)]
+    monkeypatch.delitem(sys.modules, "vllm")
+    monkeypatch.setattr("builtins.__import__", _refuse_vllm(__import__))
+    assert register_model_classes(["Qwen3MoeForCausalLM"]) == []
+
+
+def _refuse_vllm(original: Any) -> Any:
+    def guarded(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("no vLLM here")
+        return original(name, *args, **kwargs)
+
+    return guarded

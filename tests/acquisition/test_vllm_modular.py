@@ -1,6 +1,6 @@
 """The vllm-modular adapter on CPU, with fakes shaped like vLLM's modular MoE APIs (R21-R24).
 
-No vLLM and no GPU: ``test_vllm_fakes`` mirrors the classes, keyword parameters and return
+No vLLM and no GPU: ``vllm_fakes`` mirrors the classes, keyword parameters and return
 tuples the adapter calls, and counts fake "launches" where the GPU host counts CUDA activities.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_vllm_fakes as fv
 import torch
+import vllm_fakes as fv
 from tiny_moe import write_model
 
 from acquisition.adapters import AdmissionError, select_backend

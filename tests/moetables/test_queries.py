@@ -34,7 +34,7 @@ def test_it_reads_names_pins_and_bundles() -> None:
         ({**NAME, "target": TARGET}, {"limit": "3"}, "unknown parameter 'limit'"),
         ({**NAME, "target": TARGET, "backend": "a"}, {"backend": "b"}, "the body says 'a'"),
         ({**NAME, "target": TARGET, "vllm_version": 26}, None, "vllm_version: must be a non-empty"),
-        ({**NAME, "model": "m\x00", "target": TARGET}, None, "must not contain NUL"),
+        ({**NAME, "model": "m\x00", "target": TARGET}, None, "without NUL characters"),
         ({**NAME, "variant": "\udc00", "target": TARGET}, None, "valid Unicode"),
         ({"bundle": True, "target": TARGET}, None, "bundle: must be a positive integer"),
         ({"bundle": 2**63, "target": TARGET}, None, "bundle: must be a positive integer"),

@@ -108,7 +108,7 @@ def test_pins_in_the_body_and_the_query_string(api: APIClient, h200: dict[str, B
         ({**NAME, "target": DP1, "backend": "vllm-live"}, "?backend=vllm-modular",
          "the body says 'vllm-live' and the query string 'vllm-modular'"),
         ({**NAME, "target": DP1, "backend": ""}, "", "backend: must be a non-empty string"),
-        ({**NAME, "hardware": "H2\x0000", "target": DP1}, "", "must not contain NUL"),
+        ({**NAME, "hardware": "H2\x0000", "target": DP1}, "", "without NUL characters"),
         ({**NAME, "target": DP1, "bundle": "abc"}, "", "bundle: must be a positive integer"),
     ],
 )

@@ -32,15 +32,15 @@ def test_it_reads_current_and_historical_contracts() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_fills_bundles_published_before(make_bundle: Any) -> None:
-    """Publish, blank the columns as 0002 left them, migrate 0002 -> 0003: filled again."""
+    """Publish, blank the columns as 0006 left them, migrate 0006 -> 0007: filled again."""
     bundle = publish_bundle(make_bundle(dp=2, vllm_version="0.26.0")).bundle
     executor = MigrationExecutor(connection)
-    executor.migrate([("registry", "0002_acquisition_job")])
+    executor.migrate([("registry", "0006_merge_0004_coverage_requests_0005_hash_api_tokens")])
     with connection.cursor() as cursor:
         cursor.execute("UPDATE registry_deploymenttable SET backend = 'TRITON'")
         cursor.execute("UPDATE registry_bundle SET vllm_version = '', targets = '[]'")
     executor = MigrationExecutor(connection)
-    executor.migrate([("registry", "0003_table_identity")])
+    executor.migrate([("registry", "0007_table_identity")])
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes())  # back to the latest schema
     bundle.refresh_from_db()

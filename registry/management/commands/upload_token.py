@@ -1,7 +1,8 @@
-"""manage.py upload_token USERNAME: the API token a person or machine uploads bundles with.
+"""manage.py upload_token USERNAME: a new API token for a person or machine that uploads.
 
-Creates the user (without a password: it only uploads) and its token when missing, and
-prints the token alone, for ``Authorization: Token <key>``.
+Creates the user (without a password: it only uploads) when missing, and prints a new token
+alone, for ``Authorization: Token <key>``. Tokens are stored hashed (registry/tokens.py), so
+an existing one cannot be shown again: running this again replaces it.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
-from rest_framework.authtoken.models import Token
+
+from registry.tokens import issue_token
 
 
 class Command(BaseCommand):
-    help = "Print the upload token of USERNAME, creating the user and token if needed."
+    help = "Print a new upload token of USERNAME (replacing any previous one)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
@@ -25,5 +27,4 @@ class Command(BaseCommand):
         if created:
             user.set_unusable_password()
             user.save(update_fields=["password"])
-        token, _ = Token.objects.get_or_create(user=user)
-        self.stdout.write(token.key)
+        self.stdout.write(issue_token(user))

@@ -44,7 +44,7 @@ def fill_identity(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("registry", "0002_acquisition_job")]
+    dependencies = [("registry", "0006_merge_0004_coverage_requests_0005_hash_api_tokens")]
 
     operations = [
         migrations.AddField(

@@ -1,0 +1,183 @@
+"""The block trace (R44) and the cluster link model (R45)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from moetables.bundle import open_bundle
+from moetables.comm import (
+    ClusterError,
+    CollectiveStep,
+    ComputeStep,
+    TensorWidths,
+    build_trace,
+    collective_bytes,
+    load_cluster,
+    parse_cluster,
+    tensor_widths,
+    transfer_us,
+)
+from moetables.errors import QueryError
+from tests.moetables.conftest import SHARED
+
+FIXTURE = Path(__file__).parent / "data" / "cluster-fixture.yaml"
+H200 = Path(__file__).resolve().parents[2] / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+WIDTHS = TensorWidths(hidden_states=4096, topk_weights=32, topk_ids=32, source="test")
+
+
+def _names(trace: Any) -> list[str]:
+    return [s.component if isinstance(s, ComputeStep) else s.name for s in trace.steps]
+
+
+def test_it_orders_the_dp_ep_modular_block() -> None:
+    """R44: gate/routing, three AllGathers, experts, ReduceScatter, finalize."""
+    trace = build_trace(1, 2, False, ("gate_routing", "experts", "finalize_copy"), WIDTHS)
+    assert trace.kind == "dp_ep_modular"
+    assert _names(trace) == [
+        "gate_routing",
+        "all_gather[hidden_states]",
+        "all_gather[topk_weights]",
+        "all_gather[topk_ids]",
+        "experts",
+        "reduce_scatter[expert_output]",
+        "finalize_copy",
+    ]
+
+
+@pytest.mark.parametrize(("sp", "op"), [(False, "all_reduce"), (True, "all_gather")])
+def test_it_adds_the_wrappers_tp_collective(sp: bool, op: str) -> None:
+    """R44: TP > 1 adds AllGather with sequence parallelism, AllReduce without."""
+    trace = build_trace(2, 2, sp, ("gate_routing", "experts", "finalize_copy"), WIDTHS)
+    last = trace.steps[-1]
+    assert isinstance(last, CollectiveStep)
+    assert (last.op, last.scope, last.groups) == (op, "tp", ((0, 1), (2, 3)))
+    gather = trace.steps[1]
+    assert isinstance(gather, CollectiveStep)
+    # Dispatch runs over the DP group, or over all of EP when each rank holds a 1/TP slice.
+    assert gather.groups == (((0, 1, 2, 3),) if sp else ((0, 2), (1, 3)))
+
+
+def test_it_has_dp1_and_live_blocks_without_dp_collectives() -> None:
+    """R44: DP1 AllReduce only when TP > 1; live TP1 has no collectives at all."""
+    assert _names(build_trace(1, 1, False, ("gate_routing", "experts"), None)) == [
+        "gate_routing", "experts"]
+    assert _names(build_trace(2, 1, False, ("gate_routing", "experts"), WIDTHS)) == [
+        "gate_routing", "experts", "all_reduce[layer_output]"]
+    assert _names(build_trace(1, 1, False, ("gate_routing", "experts", "wrapper"), None)) == [
+        "gate_routing", "experts", "wrapper"]
+
+
+def test_it_says_which_component_a_bundle_lacks() -> None:
+    with pytest.raises(QueryError, match=r"\['finalize_copy'\] missing"):
+        build_trace(1, 2, False, ("gate_routing", "experts"), WIDTHS)
+
+
+def test_it_sizes_tensors_from_recorded_dtypes_in_both_layouts() -> None:
+    """R44: widths from the contract: bf16 hidden 2048, top-8 float32 weights, int32 ids."""
+    for root in (H200, SHARED):
+        entry = next(e for e in open_bundle(root).entries if e.target.dp == 2)
+        w = tensor_widths(entry)
+        assert (w.hidden_states, w.topk_weights, w.topk_ids) == (4096, 32, 32)
+
+
+def test_it_names_the_kernels_vllm_runs_for_equal_and_unequal_counts() -> None:
+    """vLLM 0.26.0: equal counts -> AllGather/ReduceScatter; unequal -> grouped Broadcast/Reduce."""
+    trace = build_trace(1, 2, False, ("gate_routing", "experts", "finalize_copy"), WIDTHS)
+    gather, scatter = trace.steps[1], trace.steps[5]
+    assert isinstance(gather, CollectiveStep) and isinstance(scatter, CollectiveStep)
+    assert gather.kernels(True, 2) == ["ncclAllGather"]
+    assert scatter.kernels(True, 2) == ["ncclReduceScatter"]
+    assert gather.kernels(False, 2) == [
+        "ncclGroupStart", "ncclBroadcast(root=0)", "ncclBroadcast(root=1)", "ncclGroupEnd"]
+    assert scatter.kernels(False, 2)[1:3] == ["ncclReduce(root=0)", "ncclReduce(root=1)"]
+    rows = np.array([[4, 4], [3, 9]])
+    size, shares, equal = collective_bytes(gather, (0, 1), rows)
+    assert size.tolist() == [8 * 4096, 12 * 4096]
+    assert shares.tolist() == [[4 * 4096, 4 * 4096], [3 * 4096, 9 * 4096]]
+    assert equal.tolist() == [True, False]
+
+
+def test_it_times_collectives_by_the_alpha_beta_model() -> None:
+    """R45: t = alpha + factor(op, n) S / bw; unequal counts as grouped single-root ops."""
+    cluster = load_cluster(FIXTURE)
+    trace = build_trace(1, 2, False, ("gate_routing", "experts", "finalize_copy"), WIDTHS)
+    gather = trace.steps[1]
+    assert isinstance(gather, CollectiveStep)
+    rows = np.array([[4, 4], [3, 9]])
+    size, shares, equal = collective_bytes(gather, (0, 1), rows)
+    t = transfer_us(cluster, gather, (0, 1), size, shares, equal)
+    # Ranks 0 and 1 share the fast link: all_gather alpha 10, 100 GB/s, factor 1/2.
+    assert t[0] == pytest.approx(10.0 + 0.5 * 8 * 4096 / 100e3)
+    # Unequal: two broadcasts (alpha 8, 80 GB/s, factor 1), one per root's share.
+    assert t[1] == pytest.approx((8.0 + 3 * 4096 / 80e3) + (8.0 + 9 * 4096 / 80e3))
+    # An AllReduce over all four ranks: factor 2(n-1)/n; no group of fast links holds all four.
+    assert cluster.time_us("all_reduce", (0, 1, 2, 3), 1e6) == pytest.approx(
+        30.0 + 1.5 * 1e6 / 5e3)
+
+
+def test_it_uses_the_slowest_link_a_collective_spans() -> None:
+    cluster = load_cluster(FIXTURE)
+    fast = cluster.time_us("all_gather", (2, 3), 1e6)
+    spanning = cluster.time_us("all_gather", (1, 2), 1e6)
+    assert fast == pytest.approx(10.0 + 0.5 * 1e6 / 100e3)
+    assert spanning == pytest.approx(20.0 + 0.5 * 1e6 / 10e3)
+    with pytest.raises(QueryError, match="puts rank 5 in no group"):
+        cluster.time_us("all_gather", (3, 5), 1e6)
+
+
+def _fixture() -> dict[str, Any]:
+    return yaml.safe_load(FIXTURE.read_text())
+
+
+@pytest.mark.parametrize(
+    ("edit", "where", "words"),
+    [
+        (lambda c: c.update(schema="cluster"), "schema", "must be 'moe-cluster'"),
+        (lambda c: c.update(version=2), "version", "only version 1"),
+        (lambda c: c["provenance"].pop("command"), "provenance", "missing ['command']"),
+        (lambda c: c["provenance"].update(measured_at="30.11.2026"), "measured_at",
+         "YYYY-MM-DD"),
+        (lambda c: c["link_classes"]["fast"]["collectives"].pop("reduce"),
+         "link_classes.fast.collectives", "missing ['reduce']"),
+        (lambda c: c["link_classes"]["fast"]["collectives"]["all_gather"].update(
+            bus_bandwidth_GBps=0), "all_gather.bus_bandwidth_GBps", "must be positive"),
+        (lambda c: c["link_classes"]["fast"]["collectives"]["broadcast"].update(
+            alpha_us="ten"), "broadcast.alpha_us", "finite number"),
+        (lambda c: c["groups"][0].update(link="ib"), "groups[0].link", "unknown link class 'ib'"),
+        (lambda c: c["groups"][1].update(ranks=[2, 2]), "groups[1].ranks", "lists a rank twice"),
+        (lambda c: c.update(extra=1), "fixture", "unknown field(s) ['extra']"),
+    ],
+)
+def test_it_refuses_a_malformed_cluster_naming_the_field(edit: Any, where: str, words: str) -> None:
+    raw = _fixture()
+    edit(raw)
+    with pytest.raises(ClusterError) as caught:
+        parse_cluster(raw, source="fixture")
+    assert where in str(caught.value) and words in str(caught.value)
+
+
+def test_it_reads_the_fixture_and_says_when_a_file_is_not_yaml(tmp_path: Path) -> None:
+    cluster = load_cluster(FIXTURE)
+    assert cluster.name == "fixture-2x2" and cluster.provenance["measured_at"] == "2026-11-30"
+    bad = tmp_path / "c.yaml"
+    bad.write_text("schema: [unclosed\n")
+    with pytest.raises(ClusterError, match="not YAML"):
+        load_cluster(bad)
+    with pytest.raises(ClusterError, match="cannot read"):
+        load_cluster(tmp_path / "absent.yaml")
+
+
+SHIPPED_CLUSTERS = sorted((Path(__file__).resolve().parents[2] / "clusters").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CLUSTERS, ids=[p.name for p in SHIPPED_CLUSTERS])
+def test_it_loads_every_shipped_cluster_description(path: Path) -> None:
+    """A shipped description is valid, named as its file, and its provenance has a command."""
+    cluster = load_cluster(path)
+    assert cluster.name == path.stem
+    assert cluster.provenance["command"].strip()
