@@ -92,8 +92,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Answers a cookieless lookup; the rest does nothing for it (registry/api/middleware.py).
-    "registry.api.middleware.LookupMiddleware",
+    # The lookup's one door, placed early (registry/lookup/http.py).
+    "registry.lookup.http.LookupMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

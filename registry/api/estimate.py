@@ -20,8 +20,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from moetables.routing import POLICIES
+from registry.api.fastjson import FastJSONRenderer, JSONOnlyNegotiation, plain_lookup_body
 from registry.api.throttles import LookupThrottle
-from registry.api.views import FastJSONRenderer, JSONOnlyNegotiation, plain_lookup_body
 from registry.services.estimate import run_estimate
 from registry.tokens import HashedTokenAuthentication
 
