@@ -16,7 +16,8 @@ from registry.services.figures import load_deployment
 from registry.services.quality import conservation_payload, stability_payload
 
 FILTER_KEYS = (
-    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "layout",
+    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "kernel",
+    "layout",
 )
 
 
@@ -52,6 +53,7 @@ def filter_choices() -> dict[str, list[Any]]:
         "dp": distinct(tables, "dp"),
         "ep": distinct(tables, "ep"),
         "backend": distinct(tables, "backend"),
+        "kernel": distinct(tables, "kernel"),
     }
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import AllowAny, IsAuthenticatedOrReadOnly
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,6 +16,7 @@ from moetables.errors import BundleError
 from registry.models import DeploymentTable
 from registry.services.coverage import coverage_matrix
 from registry.services.quality import conservation_payload, stability_payload
+from registry.tokens import HashedTokenAuthentication
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
@@ -228,7 +230,7 @@ def _request_body(made: Any) -> dict[str, Any]:
 class CoverageRequestsView(APIView):
     """Requests for gaps of the coverage matrix: list them, or ask for one (token)."""
 
-    # The settings' classes: hashed API tokens (registry/tokens.py) and the session.
+    authentication_classes = (HashedTokenAuthentication, SessionAuthentication)
     permission_classes = (IsAuthenticatedOrReadOnly,)
 
     @extend_schema(

@@ -13,9 +13,14 @@ from registry.api.quality import (
     CoverageView,
     StabilityView,
 )
-from registry.api.views import ApiRootView, BundleViewSet, lookup
+from registry.api.views import ApiRootView, BundleViewSet, LookupDocumentation
+from registry.lookup.http import lookup
 
 app_name = "registry-api"
+
+# The schema generator (drf-spectacular) documents the lookup's URL through the view it names.
+lookup.cls = LookupDocumentation  # type: ignore[attr-defined]
+lookup.initkwargs = {}  # type: ignore[attr-defined]
 
 urlpatterns = [
     re_path(r"^$", ApiRootView.as_view(), name="api-root"),
@@ -33,6 +38,11 @@ urlpatterns = [
         r"^bundles/(?P<pk>[0-9]+)/download/?$",
         BundleViewSet.as_view({"get": "download"}),
         name="bundle-download",
+    ),
+    re_path(
+        r"^bundles/(?P<pk>[0-9]+)/export/(?P<fmt>[a-z]+)/?$",
+        BundleViewSet.as_view({"get": "export"}),
+        name="bundle-export",
     ),
     re_path(
         r"^bundles/(?P<pk>[0-9]+)/files/(?P<path>.+)$",

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from moetables.bundle import QualityEvidence, load_quality
 from moetables.bundle.model import METHOD_TOLERANCE
+from registry.lookup.services import BundleRef, tables_for
 from registry.services.figures import load_deployment
-from registry.services.lookup import BundleRef, tables_for
 
 if TYPE_CHECKING:
     from registry.models import DeploymentTable

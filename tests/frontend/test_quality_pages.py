@@ -92,7 +92,7 @@ def test_a_job_page_offers_retry_and_says_when_no_worker_exists(client: Client) 
     assert 'id="job-retry"' not in client.get(f"/jobs/{job.pk}/").content.decode()
     response = client.post(f"/jobs/{job.pk}/retry")
     job.refresh_from_db()
-    assert response.status_code == 403 and job.state == "failed"  # not bob's to retry
+    assert response.status_code == 403 and job.state == "failed"  # not bob's to retry (registry.permissions)
     client.login(username="ann", password="x")
     assert 'id="job-retry"' in client.get(f"/jobs/{job.pk}/").content.decode()
     queued = AcquisitionJob.objects.create(queue="gpu.H200",

@@ -164,7 +164,7 @@ def test_publishing_the_cell_closes_its_request(h200: dict[str, Any], make_bundl
         "hardware": "SYNTH-GPU",
         "model": "synthetic/moe-8e",
         "variant": "bf16",
-        "backend": "TRITON",
+        "backend": "vllm-modular",  # the execution path (issue 13.1: adapters, not kernels)
         "tp": 1,
         "dp": 2,
         "rank": 1,
