@@ -179,6 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
             help="measurements of a point whose control fails, per run (default 3)",
         )
         sub.add_argument(
+            "--engine-attention-backend",
+            default=None,
+            help="attention backend of a component engine (vllm-live; e.g. TRITON_ATTN)",
+        )
+        sub.add_argument(
+            "--engine-kv-cache-bytes",
+            type=_positive,
+            default=None,
+            help="KV cache bytes of a component engine (vllm-live; default 1 GiB, R31)",
+        )
+        sub.add_argument(
             "--profile-batch",
             type=_positive,
             default=8,
@@ -256,6 +267,8 @@ def prepare(
         captures=captures,
         cache_bytes=args.cache_bytes,
         command_line=shlex.join(["python", "-m", "acquisition", *argv]),
+        engine_attention_backend=args.engine_attention_backend,
+        engine_kv_cache_bytes=args.engine_kv_cache_bytes,
     )
     plans = [plan_target(request, target, default_components(target)) for target in targets]
     return request, plans
@@ -357,7 +370,13 @@ def _acquire(
     previous = signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
     try:
-        limits = EngineLimits(request.max_num_batched_tokens, request.max_num_seqs)
+        # The serving limits and the engine options travel with the runtime (R31).
+        limits = EngineLimits(
+            request.max_num_batched_tokens,
+            request.max_num_seqs,
+            kv_cache_memory_bytes=request.engine_kv_cache_bytes,
+            attention_backend=request.engine_attention_backend,
+        )
         with clock.phase("runtime_probe"):
             runtime = replace(probe_runtime(request.device, request.cache_bytes), limits=limits)
         progress.event("admission", f"{runtime.device}: {runtime.device_name}")
