@@ -36,17 +36,12 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from acquisition.adapters.base import Admission, EngineLimits, GateRoutingForward, RuntimeInfo
+from acquisition.adapters.base import EngineLimits, GateRoutingForward, RuntimeInfo
 from acquisition.adapters.vllm_capabilities import (
-    LIVE_SYMBOLS,
     CapabilityError,
-    Resolver,
     deferral_reasons,
-    import_resolver,
-    model_reasons,
-    probe_surface,
 )
 from moetables.bundle import EXPERTS
 
@@ -62,8 +57,6 @@ from acquisition.adapters.vllm_live_config import (
     DEFAULT_KV_CACHE_BYTES,
     GPU_MEMORY_UTILIZATION,
     actual_settings,
-    declared_wrapper_work,
-    effective_limits,
     model_folder,
     register_model_classes,
     smallest_moe_prefix,
@@ -79,92 +72,9 @@ from acquisition.adapters.vllm_live_layer import (
 )
 from acquisition.adapters.vllm_live_scopes import WRAPPER, LiveScopes
 
-__all__ = ["WRAPPER", "VllmLiveBackend", "VllmLiveSession"]
+__all__ = ["WRAPPER", "VllmLiveSession"]
 
 _SEED = 20261130
-
-
-class VllmLiveBackend:
-    """Admits the engine's own MoE layer at TP1/DP1/EP1 (quantized and shared experts too)."""
-
-    name: ClassVar[str] = "vllm-live"
-    native: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        limits: EngineLimits | None = None,
-        resolve: Resolver = import_resolver,
-        engine_factory: Callable[..., Any] | None = None,
-    ) -> None:
-        self._limits = limits
-        self._resolve = resolve
-        self._engine_factory = engine_factory
-
-    def components(self, model: MoeModel, target: MoeTarget) -> tuple[str, ...]:
-        """gate_routing and experts; the wrapper where the checkpoint declares work for it.
-
-        A wrapper boundary that launches nothing cannot be a table row (times must be
-        positive); the build-time ownership trace verifies the declaration either way.
-        """
-        if declared_wrapper_work(model):
-            return ("gate_routing", EXPERTS, WRAPPER)
-        return ("gate_routing", EXPERTS)
-
-    def admit(self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo) -> Admission:
-        reasons: list[str] = []
-        if (target.tp, target.dp, target.ep) != (1, 1, 1) or target.sequence_parallel:
-            reasons.append(
-                f"target TP{target.tp}/DP{target.dp}/EP{target.ep}: the live path measures the "
-                "engine's layer at TP1/DP1/EP1 only (R25)"
-            )
-        if runtime.device != "cuda" or not runtime.accelerator_available:
-            reasons.append("needs a CUDA device: the component engine is a vLLM GPU engine")
-        reasons += model_reasons(model, quantized_allowed=True)
-        if effective_limits(runtime, self._limits) is None:
-            reasons.append(
-                "engine limits (max batched tokens, max sequences) were not supplied to the "
-                "live adapter; it never starts an engine with guessed limits (R31)"
-            )
-        try:
-            folder = model_folder(model)
-            config = json.loads((folder / "config.json").read_text())
-            if not config.get("architectures"):
-                reasons.append(
-                    f"{folder}/config.json names no architectures: vLLM cannot build the model"
-                )
-            else:
-                smallest_moe_prefix(config)
-        except (CapabilityError, OSError, ValueError) as exc:
-            reasons.append(f"model folder: {exc}")
-        try:
-            self._resolve("vllm")
-        except Exception as exc:
-            reasons.append(f"vLLM is not importable here: {type(exc).__name__}: {exc}")
-            return Admission.decline(self.name, *reasons)
-        surface = probe_surface(LIVE_SYMBOLS, self._resolve)
-        reasons += surface.missing
-        if reasons:
-            return Admission.decline(self.name, *reasons)
-        return Admission.accept(self.name)
-
-    def build(
-        self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo, dtype: str
-    ) -> VllmLiveSession:
-        limits = effective_limits(runtime, self._limits)
-        if limits is None:
-            raise CapabilityError(
-                "engine limits were not supplied to the live adapter", backend=self.name
-            )
-        return VllmLiveSession(
-            model,
-            target,
-            runtime,
-            dtype,
-            limits,
-            probe_surface(LIVE_SYMBOLS, self._resolve),
-            engine_factory=self._engine_factory,
-            components=self.components(model, target),
-        )
 
 
 @dataclass(slots=True)

@@ -18,7 +18,8 @@ from tiny_moe import write_model
 
 from acquisition.adapters.base import AdapterRefusal, EngineLimits
 from acquisition.adapters.vllm_capabilities import LIVE_SYMBOLS, CapabilityError, probe_surface
-from acquisition.adapters.vllm_live import WRAPPER, VllmLiveBackend, VllmLiveSession
+from acquisition.adapters.vllm_live import WRAPPER, VllmLiveSession
+from acquisition.adapters.vllm_live_backend import VllmLiveBackend
 from acquisition.adapters.vllm_live_config import (
     declared_wrapper_work,
     effective_limits,
