@@ -27,16 +27,39 @@ COMMON = [
 ]  # fmt: skip
 
 
-def test_it_books_nested_phases_exclusively() -> None:
+class _Ticks:
+    """A perf_counter that advances only when told (no sleeps: exact on a loaded machine)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_it_books_nested_phases_exclusively(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = _Ticks()
+    monkeypatch.setattr("acquisition.phases.time.perf_counter", ticks)
     clock = PhaseClock()
     clock.set_target("t")
     with clock.phase("build"):
-        time.sleep(0.02)
+        ticks.now += 2.0
         with clock.phase("build.engine_start"):
-            time.sleep(0.03)
+            ticks.now += 3.0
+        ticks.now += 0.5
+    ticks.now += 0.25  # outside every phase: "other", booked at the next reading
+    clock.record()
     seconds = clock.seconds["t"]
-    assert 0.015 < seconds["build"] < 0.029  # the nested phase's time is not counted twice
-    assert seconds["build.engine_start"] >= 0.029
+    assert seconds["build"] == pytest.approx(2.5)  # the nested phase is not counted twice
+    assert seconds["build.engine_start"] == pytest.approx(3.0)
+    assert seconds["other"] == pytest.approx(0.25)
+    assert clock.counts["t"] == {"build": 1, "build.engine_start": 1}
+
+
+def test_its_record_adds_up_to_the_wall_time() -> None:
+    clock = PhaseClock()
+    with clock.phase("plan"):
+        time.sleep(0.01)
     record = clock.record()
     total = sum(sum(t["seconds"].values()) for t in record["targets"].values())
     assert total == pytest.approx(record["wall_s"], abs=0.05)
