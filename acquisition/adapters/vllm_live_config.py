@@ -70,7 +70,8 @@ def declared_wrapper_work(model: MoeModel) -> bool:
         config = json.loads((model_folder(model) / "config.json").read_text())
     except (OSError, ValueError, CapabilityError):
         return False
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
     return bool(text.get("shared_expert_intermediate_size") or text.get("moe_latent_size"))
 
 
@@ -118,7 +119,8 @@ def register_model_classes(architectures: list[str]) -> list[str]:
 
 def smallest_moe_prefix(config: dict[str, Any]) -> int:
     """Layers up to and including the first MoE layer, from the checkpoint's declarations."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
     layers = int(text.get("num_hidden_layers") or 1)
     dense_first = int(text.get("first_k_dense_replace") or 0)
     step = int(text.get("decoder_sparse_step") or 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from acquisition.adapters.vllm_capabilities import (
     MODULAR_PARAMETERS,
@@ -170,10 +170,11 @@ def resolve_native(
             "(a monolithic kernel routes internally; no routing stimulus can be replayed)"
         )
     standard = surface["activation_format"].Standard
-    if experts_cls.activation_format() != standard:
+    layout = cast("Any", experts_cls).activation_format()  # vLLM's class, untyped here
+    if layout != standard:
         raise CapabilityError(
             f"native experts {qualified_name(experts_cls)} use the "
-            f"{experts_cls.activation_format()} activation layout, not the standard one"
+            f"{layout} activation layout, not the standard one"
         )
     if not parallel.use_all2all_kernels:
         prepare_kind = NO_DP_EP
