@@ -83,6 +83,21 @@ class SurfaceLoo:
     target: str
     points: int
     errors: list[PointError]
+    measured: list[tuple[int, int, int]]
+
+    def steps(self, e: PointError, local: int) -> tuple[bool, bool]:
+        """Whether a measured neighbour of the point runs another BLOCK_SIZE_M (in N) or
+        another number of row tiles (in M, same N and A): the point sits at a step."""
+        ns = sorted({n for n, _, _ in self.measured})
+        i = ns.index(e.tokens)
+        near_n = [ns[j] for j in (i - 1, i + 1) if 0 <= j < len(ns)]
+        n_step = any(block_m(n, local) != block_m(e.tokens, local) for n in near_n)
+        ms = sorted({m for n, a, m in self.measured if n == e.tokens and a == e.active})
+        k = ms.index(e.pairs)
+        near_m = [ms[j] for j in (k - 1, k + 1) if 0 <= j < len(ms)]
+        tiles = row_tiles(e.tokens, e.active, e.pairs, local)
+        m_step = any(row_tiles(e.tokens, e.active, m, local) != tiles for m in near_m)
+        return n_step, m_step
 
     @property
     def answered(self) -> int:
@@ -115,7 +130,8 @@ def leave_one_out(bundle: Bundle, entry: TableEntry) -> SurfaceLoo:
     sampling = entry.contract.get("expert_sampling")
     factor = sampling.get("factor") if isinstance(sampling, dict) else None
     name = str(bundle.root.relative_to(ROOT / "bundles").parts[0])
-    return SurfaceLoo(name, factor, entry.target.deployment, len(n), errors)
+    measured = [(int(x), int(y), int(z)) for x, y, z in zip(n, a, m, strict=True)]
+    return SurfaceLoo(name, factor, entry.target.deployment, len(n), errors, measured)
 
 
 def current_bundles() -> list[Bundle]:
@@ -161,6 +177,31 @@ def main() -> None:
                 f"{pct(c.quantile(95))} | {f.answered}, {pct(f.quantile(50))}, "
                 f"{pct(f.quantile(95))} |"
             )
+    print()
+
+    print("### Large errors next to a tile step\n")
+    print(
+        "Answered points above 5 %, and how many have a measured neighbour in N that runs "
+        "another BLOCK_SIZE_M, or one in M (same N, A) with another number of row tiles:\n"
+    )
+    print(
+        "| bundle | target | > 5 % | N step | M step | either | neither | share of points at a step |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        if not r.bundle.startswith("H200-vllm") or r.factor != 2:
+            continue
+        local = 128 if r.target.startswith("dp1") else 64
+        flags = [r.steps(e, local) for e in r.errors if e.error > 0.05]
+        every = [r.steps(e, local) for e in r.errors]
+        n_step = sum(f[0] for f in flags)
+        m_step = sum(f[1] for f in flags)
+        either = sum(f[0] or f[1] for f in flags)
+        share = sum(f[0] or f[1] for f in every) / len(every)
+        print(
+            f"| {r.bundle} | {r.target} | {len(flags)} | {n_step} | {m_step} | {either} | "
+            f"{len(flags) - either} | {share:.0%} |"
+        )
     print()
 
     print("### Where the errors sit: median and p95 by the rows N the kernel is given\n")

@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from moetables.bounds import BoundViolation, entry_bounds, expert_weights, table_violations
+from moetables.bounds import (
+    BoundViolation,
+    entry_bounds,
+    expert_weights,
+    table_violations,
+    tightest,
+)
 from moetables.bundle import load_table, open_bundle, write_bundle
 from moetables.errors import BundleError
 from moetables.geometry import MoeTarget
@@ -93,6 +99,12 @@ def test_it_computes_both_bounds_from_the_h200_contract() -> None:
     assert float(bounds.compute_us(16_384)) == pytest.approx(
         2 * 16_384 * 2048 * 3 * 768 / 989.5e12 * 1e6
     )
+    # the tightest shipped row: N=32, A=128, M=256 at 87 % of the peak bandwidth
+    table = load_table(bundle.root, entry)
+    row = (table.tokens == 32) & (table.activated_experts == 128) & (table.component == "experts")
+    measured = float(table.time_us[row][0])
+    assert tightest(bounds, 128, 256, measured) == pytest.approx(251.658 / measured, rel=1e-4)
+    assert 0.8 < tightest(bounds, 128, 256, measured) < 1.0
 
 
 def test_it_reads_the_historical_contract_and_says_what_it_assumes() -> None:
