@@ -185,22 +185,24 @@ def main() -> None:
         "another BLOCK_SIZE_M, or one in M (same N, A) with another number of row tiles:\n"
     )
     print(
-        "| bundle | target | > 5 % | N step | M step | either | neither | share of points at a step |"
+        "| bundle | target | > 5 % | N step | M step | either | neither | "
+        "points at a step: > 5 % | other points: > 5 % |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         if not r.bundle.startswith("H200-vllm") or r.factor != 2:
             continue
         local = 128 if r.target.startswith("dp1") else 64
         flags = [r.steps(e, local) for e in r.errors if e.error > 0.05]
-        every = [r.steps(e, local) for e in r.errors]
         n_step = sum(f[0] for f in flags)
         m_step = sum(f[1] for f in flags)
         either = sum(f[0] or f[1] for f in flags)
-        share = sum(f[0] or f[1] for f in every) / len(every)
+        stepped = sum(any(r.steps(e, local)) for e in r.errors)
+        others = len(r.errors) - stepped
         print(
             f"| {r.bundle} | {r.target} | {len(flags)} | {n_step} | {m_step} | {either} | "
-            f"{len(flags) - either} | {share:.0%} |"
+            f"{len(flags) - either} | {either} of {stepped} ({either / stepped:.0%}) | "
+            f"{len(flags) - either} of {others} ({(len(flags) - either) / others:.0%}) |"
         )
     print()
 
