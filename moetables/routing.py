@@ -11,7 +11,14 @@ experts get how many token-expert pairs (R41):
 - ``round_robin``: the step's N*k pairs dealt to experts in turn, then counted per rank;
 - ``random``: every token picks k distinct experts uniformly (seeded, reproducible), counted;
 - ``histogram``: the step's global per-expert pair counts (what a router chose, as vLLM's
-  router capture gives them) mapped through each rank's linear expert map: exact A and M.
+  router capture gives them) mapped through each rank's linear expert map: exact A and M;
+- ``captured``: drawn from a routing profile (`moetables.profiles`) at the step's N (seeded):
+  a captured step with exactly N rows is taken as it was; otherwise a captured step with more
+  rows (or, above every captured step, the layer's whole-run shares) gives each expert's chance
+  of being picked by a token, and N tokens pick k distinct experts with exactly those chances
+  (systematic sampling in a random expert order per token); ``captured_expectation=True``
+  gives the mean per-rank (A, M) instead (over the captured steps at N, else from the shares
+  assuming independent tokens), rounded to a feasible point.
 
 The counting policies conserve pairs: the ranks' M add up to N*k. The expected-load policies
 round each rank's share up (the balanced total of R41), so their sum can exceed N*k by less than
@@ -25,12 +32,14 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from moetables.errors import QueryError
 from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map
+from moetables.profiles import RoutingProfile
 
 __all__ = [
     "POLICIES",
@@ -43,7 +52,7 @@ __all__ = [
     "route_batch",
 ]
 
-POLICIES = ("balanced", "custom", "round_robin", "random", "histogram")
+POLICIES = ("balanced", "custom", "round_robin", "random", "histogram", "captured")
 
 IntArray = npt.NDArray[np.int64]
 
@@ -298,6 +307,115 @@ def _random_counts(deployment: Deployment, tokens: IntArray, seed: int) -> IntAr
     return out
 
 
+def _check_seed(policy: str, seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise QueryError(f"{policy} policy: seed must be a non-negative integer, got {seed!r}")
+
+
+def _profile_layer(profile: RoutingProfile, layer: object) -> int | None:
+    """The layer's position in the profile's arrays, or None for all layers."""
+    if layer is None:
+        return None
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise QueryError(f"captured policy: layer must be an integer, got {layer!r}")
+    if layer not in profile.layers:
+        raise QueryError(
+            f"captured policy: layer {layer} is not in the profile; it has {profile.layers}"
+        )
+    return profile.layers.index(layer)
+
+
+def _pick_k(
+    rng: np.random.Generator, chances: npt.NDArray[np.float64], tokens: int, k: int
+) -> IntArray:
+    """N tokens, each picking k distinct experts, expert e with probability ``chances[e]``
+    (each in [0, 1], adding up to k): systematic sampling over a random expert order per
+    token; the counts of each expert over the tokens."""
+    e = chances.shape[0]
+    order = np.argsort(rng.random((tokens, e)), axis=1)
+    cumulative = np.cumsum(chances[order], axis=1)
+    # k points u, u+1, ..., u+k-1: each expert's interval (length <= 1) holds at most one.
+    points = rng.random(tokens)[:, None] + np.arange(k)[None, :]
+    slot = (cumulative[:, :, None] <= points[:, None, :]).sum(axis=1)
+    slot = np.minimum(slot, e - 1)
+    picked = np.take_along_axis(order, slot, axis=1)
+    return np.bincount(picked.ravel(), minlength=e).astype(np.int64)
+
+
+def _chances(counts: npt.NDArray[Any], rows: float, k: int) -> npt.NDArray[np.float64]:
+    """Per-token pick chances from pair counts over ``rows`` tokens, renormalised to add up to
+    exactly k (float rounding) and kept in [0, 1]."""
+    chances = np.clip(counts.astype(np.float64) / rows, 0.0, 1.0)
+    total = chances.sum()
+    return chances * (k / total) if total > 0 else np.full(chances.shape, k / chances.size)
+
+
+def captured_counts(
+    profile: RoutingProfile, position: int | None, tokens: IntArray, seed: int
+) -> IntArray:
+    """Per step a global per-expert histogram of N = ``tokens[i]`` rows drawn from the profile
+    (see the module's ``captured``); step i uses the stream (seed, i); ``position`` is the
+    layer's index in the profile, or None to draw the layer too."""
+    e, k = profile.global_experts, profile.top_k
+    captured = profile.step_tokens
+    layer_count = profile.counts.shape[1]
+    out = np.zeros((tokens.shape[0], e), dtype=np.int64)
+    for i, n in enumerate(tokens.tolist()):
+        rng = np.random.default_rng([seed, i])
+        lay = int(rng.integers(layer_count)) if position is None else position
+        exact = np.flatnonzero(captured == n)
+        if exact.size:
+            out[i] = profile.counts[int(rng.choice(exact)), lay]
+            continue
+        larger = np.flatnonzero(captured > n)
+        if larger.size:
+            s = int(rng.choice(larger))
+            chances = _chances(profile.counts[s, lay], float(captured[s]), k)
+        else:
+            chances = _chances(profile.totals[lay], float(captured.sum()), k)
+        out[i] = _pick_k(rng, chances, n, k)
+    return out
+
+
+def _captured_expectation(
+    deployment: Deployment, profile: RoutingProfile, position: int | None, tokens: IntArray
+) -> tuple[IntArray, IntArray]:
+    """Mean per-rank (A, M) at each step's N, rounded to a feasible point: the mean over the
+    captured steps of exactly N rows, else from the whole-run shares with independent tokens
+    (A = sum over local experts of 1 - (1 - p_e)^N, M = N x sum of p_e)."""
+    ep, k = deployment.ep, deployment.top_k
+    layer = None if position is None else profile.layers[position]
+    stats = profile.rank_statistics(ep, layer)
+    shares = profile.load_shares(layer)
+    starts = np.array([s for s, _ in deployment.expert_ranges()], dtype=np.intp)
+    local = np.array(deployment.local_experts(), dtype=np.int64)
+    mean_a = np.empty((tokens.shape[0], ep), dtype=np.float64)
+    mean_m = np.empty((tokens.shape[0], ep), dtype=np.float64)
+    for i, n in enumerate(tokens.tolist()):
+        at_n = stats.tokens == n
+        if at_n.any():
+            mean_a[i] = stats.activated_experts[at_n].mean(axis=0)
+            mean_m[i] = stats.local_assignments[at_n].mean(axis=0)
+        else:
+            p = np.clip(shares, 0.0, 1.0)
+            mean_a[i] = np.add.reduceat(1.0 - (1.0 - p) ** n, starts)
+            mean_m[i] = n * np.add.reduceat(shares, starts)
+    # M: largest remainders so that the ranks still add up to N x k.
+    exact = mean_m * ((tokens * k)[:, None] / np.maximum(mean_m.sum(axis=1), 1e-300)[:, None])
+    floor = np.floor(exact).astype(np.int64)
+    short = tokens * k - floor.sum(axis=1)
+    order = np.argsort(-(exact - floor), axis=1, kind="stable")
+    bump = np.zeros_like(floor)
+    np.put_along_axis(
+        bump, order, (np.arange(ep)[None, :] < short[:, None]).astype(np.int64), axis=1
+    )
+    pairs = floor + bump
+    # A: rounded, inside what M allows on the rank (R5).
+    low = np.where(pairs > 0, np.maximum(1, -(-pairs // tokens[:, None])), 0)
+    active = np.clip(np.floor(mean_a + 0.5).astype(np.int64), low, np.minimum(local, pairs))
+    return active, pairs
+
+
 def _expected_loads(
     deployment: Deployment, tokens: IntArray, shares: Sequence[float] | None
 ) -> IntArray:
@@ -357,6 +475,9 @@ def route_batch(
     active_curve: ActiveCurve | object = None,
     load_shares: Sequence[float] | None = None,
     seed: int = 0,
+    profile: RoutingProfile | None = None,
+    layer: int | None = None,
+    captured_expectation: bool = False,
 ) -> BatchRouting:
     """Route many steps at once; ``tokens_per_rank`` is (steps, dp) or one step (dp,)."""
     if policy not in POLICIES:
@@ -368,8 +489,31 @@ def route_batch(
     if policy != "custom" and (active_curve is not None or load_shares is not None):
         raise QueryError(f"an active-expert curve and load shares belong to the custom policy, "
                          f"not {policy!r}")
+    if policy != "captured" and (profile is not None or layer is not None):
+        raise QueryError(f"a routing profile and layer belong to the captured policy, not {policy!r}")
     histogram: IntArray | None = None
-    if policy == "histogram":
+    captured_loads: tuple[IntArray, IntArray] | None = None
+    if policy == "captured":
+        if profile is None:
+            raise QueryError("captured policy needs a routing profile")
+        if not isinstance(profile, RoutingProfile):
+            raise QueryError("captured policy: profile must be a RoutingProfile "
+                             "(moetables.profiles.read_profile)")
+        _check_seed(policy, seed)
+        position = _profile_layer(profile, layer)
+        if (profile.global_experts, profile.top_k) != (
+            deployment.global_experts, deployment.top_k
+        ):
+            raise QueryError(
+                f"captured policy: the profile routes E={profile.global_experts} top-"
+                f"{profile.top_k}, the deployment has E={deployment.global_experts} top-"
+                f"{deployment.top_k}"
+            )
+        if captured_expectation:
+            captured_loads = _captured_expectation(deployment, profile, position, tokens)
+        else:
+            histogram = captured_counts(profile, position, tokens, seed)
+    elif policy == "histogram":
         if expert_counts is None:
             raise QueryError("histogram policy needs the step's global per-expert pair counts")
         try:
@@ -390,10 +534,11 @@ def route_batch(
     elif policy == "round_robin":
         histogram = _round_robin_counts(deployment, tokens)
     elif policy == "random":
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise QueryError(f"random policy: seed must be a non-negative integer, got {seed!r}")
+        _check_seed(policy, seed)
         histogram = _random_counts(deployment, tokens, seed)
-    if histogram is not None:
+    if captured_loads is not None:
+        active, pairs = captured_loads
+    elif histogram is not None:
         active, pairs = _from_histogram(deployment, histogram, tokens)
     else:
         local = np.array(deployment.local_experts(), dtype=np.int64)
@@ -436,6 +581,9 @@ def route(
     active_curve: ActiveCurve | object = None,
     load_shares: Sequence[float] | None = None,
     seed: int = 0,
+    profile: RoutingProfile | None = None,
+    layer: int | None = None,
+    captured_expectation: bool = False,
 ) -> StepRouting:
     """Route one step: every EP rank's (local rows, N, A, M)."""
     batch = route_batch(
@@ -446,5 +594,8 @@ def route(
         active_curve=active_curve,
         load_shares=load_shares,
         seed=seed,
+        profile=profile,
+        layer=layer,
+        captured_expectation=captured_expectation,
     )
     return batch.step(0, deployment)
