@@ -32,6 +32,7 @@ from moetables.comm import (
 )
 from moetables.errors import CoverageError, QueryError
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
+from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
 
 if TYPE_CHECKING:
@@ -544,6 +545,9 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
+        profile: RoutingProfile | None = None,
+        layer: int | None = None,
+        captured_expectation: bool = False,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
         if isinstance(tokens_per_rank, (str, bytes)) or not isinstance(tokens_per_rank, Sequence):
@@ -558,6 +562,9 @@ class LayerEstimator:
             load_shares=load_shares,
             seed=seed,
             capture_sizes=capture_sizes,
+            profile=profile,
+            layer=layer,
+            captured_expectation=captured_expectation,
         )
         return batch.step(0)
 
@@ -573,6 +580,9 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
+        profile: RoutingProfile | None = None,
+        layer: int | None = None,
+        captured_expectation: bool = False,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
@@ -618,6 +628,9 @@ class LayerEstimator:
             active_curve=active_curve,
             load_shares=load_shares,
             seed=seed,
+            profile=profile,
+            layer=layer,
+            captured_expectation=captured_expectation,
         )
         steps, ep = routing.local_rows.shape
         code = np.full(steps, OK, dtype=np.int8)

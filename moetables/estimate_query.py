@@ -17,6 +17,7 @@ import numpy as np
 from moetables.comm import Cluster
 from moetables.errors import QueryError
 from moetables.estimate import MODES, estimator_for
+from moetables.profiles import ProfileError, RoutingProfile, profile_from_json
 from moetables.routing import POLICIES, ActiveCurve
 
 __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
@@ -24,7 +25,9 @@ __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
 _FIELDS = {
     "tp", "dp", "sequence_parallel", "tokens", "steps", "policy", "expert_counts", "seed",
     "active_curve", "load_shares", "mode", "capture_sizes", "events",
+    "profile", "layer", "profile_draw",
 }
+PROFILE_DRAWS = ("sample", "expectation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,9 @@ class EstimateRequest:
     mode: str
     capture_sizes: list[int] | None
     events: bool = True  # the per-rank trace events (a timeline); false for smaller answers
+    profile: RoutingProfile | None = None  # the captured policy's routing profile
+    layer: int | None = None  # its layer (None: every layer)
+    captured_expectation: bool = False  # the mean (A, M) rather than a seeded draw
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], default: int) -> int:
@@ -61,6 +67,23 @@ def _int_list(value: Any, what: str, problems: list[str]) -> list[int] | None:
         problems.append(f"{what}: must be a non-empty list of integers, got {value!r}")
         return None
     return value
+
+
+def _profile(value: Any, problems: list[str]) -> RoutingProfile | None:
+    """A loaded profile (the CLI's --profile, the registry's id resolved), or one inline."""
+    if value is None or isinstance(value, RoutingProfile):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return profile_from_json(value)
+        except ProfileError as exc:
+            problems.append(f"profile: {exc}")
+            return None
+    problems.append(
+        "profile: give a routing profile inline ({meta, step_tokens, counts}); a profile id is "
+        f"resolved by the registry, got {value!r}"
+    )
+    return None
 
 
 def parse_estimate_request(
@@ -149,6 +172,19 @@ def parse_estimate_request(
     events = raw.get("events", True)
     if not isinstance(events, bool):
         problems.append(f"events: must be true or false, got {events!r}")
+    profile = _profile(raw.get("profile"), problems)
+    layer = raw.get("layer")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
+        problems.append(f"layer: must be a non-negative integer, got {layer!r}")
+    draw = raw.get("profile_draw", "sample")
+    if draw not in PROFILE_DRAWS:
+        problems.append(f"profile_draw: must be one of {list(PROFILE_DRAWS)}, got {draw!r}")
+    if policy == "captured" and profile is None and "profile" not in raw:
+        problems.append("profile: the captured policy needs a routing profile")
+    if policy != "captured":
+        for key in ("profile", "layer", "profile_draw"):
+            if raw.get(key) is not None:
+                problems.append(f"{key}: belongs to the captured policy, not {policy!r}")
     if problems:
         raise QueryError("; ".join(problems))
     return EstimateRequest(
@@ -165,6 +201,9 @@ def parse_estimate_request(
         mode=mode,
         capture_sizes=sizes,
         events=events,
+        profile=profile,
+        layer=layer,
+        captured_expectation=draw == "expectation",
     )
 
 
@@ -188,6 +227,9 @@ def answer_estimate(
         load_shares=request.load_shares,
         seed=request.seed,
         capture_sizes=request.capture_sizes,
+        profile=request.profile,
+        layer=request.layer,
+        captured_expectation=request.captured_expectation,
     )
     if request.single:
         answer = batch.step(0).as_dict()  # a refusal raises, naming rank and component

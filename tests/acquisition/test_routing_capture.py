@@ -1,0 +1,95 @@
+"""R41 (captured routing, issue 15 part 1): ``python -m acquisition routing`` through the torch
+engine: the router hook, the per-step counts, resume and progress."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from acquisition.routing_capture.cli import main
+from acquisition.routing_capture.engines import PromptError, read_prompts
+from acquisition.routing_capture.recorder import CaptureError, StepRecorder
+from moetables.profiles import read_profile
+from tests.acquisition.routing_fixtures import write_prompts, write_tiny_moe
+
+
+def _argv(tmp: Path, *extra: str) -> list[str]:
+    folder = write_tiny_moe(tmp / "model")
+    prompts = write_prompts(tmp / "prompts.jsonl")
+    return [str(folder), "--prompts", str(prompts), "--engine", "torch", "--max-tokens", "4",
+            "--batch-prompts", "4", "--out", str(tmp / "p.routing.npz"), "--no-progress-bar",
+            "--progress-json", str(tmp / "progress.jsonl"), *extra]
+
+
+def test_it_captures_every_layer_of_every_step_prefill_and_decode(tmp_path: Path) -> None:
+    assert main(_argv(tmp_path)) == 0
+    profile = read_profile(tmp_path / "p.routing.npz")
+    # 13 prompts in batches of 4 (4, 4, 4, 1): one prefill and 3 decode steps per batch.
+    assert profile.steps == 4 * 4
+    assert profile.layers == [0, 1, 2]
+    decode = profile.step_tokens.reshape(4, 4)[:, 1:]
+    assert (decode == np.array([[4], [4], [4], [1]])).all()
+    # Every step's layer adds up to tokens x top-k (checked by the reader, asserted here too).
+    assert (profile.counts.sum(axis=2) == profile.step_tokens[:, None] * 4).all()
+    meta = profile.meta
+    assert meta["workload"]["prompts"] == 13
+    assert meta["workload"]["prompt_tokens"] == int(profile.step_tokens.reshape(4, 4)[:, 0].sum())
+    assert meta["workload"]["generated_tokens"] == 13 * 4
+    assert meta["command"].startswith("python -m acquisition routing ")
+    assert meta["source"] == "torch" and "zipf" in meta["router"]
+    # The synthetic gate is skewed: the busiest expert carries well above the mean.
+    assert profile.imbalance().min() > 1.5
+    events = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert events[-1]["phase"] == "done" and events[-1]["points_done"] == 4
+    assert not (tmp_path / "p.routing.npz.partial").exists()
+
+
+def test_it_resumes_from_its_checkpoints_with_the_same_result(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    assert main(_argv(whole)) == 0
+    parts = tmp_path / "parts"
+    assert main(_argv(parts, "--stop-after", "2")) == 130
+    assert len(list((parts / "p.routing.npz.partial").glob("batch-*.npz"))) == 2
+    assert main(_argv(parts)) == 0
+    events = [json.loads(line) for line in (parts / "progress.jsonl").read_text().splitlines()]
+    assert any("resumed: 2" in e["message"] for e in events)
+    a, b = read_profile(whole / "p.routing.npz"), read_profile(parts / "p.routing.npz")
+    assert np.array_equal(a.counts, b.counts) and np.array_equal(a.step_tokens, b.step_tokens)
+
+
+def test_it_refuses_to_resume_a_different_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_argv(tmp_path, "--stop-after", "1")) == 130
+    assert main(_argv(tmp_path, "--max-tokens", "5")) == 1
+    assert "different ['max_tokens']" in capsys.readouterr().err
+
+
+def test_it_names_a_bad_command_before_starting_an_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_token_ids": [1, -2]}\n')
+    folder = write_tiny_moe(tmp_path / "model")
+    assert main([str(folder), "--prompts", str(bad), "--engine", "torch", "--max-tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1: prompt_token_ids" in err and "--max-tokens" in err
+    with pytest.raises(PromptError, match="no prompts"):
+        (tmp_path / "empty").write_text("\n\n")
+        read_prompts(tmp_path / "empty")
+
+
+def test_it_refuses_a_capture_that_does_not_add_up() -> None:
+    rec = StepRecorder([0, 1], 4, 2)
+    rec.capture(0, 3, np.array([2, 2, 1, 1]))
+    with pytest.raises(CaptureError, match="layer 1 saw 2 tokens"):
+        rec.capture(1, 2, np.array([1, 1, 1, 1]))
+    rec = StepRecorder([0, 1], 4, 2)
+    rec.capture(0, 3, np.array([2, 2, 1, 1]))
+    with pytest.raises(CaptureError, match=r"layers \[1\] captured nothing"):
+        rec.capture(0, 3, np.array([2, 2, 1, 1]))
+    with pytest.raises(CaptureError, match="add up to 5"):
+        StepRecorder([0], 4, 2).capture(0, 3, np.array([2, 1, 1, 1]))
+    with pytest.raises(CaptureError, match="exceed"):
+        StepRecorder([0], 4, 2).capture(0, 2, np.array([3, 1, 0, 0]))
