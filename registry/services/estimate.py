@@ -85,6 +85,16 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
     except LookupRequestError as exc:
         problems += exc.problems
     body = {k: v for k, v in data.items() if k not in _BUNDLE_FIELDS}
+    profile_id = body.get("profile")
+    if isinstance(profile_id, int) and not isinstance(profile_id, bool):
+        from registry.services.profiles import published_profile
+
+        found = published_profile(profile_id)
+        if isinstance(found, str):
+            problems.append(found)
+            del body["profile"]
+        else:
+            body["profile"] = found
     request = None
     try:
         request = parse_estimate_request(

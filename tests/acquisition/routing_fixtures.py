@@ -43,7 +43,21 @@ def capture_profile(tmp: Path, **model: int) -> RoutingProfile:
     folder = write_tiny_moe(tmp / "model", **model)
     prompts = write_prompts(tmp / "prompts.jsonl")
     out = tmp / "tiny.routing.npz"
-    code = main([str(folder), "--prompts", str(prompts), "--engine", "torch", "--max-tokens",
-                 "4", "--batch-prompts", "4", "--out", str(out), "--no-progress-bar"])
+    code = main(
+        [
+            str(folder),
+            "--prompts",
+            str(prompts),
+            "--engine",
+            "torch",
+            "--max-tokens",
+            "4",
+            "--batch-prompts",
+            "4",
+            "--out",
+            str(out),
+            "--no-progress-bar",
+        ]
+    )
     assert code == 0
     return read_profile(out)

@@ -19,9 +19,23 @@ from tests.acquisition.routing_fixtures import write_prompts, write_tiny_moe
 def _argv(tmp: Path, *extra: str) -> list[str]:
     folder = write_tiny_moe(tmp / "model")
     prompts = write_prompts(tmp / "prompts.jsonl")
-    return [str(folder), "--prompts", str(prompts), "--engine", "torch", "--max-tokens", "4",
-            "--batch-prompts", "4", "--out", str(tmp / "p.routing.npz"), "--no-progress-bar",
-            "--progress-json", str(tmp / "progress.jsonl"), *extra]
+    return [
+        str(folder),
+        "--prompts",
+        str(prompts),
+        "--engine",
+        "torch",
+        "--max-tokens",
+        "4",
+        "--batch-prompts",
+        "4",
+        "--out",
+        str(tmp / "p.routing.npz"),
+        "--no-progress-bar",
+        "--progress-json",
+        str(tmp / "progress.jsonl"),
+        *extra,
+    ]
 
 
 def test_it_captures_every_layer_of_every_step_prefill_and_decode(tmp_path: Path) -> None:
@@ -60,7 +74,9 @@ def test_it_resumes_from_its_checkpoints_with_the_same_result(tmp_path: Path) ->
     assert np.array_equal(a.counts, b.counts) and np.array_equal(a.step_tokens, b.step_tokens)
 
 
-def test_it_refuses_to_resume_a_different_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_it_refuses_to_resume_a_different_capture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(_argv(tmp_path, "--stop-after", "1")) == 130
     assert main(_argv(tmp_path, "--max-tokens", "5")) == 1
     assert "different ['max_tokens']" in capsys.readouterr().err

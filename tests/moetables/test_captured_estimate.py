@@ -31,11 +31,22 @@ def qwen_like_profile() -> RoutingProfile:
         picked = np.argpartition(-scores, 7, axis=1)[:, :8]
         counts[i, 0] = np.bincount(picked.ravel(), minlength=128)
     return RoutingProfile.create(
-        model={"name": "Qwen/Qwen3-30B-A3B-Instruct-2507", "global_experts": 128, "top_k": 8,
-               "layers": [3]},
-        workload={"prompts_sha256": "0" * 64, "prompts": 1, "prompt_tokens": 1,
-                  "generated_tokens": 1},
-        step_tokens=steps, counts=counts, router="synthetic", source="synthetic",
+        model={
+            "name": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+            "global_experts": 128,
+            "top_k": 8,
+            "layers": [3],
+        },
+        workload={
+            "prompts_sha256": "0" * 64,
+            "prompts": 1,
+            "prompt_tokens": 1,
+            "generated_tokens": 1,
+        },
+        step_tokens=steps,
+        counts=counts,
+        router="synthetic",
+        source="synthetic",
     )
 
 
@@ -54,31 +65,79 @@ def test_it_estimates_a_layer_with_the_captured_routing() -> None:
 def test_it_takes_a_profile_file_on_the_command_line(tmp_path: Path) -> None:
     path = write_profile(qwen_like_profile(), tmp_path / "q.routing.npz")
     out = io.StringIO()
-    code = main(["estimate", str(H200), "--tp", "1", "--dp", "2", "--tokens", "32,32",
-                 "--policy", "captured", "--profile", str(path), "--layer", "3",
-                 "--profile-expectation", "--no-events"], out=out)
+    code = main(
+        [
+            "estimate",
+            str(H200),
+            "--tp",
+            "1",
+            "--dp",
+            "2",
+            "--tokens",
+            "32,32",
+            "--policy",
+            "captured",
+            "--profile",
+            str(path),
+            "--layer",
+            "3",
+            "--profile-expectation",
+            "--no-events",
+        ],
+        out=out,
+    )
     assert code == 0, out.getvalue()
     ranks = json.loads(out.getvalue())["ranks"]
     assert ranks[0]["M"] + ranks[1]["M"] == 512 and ranks[0]["M"] > ranks[1]["M"] + 100
     out = io.StringIO()
-    assert main(["estimate", str(H200), "--tp", "1", "--dp", "2", "--tokens", "32,32",
-                 "--policy", "captured", "--profile", str(path), "--layer", "9"], out=out) == 1
+    assert (
+        main(
+            [
+                "estimate",
+                str(H200),
+                "--tp",
+                "1",
+                "--dp",
+                "2",
+                "--tokens",
+                "32,32",
+                "--policy",
+                "captured",
+                "--profile",
+                str(path),
+                "--layer",
+                "9",
+            ],
+            out=out,
+        )
+        == 1
+    )
     assert "layer 9 is not in the profile" in out.getvalue()
 
 
 def test_it_reads_an_inline_profile_and_names_what_is_wrong() -> None:
     inline = qwen_like_profile().to_json()
-    request = parse_estimate_request({"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "captured",
-                                      "profile": inline, "profile_draw": "expectation"})
+    request = parse_estimate_request(
+        {
+            "tp": 1,
+            "dp": 2,
+            "tokens": [4, 4],
+            "policy": "captured",
+            "profile": inline,
+            "profile_draw": "expectation",
+        }
+    )
     assert request.profile is not None and request.captured_expectation
     with pytest.raises(QueryError, match="profile: the captured policy needs"):
         parse_estimate_request({"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "captured"})
     with pytest.raises(QueryError, match="layer: belongs to the captured policy"):
         parse_estimate_request({"tp": 1, "dp": 2, "tokens": [4, 4], "layer": 1})
     with pytest.raises(QueryError, match="a profile id is resolved by the registry"):
-        parse_estimate_request({"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "captured",
-                                "profile": 7})
+        parse_estimate_request(
+            {"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "captured", "profile": 7}
+        )
     broken = dict(inline, counts=[[[1]]])
     with pytest.raises(QueryError, match="profile: counts"):
-        parse_estimate_request({"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "captured",
-                                "profile": broken})
+        parse_estimate_request(
+            {"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "captured", "profile": broken}
+        )

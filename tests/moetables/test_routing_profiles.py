@@ -41,8 +41,12 @@ def zipf_router(steps: list[int], layers: int = 2, seed: int = 0, s: float = 1.2
 def make_profile(steps: list[int], **kw: int) -> RoutingProfile:
     return RoutingProfile.create(
         model={"name": "test/zipf", "global_experts": E, "top_k": K, "layers": [0, 5]},
-        workload={"prompts_sha256": "0" * 64, "prompts": 3, "prompt_tokens": 10,
-                  "generated_tokens": 5},
+        workload={
+            "prompts_sha256": "0" * 64,
+            "prompts": 3,
+            "prompt_tokens": 10,
+            "generated_tokens": 5,
+        },
         step_tokens=steps,
         counts=zipf_router(steps, **kw),
         command="test",
@@ -85,8 +89,11 @@ def test_it_names_the_field_of_a_corrupt_profile(tmp_path: Path, profile: Routin
     with pytest.raises(ProfileError, match="counts: checksum mismatch"):
         read_profile(path)
     meta = dict(profile.meta, model=dict(profile.meta["model"], top_k="4"))
-    _rewrite(path, counts=profile.counts, **{"profile.json": np.frombuffer(
-        json.dumps(meta).encode(), np.uint8)})
+    _rewrite(
+        path,
+        counts=profile.counts,
+        **{"profile.json": np.frombuffer(json.dumps(meta).encode(), np.uint8)},
+    )
     with pytest.raises(ProfileError, match=r"profile.json.model.top_k: must be an integer"):
         read_profile(path)
     (tmp_path / "x.npz").write_bytes(b"not a zip")
@@ -95,12 +102,19 @@ def test_it_names_the_field_of_a_corrupt_profile(tmp_path: Path, profile: Routin
     with pytest.raises(ProfileError, match="adds up to"):
         bad = profile.counts.copy()
         bad[0, 0, 0] -= 1
-        RoutingProfile.create(model=profile.meta["model"], workload=profile.meta["workload"],
-                              step_tokens=profile.step_tokens, counts=bad)
+        RoutingProfile.create(
+            model=profile.meta["model"],
+            workload=profile.meta["workload"],
+            step_tokens=profile.step_tokens,
+            counts=bad,
+        )
     with pytest.raises(ProfileError, match="a token picks an expert once"):
-        RoutingProfile.create(model=dict(profile.meta["model"], layers=[0]),
-                              workload=profile.meta["workload"], step_tokens=[1],
-                              counts=[[[2, 2] + [0] * (E - 2)]])
+        RoutingProfile.create(
+            model=dict(profile.meta["model"], layers=[0]),
+            workload=profile.meta["workload"],
+            step_tokens=[1],
+            counts=[[[2, 2] + [0] * (E - 2)]],
+        )
     raw = profile.to_json()
     raw["meta"] = dict(raw["meta"], schema="other")
     with pytest.raises(ProfileError, match="schema"):
@@ -164,15 +178,17 @@ def test_it_keeps_the_layer_shares_at_an_uncaptured_n(profile: RoutingProfile) -
 
 def test_it_gives_the_expectation_at_a_captured_n(profile: RoutingProfile) -> None:
     d = Deployment(1, 2, False, E, K)
-    got = route_batch(d, [[4, 4], [100, 100]], "captured", profile=profile, layer=5,
-                      captured_expectation=True)
+    got = route_batch(
+        d, [[4, 4], [100, 100]], "captured", profile=profile, layer=5, captured_expectation=True
+    )
     stats = profile.rank_statistics(2, layer=5)
     at = stats.tokens == 8
     assert abs(got.local_assignments[0] - stats.local_assignments[at].mean(axis=0)).max() <= 1
     assert abs(got.activated_experts[0] - stats.activated_experts[at].mean(axis=0)).max() <= 1
     assert got.local_assignments[1].sum() == 200 * K
-    again = route_batch(d, [[4, 4]], "captured", profile=profile, layer=5,
-                        captured_expectation=True, seed=9)
+    again = route_batch(
+        d, [[4, 4]], "captured", profile=profile, layer=5, captured_expectation=True, seed=9
+    )
     assert np.array_equal(again.local_assignments[0], got.local_assignments[0])
 
 
@@ -191,11 +207,25 @@ def test_it_gives_feasible_conserving_points_for_any_step(
     profile = _PROFILE
     d = Deployment(1, ep, False, E, K)
     step = [tokens[i % len(tokens)] for i in range(ep)]
-    a = route_batch(d, [step], "captured", profile=profile, layer=layer, seed=seed,
-                    captured_expectation=expectation)
+    a = route_batch(
+        d,
+        [step],
+        "captured",
+        profile=profile,
+        layer=layer,
+        seed=seed,
+        captured_expectation=expectation,
+    )
     assert a.local_assignments.sum() == sum(step) * K
-    b = route_batch(d, [step], "captured", profile=profile, layer=layer, seed=seed,
-                    captured_expectation=expectation)
+    b = route_batch(
+        d,
+        [step],
+        "captured",
+        profile=profile,
+        layer=layer,
+        seed=seed,
+        captured_expectation=expectation,
+    )
     assert np.array_equal(a.local_assignments, b.local_assignments)
 
 

@@ -1,0 +1,139 @@
+"""Routing profiles in the registry (issue 15 part 2): upload, list, download, delete with the
+registry's permissions and upload checks; estimates by profile id; the profile pages."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from moetables.profiles import read_profile, write_profile
+from tests.moetables.test_captured_estimate import qwen_like_profile
+
+REPO = Path(__file__).resolve().parents[2]
+H200 = REPO / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+
+
+@pytest.fixture
+def profile_bytes(tmp_path: Path) -> bytes:
+    return write_profile(qwen_like_profile(), tmp_path / "q.routing.npz").read_bytes()
+
+
+def _upload(api: APIClient, data: bytes, name: str = "q.routing.npz") -> Any:
+    f = io.BytesIO(data)
+    f.name = name
+    return api.post("/api/v1/routing-profiles/", {"profile": f}, format="multipart")
+
+
+def _client(name: str, staff: bool = False) -> APIClient:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_user(name, password="x", is_staff=staff)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return api
+
+
+def test_it_publishes_lists_and_serves_a_profile(
+    uploader: APIClient, api: APIClient, profile_bytes: bytes
+) -> None:
+    r = _upload(uploader, profile_bytes)
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert (body["global_experts"], body["top_k"], body["layers"], body["steps"]) == (128, 8, 1, 40)
+    assert body["created"] is True and body["published_by"] == "uploader"
+    again = _upload(uploader, profile_bytes)
+    assert again.status_code == 200 and again.json()["id"] == body["id"]
+    listed = api.get("/api/v1/routing-profiles/").json()
+    assert [p["id"] for p in listed["results"]] == [body["id"]]
+    got = api.get(f"/api/v1/routing-profiles/{body['id']}/download")
+    assert got.status_code == 200
+    data = b"".join(got.streaming_content)
+    assert data == profile_bytes and got["ETag"] == f'"{body["sha256"]}"'
+    assert read_profile(data).steps == 40
+    cached = api.get(
+        f"/api/v1/routing-profiles/{body['id']}/download", HTTP_IF_NONE_MATCH=f'"{body["sha256"]}"'
+    )
+    assert cached.status_code == 304
+
+
+def test_it_refuses_bad_uploads_with_the_field_named(
+    uploader: APIClient, api: APIClient, profile_bytes: bytes
+) -> None:
+    assert _upload(api, profile_bytes).status_code == 401
+    bad = _upload(uploader, b"PK\x03\x04 not really a zip")
+    assert bad.status_code == 400
+    assert "not a routing profile" in bad.json()["problems"][0]
+    assert uploader.post("/api/v1/routing-profiles/", {}, format="multipart").status_code == 400
+    # A corrupt count inside a well-formed archive: the checksum names the array.
+    import numpy as np
+
+    with np.load(io.BytesIO(profile_bytes)) as z:
+        members = {k: z[k] for k in z.files}
+    members["counts"] = members["counts"].copy()
+    members["counts"][0, 0, 0] += 1
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **members)
+    r = _upload(uploader, buf.getvalue())
+    assert r.status_code == 400 and "counts: checksum mismatch" in r.json()["problems"][0]
+
+
+def test_it_lets_only_the_publisher_or_staff_delete(
+    uploader: APIClient, api: APIClient, profile_bytes: bytes
+) -> None:
+    pk = _upload(uploader, profile_bytes).json()["id"]
+    assert api.delete(f"/api/v1/routing-profiles/{pk}/").status_code == 401
+    assert _client("mallory").delete(f"/api/v1/routing-profiles/{pk}/").status_code == 403
+    assert uploader.delete(f"/api/v1/routing-profiles/{pk}/").status_code == 204
+    assert api.get(f"/api/v1/routing-profiles/{pk}/").status_code == 404
+    pk = _upload(uploader, profile_bytes).json()["id"]
+    assert _client("root", staff=True).delete(f"/api/v1/routing-profiles/{pk}/").status_code == 204
+
+
+def test_it_estimates_with_a_published_profile_by_id(
+    uploader: APIClient, api: APIClient, profile_bytes: bytes
+) -> None:
+    from registry.services import publish_bundle
+
+    bundle = publish_bundle(H200).bundle
+    pk = _upload(uploader, profile_bytes).json()["id"]
+    body = {
+        "bundle": bundle.pk,
+        "tp": 1,
+        "dp": 2,
+        "tokens": [32, 32],
+        "policy": "captured",
+        "profile": pk,
+        "layer": 3,
+        "events": False,
+    }
+    r = api.post("/api/v1/estimate", body, format="json")
+    assert r.status_code == 200, r.content
+    m = [rank["M"] for rank in r.json()["ranks"]]
+    assert sum(m) == 512 and m[0] > m[1] + 100
+    r = api.post("/api/v1/estimate", dict(body, profile=pk + 99), format="json")
+    assert r.status_code == 400
+    assert any(f"no published routing profile {pk + 99}" in p for p in r.json()["problems"])
+    r = api.post("/api/v1/estimate", dict(body, profile="x"), format="json")
+    assert r.status_code == 400
+
+
+def test_it_draws_the_profile_pages(uploader: APIClient, client: Any, profile_bytes: bytes) -> None:
+    pk = _upload(uploader, profile_bytes).json()["id"]
+    listing = client.get("/routing-profiles/")
+    assert (
+        listing.status_code == 200 and f'href="/routing-profiles/{pk}/"' in listing.content.decode()
+    )
+    page = client.get(f"/routing-profiles/{pk}/?ep=4&layer=3")
+    text = page.content.decode()
+    assert page.status_code == 200
+    for name in ("heatmap", "imbalance", "a_curve", "m_curve"):
+        assert f'id="{name}" type="application/json"' in text
+    assert "rank 3 captured" in text and "rank 0 balanced" in text
+    assert "<script>" not in text  # CSP: figures come from JSON data, drawn by a static file
+    assert client.get(f"/routing-profiles/{pk}/?ep=banana&layer=-1").status_code == 200
+    assert client.get(f"/routing-profiles/{pk + 5}/").status_code == 404
