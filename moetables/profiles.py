@@ -204,8 +204,10 @@ class RoutingProfile:
         if total_tokens == 0:
             raise ProfileError("step_tokens", "the profile holds no tokens")
         if layer is None:
-            return self.totals.mean(axis=0) / total_tokens
-        return self.totals[self.layer_position(layer)] / total_tokens
+            shares: npt.NDArray[np.float64] = self.totals.mean(axis=0) / total_tokens
+        else:
+            shares = self.totals[self.layer_position(layer)] / total_tokens
+        return shares
 
     def imbalance(self) -> npt.NDArray[np.float64]:
         """Per layer, the busiest expert's pairs over the mean expert's (1 = perfectly even)."""
@@ -387,14 +389,14 @@ def write_profile(profile: RoutingProfile, path: str | os.PathLike[str]) -> Path
         json.dumps(profile.meta, sort_keys=True, separators=(",", ":")).encode(), dtype=np.uint8
     )
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    members: dict[str, Any] = {
+        "profile.json": meta,
+        "step_tokens": profile.step_tokens,
+        "counts": profile.counts,
+        "totals": profile.totals,
+    }
     with tmp.open("wb") as fh:
-        np.savez_compressed(
-            fh,
-            **{"profile.json": meta},
-            step_tokens=profile.step_tokens,
-            counts=profile.counts,
-            totals=profile.totals,
-        )
+        np.savez_compressed(fh, **members)
     tmp.replace(target)
     return target
 
@@ -468,7 +470,8 @@ def profile_from_json(raw: Any) -> RoutingProfile:
         if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
             raise ProfileError(f"profile.{key}", "values must lie in [0, 2^31)")
         arrays.append(arr.astype(dtype))
-    tokens, counts = arrays
+    tokens: IntArray = arrays[0].astype(np.int64)
+    counts: npt.NDArray[np.int32] = arrays[1].astype(np.int32)
     if counts.ndim != 3:
         raise ProfileError(
             "profile.counts", f"must be (steps, layers, E), got shape {list(counts.shape)}"
