@@ -18,7 +18,7 @@ from registry.services.profiles import load_profile
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
-__all__ = ["profile_detail", "profile_figures", "profile_list"]
+__all__ = ["n_groups", "profile_detail", "profile_figures", "profile_list"]
 
 RANK_COLORS = (
     "#2b6cb0",
@@ -40,12 +40,12 @@ def profile_list(request: HttpRequest) -> HttpResponse:
 def _curves(profile: RoutingProfile, ep: int, layer: int | None) -> dict[str, Any]:
     """Per rank, the mean A and M of the captured steps at each N, and balanced's."""
     stats = profile.rank_statistics(ep, layer)
-    ns = np.unique(stats.tokens)
+    group, ns = n_groups(stats.tokens)
     figs: dict[str, Any] = {}
     deployment = Deployment(1, ep, False, profile.global_experts, profile.top_k)
     # balanced at the same N: DP counts that gather to N (R2: N is the sum over DP ranks).
-    steps = [[int(n) - (ep - 1)] + [1] * (ep - 1) for n in ns if n >= ep]
-    kept = np.array([n for n in ns if n >= ep], dtype=np.int64)
+    kept = ns[ns >= ep]
+    steps = [[int(n) - (ep - 1)] + [1] * (ep - 1) for n in kept]
     balanced = route_batch(deployment, steps, "balanced") if steps else None
     for key, values, label in (
         ("a_curve", stats.activated_experts, "active local experts A"),
@@ -53,7 +53,8 @@ def _curves(profile: RoutingProfile, ep: int, layer: int | None) -> dict[str, An
     ):
         data: list[dict[str, Any]] = []
         for rank in range(ep):
-            mean = [float(values[stats.tokens == n, rank].mean()) for n in ns]
+            sums = np.bincount(group, weights=values[:, rank], minlength=ns.size)
+            mean = (sums / np.bincount(group, minlength=ns.size)).tolist()
             data.append(
                 {
                     "type": "scatter",
@@ -88,6 +89,19 @@ def _curves(profile: RoutingProfile, ep: int, layer: int | None) -> dict[str, An
             },
         }
     return figs
+
+
+def n_groups(tokens: Any, most: int = 60) -> tuple[Any, Any]:
+    """Each step's group and the groups' N: every distinct N, or (past ``most`` of them)
+    log-spaced bins labelled by their steps' mean N."""
+    unique, index = np.unique(tokens, return_inverse=True)
+    if unique.size <= most:
+        return index, unique
+    edges = np.geomspace(unique[0], unique[-1] + 1, most + 1)
+    raw = np.clip(np.searchsorted(edges, tokens, side="right") - 1, 0, most - 1)
+    _, group = np.unique(raw, return_inverse=True)
+    means = np.bincount(group, weights=tokens) / np.bincount(group)
+    return group, np.rint(means).astype(np.int64)
 
 
 def profile_figures(profile: RoutingProfile, ep: int, layer: int | None) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RoutingProfile:
     """A validated routing profile. Build one with `read_profile`, `profile_from_json` or
     `RoutingProfile.create` (which fills in the digests); the constructor checks everything."""

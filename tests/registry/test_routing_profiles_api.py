@@ -137,3 +137,48 @@ def test_it_draws_the_profile_pages(uploader: APIClient, client: Any, profile_by
     assert "<script>" not in text  # CSP: figures come from JSON data, drawn by a static file
     assert client.get(f"/routing-profiles/{pk}/?ep=banana&layer=-1").status_code == 200
     assert client.get(f"/routing-profiles/{pk + 5}/").status_code == 404
+
+
+def test_it_bins_many_step_sizes_for_the_curves() -> None:
+    """Thousands of distinct N draw as at most 60 log-spaced points, each at its steps' mean."""
+    import numpy as np
+
+    from frontend.profiles import n_groups
+
+    tokens = np.arange(1, 5001)
+    group, ns = n_groups(tokens)
+    assert ns.size <= 60 and group.shape == tokens.shape
+    assert (np.diff(ns) > 0).all()
+    for g in (0, ns.size - 1):
+        assert ns[g] == round(tokens[group == g].mean())
+    few = np.array([8, 8, 64, 300])
+    group, ns = n_groups(few)
+    assert ns.tolist() == [8, 64, 300] and group.tolist() == [0, 0, 1, 2]
+
+
+def test_it_offers_published_profiles_on_the_estimate_page(
+    uploader: APIClient, client: Any, profile_bytes: bytes
+) -> None:
+    from registry.services import publish_bundle
+
+    bundle = publish_bundle(H200).bundle
+    pk = _upload(uploader, profile_bytes).json()["id"]
+    page = client.get(
+        f"/bundles/{bundle.pk}/estimate",
+        {
+            "deployment": "1/2/0",
+            "tokens": "32,32",
+            "policy": "captured",
+            "profile": str(pk),
+            "layer": "3",
+            "cluster": "",
+        },
+    )
+    text = page.content.decode()
+    assert page.status_code == 200 and 'id="estimate-answer"' in text, text[-2000:]
+    assert "policy captured" in text
+    page = client.get(
+        f"/bundles/{bundle.pk}/estimate",
+        {"deployment": "1/2/0", "tokens": "32,32", "policy": "captured", "profile": "999"},
+    )
+    assert "no published routing profile 999" in page.content.decode()
