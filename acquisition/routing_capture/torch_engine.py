@@ -74,11 +74,13 @@ def _build(config: dict[str, Any], layers: int, zipf_s: float, seed: int) -> Any
     class Block(torch.nn.Module):
         def __init__(self, layer: int) -> None:
             super().__init__()
+            # vLLM's path to the router: layers[i].mlp.experts.router
             self.mlp = torch.nn.Module()
-            self.mlp.experts = Experts(layer)
+            self.experts = Experts(layer)
+            self.mlp.experts = self.experts
 
         def forward(self, x: Any) -> Any:
-            return x + self.mlp.experts(torch.nn.functional.layer_norm(x, (hidden,)))
+            return x + self.experts(torch.nn.functional.layer_norm(x, (hidden,)))
 
     class Model(torch.nn.Module):
         def __init__(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.http import FileResponse, HttpResponse
+from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -140,14 +141,14 @@ class RoutingProfileViewSet(
             503: OpenApiResponse(description="the stored file is missing"),
         },
     )
-    def download(self, request: Request, pk: str | None = None) -> HttpResponse:
+    def download(self, request: Request, pk: str | None = None) -> HttpResponseBase:
         """The profile file byte for byte as published; ETag is its sha256."""
         record = self.get_object()
         etag = f'"{record.sha256}"'
         if etag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
-            response = HttpResponse(status=status.HTTP_304_NOT_MODIFIED)
-            response["ETag"] = etag
-            return response
+            unchanged = HttpResponse(status=status.HTTP_304_NOT_MODIFIED)
+            unchanged["ETag"] = etag
+            return unchanged
         storage = bundle_storage()
         name = blob_name(record.sha256)
         if not storage.exists(name):
