@@ -24,6 +24,10 @@ The counting policies conserve pairs: the ranks' M add up to N*k. The expected-l
 round each rank's share up (the balanced total of R41), so their sum can exceed N*k by less than
 one pair per rank. Every answer is feasible under R5, or the policy raises a `QueryError`
 naming the rank.
+
+Token domains, expert ownership and feasibility are `moetables.geometry`'s rules (R2, R4, R5),
+written here over arrays of steps; tests/moetables/test_routing.py checks every answer against
+`MoeTarget.token_domains` and `ExpertGeometry.feasible` themselves.
 """
 
 from __future__ import annotations

@@ -164,3 +164,12 @@ def test_it_hooks_block_and_router_of_a_stand_in_model_under_the_cpu_profiler(tm
     assert [b["index"] for b in blocks] == [1, 2] and [b["tokens"] for b in blocks] == [5, 2]
     assert blocks[0]["expert_counts"] == [2, 2, 1, 1, 1, 1, 1, 1] and sum(blocks[1]["expert_counts"]) == 4
     assert blocks[0]["topk_shape"] == [5, 2]
+
+
+@pytest.mark.parametrize("dp", [2, 4, 8])
+def test_it_plans_equal_and_unequal_steps_for_any_dp_size(dp: int) -> None:
+    """Issue 16 (DP4/EP4) runs the same script: at least 12 steps, 4..2048 tokens per rank."""
+    plan = _probe().step_plan(dp)
+    assert len(plan) >= 12 and all(len(step) == dp for step in plan)
+    assert all(4 <= n <= 2048 for step in plan for n in step)
+    assert sum(len(set(s)) == 1 for s in plan) >= 5 and sum(len(set(s)) > 1 for s in plan) >= 7
