@@ -121,7 +121,7 @@ def profile_figures(profile: RoutingProfile, ep: int, layer: int | None) -> dict
         "layout": {
             "title": {"text": "Expert load per layer (pairs over all steps, 1 = the mean expert)"},
             "xaxis": {"title": {"text": "expert"}},
-            "height": max(300, 40 + 22 * len(profile.layers)),
+            "height": max(420, 120 + 22 * len(profile.layers)),
         },
     }
     imbalance = {
@@ -136,7 +136,7 @@ def profile_figures(profile: RoutingProfile, ep: int, layer: int | None) -> dict
         "layout": {
             "title": {"text": "Load imbalance per layer (busiest expert / mean expert)"},
             "yaxis": {"title": {"text": "max / mean"}},
-            "height": 320,
+            "height": 420,
         },
     }
     return {"heatmap": heat, "imbalance": imbalance, **_curves(profile, ep, layer)}
