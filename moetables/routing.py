@@ -16,7 +16,7 @@ experts get how many token-expert pairs (R41):
   a captured step with exactly N rows is taken as it was; otherwise a captured step with more
   rows (or, above every captured step, the layer's whole-run shares) gives each expert's chance
   of being picked by a token, and N tokens pick k distinct experts with exactly those chances
-  (systematic sampling in a random expert order per token); ``captured_expectation=True``
+  (systematic sampling in a random expert order); ``captured_expectation=True``
   gives the mean per-rank (A, M) instead (over the captured steps at N, else from the shares
   assuming independent tokens), rounded to a feasible point.
 
@@ -333,17 +333,23 @@ def _pick_k(
     rng: np.random.Generator, chances: npt.NDArray[np.float64], tokens: int, k: int
 ) -> IntArray:
     """N tokens, each picking k distinct experts, expert e with probability ``chances[e]``
-    (each in [0, 1], adding up to k): systematic sampling over a random expert order per
-    token; the counts of each expert over the tokens."""
+    (each in [0, 1], adding up to k); the counts of each expert over the tokens.
+
+    Systematic sampling: the experts laid out in a random order as intervals of their
+    chances on [0, k), and token t takes the experts under u_t, u_t + 1, ..., u_t + k - 1
+    (u_t uniform in [0, 1)); an interval is at most 1 long, so no expert twice. One order per
+    step, shared by its tokens: each expert's count is Binomial(N, chance) as with an order per
+    token, and so are the mean and variance of any rank's pairs (the conditional mean given
+    the order does not depend on it), at N k log E instead of N E log E work.
+    """
     e = chances.shape[0]
-    order = np.argsort(rng.random((tokens, e)), axis=1)
-    cumulative = np.cumsum(chances[order], axis=1)
-    # k points u, u+1, ..., u+k-1: each expert's interval (length <= 1) holds at most one.
+    order = rng.permutation(e)
+    cumulative = np.cumsum(chances[order])
+    cumulative *= k / cumulative[-1]
+    cumulative[-1] = k  # float rounding must not leave the last point past the end
     points = rng.random(tokens)[:, None] + np.arange(k)[None, :]
-    slot = (cumulative[:, :, None] <= points[:, None, :]).sum(axis=1)
-    slot = np.minimum(slot, e - 1)
-    picked = np.take_along_axis(order, slot, axis=1)
-    return np.bincount(picked.ravel(), minlength=e).astype(np.int64)
+    slot = np.minimum(np.searchsorted(cumulative, points, side="right"), e - 1)
+    return np.bincount(order[slot].ravel(), minlength=e).astype(np.int64)
 
 
 def _chances(counts: npt.NDArray[Any], rows: float, k: int) -> npt.NDArray[np.float64]:
@@ -362,21 +368,26 @@ def captured_counts(
     layer's index in the profile, or None to draw the layer too."""
     e, k = profile.global_experts, profile.top_k
     captured = profile.step_tokens
+    by_size = np.argsort(captured, kind="stable")
+    sizes = captured[by_size]
     layer_count = profile.counts.shape[1]
+    pooled: dict[int, npt.NDArray[np.float64]] = {}
     out = np.zeros((tokens.shape[0], e), dtype=np.int64)
     for i, n in enumerate(tokens.tolist()):
         rng = np.random.default_rng([seed, i])
         lay = int(rng.integers(layer_count)) if position is None else position
-        exact = np.flatnonzero(captured == n)
-        if exact.size:
-            out[i] = profile.counts[int(rng.choice(exact)), lay]
+        low = int(np.searchsorted(sizes, n, side="left"))
+        high = int(np.searchsorted(sizes, n, side="right"))
+        if high > low:  # steps of exactly N rows: one of them, as it was
+            out[i] = profile.counts[int(by_size[low + rng.integers(high - low)]), lay]
             continue
-        larger = np.flatnonzero(captured > n)
-        if larger.size:
-            s = int(rng.choice(larger))
+        if high < sizes.size:  # a larger step's per-token chances
+            s = int(by_size[high + rng.integers(sizes.size - high)])
             chances = _chances(profile.counts[s, lay], float(captured[s]), k)
-        else:
-            chances = _chances(profile.totals[lay], float(captured.sum()), k)
+        else:  # above every captured step: the layer's whole-run chances
+            if lay not in pooled:
+                pooled[lay] = _chances(profile.totals[lay], float(captured.sum()), k)
+            chances = pooled[lay]
         out[i] = _pick_k(rng, chances, n, k)
     return out
 
@@ -390,20 +401,24 @@ def _captured_expectation(
     ep, k = deployment.ep, deployment.top_k
     layer = None if position is None else profile.layers[position]
     stats = profile.rank_statistics(ep, layer)
-    shares = profile.load_shares(layer)
+    captured_n, group = np.unique(stats.tokens, return_inverse=True)
+    size = np.bincount(group)[:, None].astype(np.float64)
+    sum_a = np.zeros((captured_n.size, ep))
+    sum_m = np.zeros((captured_n.size, ep))
+    np.add.at(sum_a, group, stats.activated_experts)
+    np.add.at(sum_m, group, stats.local_assignments)
+    shares = np.clip(profile.load_shares(layer), 0.0, 1.0)
     starts = np.array([s for s, _ in deployment.expert_ranges()], dtype=np.intp)
     local = np.array(deployment.local_experts(), dtype=np.int64)
-    mean_a = np.empty((tokens.shape[0], ep), dtype=np.float64)
-    mean_m = np.empty((tokens.shape[0], ep), dtype=np.float64)
-    for i, n in enumerate(tokens.tolist()):
-        at_n = stats.tokens == n
-        if at_n.any():
-            mean_a[i] = stats.activated_experts[at_n].mean(axis=0)
-            mean_m[i] = stats.local_assignments[at_n].mean(axis=0)
-        else:
-            p = np.clip(shares, 0.0, 1.0)
-            mean_a[i] = np.add.reduceat(1.0 - (1.0 - p) ** n, starts)
-            mean_m[i] = n * np.add.reduceat(shares, starts)
+    where = np.minimum(np.searchsorted(captured_n, tokens), captured_n.size - 1)
+    hit = captured_n[where] == tokens
+    mean_a = np.where(hit[:, None], (sum_a / size)[where], 0.0)
+    mean_m = np.where(hit[:, None], (sum_m / size)[where], 0.0)
+    miss = np.flatnonzero(~hit)
+    if miss.size:
+        n = tokens[miss].astype(np.float64)[:, None]
+        mean_a[miss] = np.add.reduceat(1.0 - (1.0 - shares[None, :]) ** n, starts, axis=1)
+        mean_m[miss] = n * np.add.reduceat(shares, starts)[None, :]
     # M: largest remainders so that the ranks still add up to N x k.
     exact = mean_m * ((tokens * k)[:, None] / np.maximum(mean_m.sum(axis=1), 1e-300)[:, None])
     floor = np.floor(exact).astype(np.int64)

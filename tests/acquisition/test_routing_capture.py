@@ -109,3 +109,25 @@ def test_it_refuses_a_capture_that_does_not_add_up() -> None:
         StepRecorder([0], 4, 2).capture(0, 3, np.array([2, 1, 1, 1]))
     with pytest.raises(CaptureError, match="exceed"):
         StepRecorder([0], 4, 2).capture(0, 2, np.array([3, 1, 0, 0]))
+
+
+def test_it_feeds_the_captured_policy_with_the_captured_statistics(tmp_path: Path) -> None:
+    """Issue 15 part 3 on the tiny torch MoE with the Zipf gate: at the captured prefill and
+    decode sizes, the captured policy's per-rank (A, M) are the profile's (same support, means
+    within sampling error)."""
+    from moetables.routing import Deployment, route_batch
+
+    assert main(_argv(tmp_path)) == 0
+    profile = read_profile(tmp_path / "p.routing.npz")
+    d = Deployment(1, 4, False, 16, 4)
+    stats = profile.rank_statistics(4, layer=1)
+    for n in (4, int(profile.step_tokens[0])):
+        got = route_batch(d, [[n - 3, 1, 1, 1]] * 300, "captured", profile=profile, layer=1)
+        at = stats.tokens == n
+        want = {tuple(r) for r in stats.local_assignments[at]}
+        assert {tuple(r) for r in got.local_assignments} <= want
+        spread = stats.local_assignments[at].std(axis=0) + 0.5
+        assert (
+            abs(got.local_assignments.mean(axis=0) - stats.local_assignments[at].mean(axis=0))
+            < 4 * spread / np.sqrt(min(300, at.sum())) + 0.5
+        ).all()

@@ -241,3 +241,21 @@ def test_it_refuses_a_profile_that_does_not_fit(profile: RoutingProfile) -> None
         route_batch(Deployment(1, 2, False, E, K), [[4, 4]], "captured", profile=profile, layer=7)
     with pytest.raises(QueryError, match="belong to the captured policy"):
         route_batch(Deployment(1, 2, False, E, K), [[4, 4]], "balanced", profile=profile)
+
+
+def test_it_picks_experts_with_exactly_the_captured_chances() -> None:
+    """Between captured sizes each expert's count is Binomial(N, chance): mean N p and
+    variance N p (1 - p), every token's k experts distinct (no count above N)."""
+    from moetables.routing import captured_counts
+
+    big = make_profile([400] * 3)  # the draws at N=50 take one of these steps' chances
+    layer = 0
+    n, draws = 50, 4000
+    got = captured_counts(big, layer, np.full(draws, n, dtype=np.int64), seed=11)
+    assert (got.sum(axis=1) == n * K).all() and got.max() <= n
+    # Which step each draw used is random; per step the chances are counts / 400.
+    p = big.counts[:, layer, :] / 400.0  # (3, E)
+    mean_p = p.mean(axis=0)
+    var = n * mean_p * (1 - mean_p) + n * n * p.var(axis=0)  # the mixture over the 3 steps
+    np.testing.assert_allclose(got.mean(axis=0), n * mean_p, atol=4 * np.sqrt(var.max() / draws))
+    np.testing.assert_allclose(got.var(axis=0), var, rtol=0.15, atol=0.05)
