@@ -23,7 +23,9 @@ import io
 import itertools
 import json
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +61,18 @@ MAX_EXPERTS = 4096
 MAX_LAYERS = 1024
 
 IntArray = npt.NDArray[np.int64]
+# What a damaged zip or .npy member raises inside zipfile, zlib and numpy's reader.
+_DAMAGED = (
+    zipfile.BadZipFile,
+    zlib.error,
+    struct.error,
+    ValueError,
+    OSError,
+    EOFError,
+    KeyError,
+    NotImplementedError,
+    RuntimeError,
+)
 
 
 class ProfileError(BundleError):
@@ -401,9 +415,12 @@ def write_profile(profile: RoutingProfile, path: str | os.PathLike[str]) -> Path
     return target
 
 
-def read_profile(source: str | os.PathLike[str] | bytes) -> RoutingProfile:
+def read_profile(
+    source: str | os.PathLike[str] | bytes, *, max_unpacked: int = MAX_UNCOMPRESSED_BYTES
+) -> RoutingProfile:
     """Read and validate a profile file (a path, or its bytes); `ProfileError` names the
-    member and field at fault."""
+    member and field at fault. ``max_unpacked`` bounds the bytes its members unpack to (a
+    server reading uploads sets its own)."""
     if isinstance(source, bytes):
         fh: Any = io.BytesIO(source)
         where = "profile"
@@ -416,7 +433,7 @@ def read_profile(source: str | os.PathLike[str] | bytes) -> RoutingProfile:
     try:
         try:
             archive = zipfile.ZipFile(fh)
-        except zipfile.BadZipFile:
+        except _DAMAGED:
             raise ProfileError(where, "not a routing profile (an .npz zip archive)") from None
         with archive:
             infos = archive.infolist()
@@ -425,16 +442,16 @@ def read_profile(source: str | os.PathLike[str] | bytes) -> RoutingProfile:
                 raise ProfileError(
                     where, f"members must be exactly {sorted(_MEMBERS)}, got {sorted(names)[:10]}"
                 )
-            if sum(i.file_size for i in infos) > MAX_UNCOMPRESSED_BYTES:
-                raise ProfileError(where, f"unpacks to more than {MAX_UNCOMPRESSED_BYTES} bytes")
+            if sum(i.file_size for i in infos) > max_unpacked:
+                raise ProfileError(where, f"unpacks to more than {max_unpacked} bytes")
             arrays: dict[str, npt.NDArray[Any]] = {}
             for info in infos:
                 member = info.filename[: -len(".npy")]
                 try:
                     with archive.open(info) as raw:
-                        data = raw.read(MAX_UNCOMPRESSED_BYTES + 1)
+                        data = raw.read(max_unpacked + 1)
                     arrays[member] = np.load(io.BytesIO(data), allow_pickle=False)
-                except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+                except _DAMAGED as exc:
                     raise ProfileError(f"{where}: {member}", f"unreadable ({exc})") from None
     finally:
         fh.close()
@@ -443,8 +460,8 @@ def read_profile(source: str | os.PathLike[str] | bytes) -> RoutingProfile:
         raise ProfileError("profile.json", f"must be at most {MAX_META_BYTES} UTF-8 bytes")
     try:
         meta = json.loads(meta_bytes.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProfileError("profile.json", f"not valid JSON ({exc})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProfileError("profile.json", f"not valid JSON ({type(exc).__name__})") from None
     return RoutingProfile(meta, arrays["step_tokens"], arrays["counts"], arrays["totals"])
 
 

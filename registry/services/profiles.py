@@ -1,7 +1,7 @@
 """Publishing, reading and deleting routing profiles (issue 15 part 2).
 
 An upload is read whole into memory (at most ``REGISTRY["MAX_PROFILE_BYTES"]``, 64 MiB by
-default), validated by `moetables.profiles.read_profile` (schema, checksums, every count),
+default, unpacking to at most ``REGISTRY["MAX_PROFILE_UNPACKED_BYTES"]``, 512 MiB), validated by `moetables.profiles.read_profile` (schema, checksums, every count),
 counted against the publisher's quota like bundle bytes, and stored as a content-addressed
 blob; identical bytes answer the existing profile. Permissions come from
 `registry.permissions` (the API and the pages ask the same functions).
@@ -35,6 +35,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+# Profiles compress well (counts of a skewed router are mostly small); what an upload may
+# unpack to in memory is bounded separately.
+DEFAULT_MAX_UNPACKED = 512 * 1024 * 1024
 _cache: dict[str, RoutingProfile] = {}
 _lock = threading.Lock()
 
@@ -47,6 +50,10 @@ class ProfileUploadResult:
 
 def _max_bytes() -> int:
     return int(settings.REGISTRY.get("MAX_PROFILE_BYTES") or DEFAULT_MAX_BYTES)
+
+
+def _max_unpacked() -> int:
+    return int(settings.REGISTRY.get("MAX_PROFILE_UNPACKED_BYTES") or DEFAULT_MAX_UNPACKED)
 
 
 def _check_quota(user: Any, adding: int) -> None:
@@ -79,7 +86,7 @@ def publish_profile(upload: Any, *, published_by: Any) -> ProfileUploadResult:
     if len(data) > limit:
         raise PublishError([f"profile: more than {limit} bytes; at most {limit} are accepted"])
     try:
-        profile = read_profile(data)
+        profile = read_profile(data, max_unpacked=_max_unpacked())
     except ProfileError as exc:
         raise PublishError([f"profile: {exc}"]) from None
     sha256 = hashlib.sha256(data).hexdigest()
@@ -128,7 +135,7 @@ def load_profile(record: RoutingProfileRecord) -> RoutingProfile:
         data = handle.read()
     if hashlib.sha256(data).hexdigest() != record.sha256:
         raise ProfileError(f"routing profile {record.pk}", "stored bytes do not match sha256")
-    profile = read_profile(data)
+    profile = read_profile(data, max_unpacked=_max_unpacked())
     with _lock:
         _cache[record.sha256] = profile
     return profile

@@ -259,3 +259,22 @@ def test_it_picks_experts_with_exactly_the_captured_chances() -> None:
     var = n * mean_p * (1 - mean_p) + n * n * p.var(axis=0)  # the mixture over the 3 steps
     np.testing.assert_allclose(got.mean(axis=0), n * mean_p, atol=4 * np.sqrt(var.max() / draws))
     np.testing.assert_allclose(got.var(axis=0), var, rtol=0.15, atol=0.05)
+
+
+def test_it_refuses_hostile_members(tmp_path: Path, profile: RoutingProfile) -> None:
+    """Pickled objects, extra members, nested JSON and an oversized unpack are refused, named."""
+    path = write_profile(profile, tmp_path / "p.npz")
+    with pytest.raises(ProfileError, match="unpacks to more than 100 bytes"):
+        read_profile(path, max_unpacked=100)
+    _rewrite(path, counts=np.array([object()], dtype=object))
+    with pytest.raises(ProfileError, match=r"counts.*unreadable"):
+        read_profile(path)
+    path = write_profile(profile, tmp_path / "q.npz")
+    _rewrite(path, extra=np.zeros(1))
+    with pytest.raises(ProfileError, match="members must be exactly"):
+        read_profile(path)
+    path = write_profile(profile, tmp_path / "r.npz")
+    nested = np.frombuffer(b"[" * 100_000 + b"]" * 100_000, np.uint8)
+    _rewrite(path, **{"profile.json": nested})
+    with pytest.raises(ProfileError, match=r"profile.json: not valid JSON|must be a JSON object"):
+        read_profile(path)

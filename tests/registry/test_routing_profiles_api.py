@@ -182,3 +182,59 @@ def test_it_offers_published_profiles_on_the_estimate_page(
         {"deployment": "1/2/0", "tokens": "32,32", "policy": "captured", "profile": "999"},
     )
     assert "no published routing profile 999" in page.content.decode()
+
+
+def test_it_never_fails_on_damaged_uploads(uploader: APIClient, profile_bytes: bytes) -> None:
+    """Issue 17's rule for uploads: truncated, bit-flipped or random files are a 400 naming
+    the problem, never a server error, and nothing is stored."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from registry.profile_models import RoutingProfileRecord
+
+    @settings(
+        max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        kind = data.draw(st.sampled_from(["truncate", "flip", "random"]))
+        if kind == "truncate":
+            blob = profile_bytes[: data.draw(st.integers(0, len(profile_bytes) - 1))]
+        elif kind == "flip":
+            at = data.draw(st.integers(0, len(profile_bytes) - 1))
+            blob = profile_bytes[:at] + bytes([profile_bytes[at] ^ 0xFF]) + profile_bytes[at + 1 :]
+        else:
+            blob = data.draw(st.binary(max_size=2048))
+        r = _upload(uploader, blob)
+        if r.status_code == 201:  # a flip inside zip padding can leave the content intact
+            assert kind == "flip"
+            RoutingProfileRecord.objects.all().delete()
+            return
+        assert r.status_code == 400, r.content
+        assert r.json()["problems"][0].startswith("profile")
+
+    check()
+
+
+def test_it_escapes_what_a_profile_says_about_itself(
+    uploader: APIClient, client: Any, tmp_path: Path
+) -> None:
+    from moetables.profiles import RoutingProfile
+
+    base = qwen_like_profile()
+    hostile = RoutingProfile.create(
+        model=dict(base.meta["model"], name="<script>alert(1)</script>"),
+        workload=base.meta["workload"],
+        step_tokens=base.step_tokens,
+        counts=base.counts,
+        command="</script><img src=x onerror=alert(2)>",
+        router="<b>r</b>",
+    )
+    data = write_profile(hostile, tmp_path / "h.routing.npz").read_bytes()
+    pk = _upload(uploader, data).json()["id"]
+    for url in ("/routing-profiles/", f"/routing-profiles/{pk}/"):
+        text = client.get(url).content.decode()
+        assert (
+            "<script>alert(1)" not in text and "<img src=x" not in text and "<b>r</b>" not in text
+        )
+        assert "&lt;script&gt;alert(1)" in text
