@@ -110,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems.append("--max-tokens must be at least 1")
     if args.batch_prompts < 1:
         problems.append("--batch-prompts must be at least 1")
+    if args.tensor_parallel_size != 1:
+        problems.append(
+            "--tensor-parallel-size: the capture hooks the router in this process; capture "
+            "at TP1 (routing does not depend on TP)"
+        )
     if args.engine == "torch" and args.router != "native":
         problems.append("--router belongs to the vllm engine (torch uses --zipf-s)")
     try:

@@ -60,18 +60,21 @@ class RoutingEngine(Protocol):
 
 
 def find_routers(model: Any) -> dict[int, Any]:
-    """Layer index -> router of every MoE layer: modules named ``...layers.<i>....router``
-    with a ``set_capture_fn`` (vLLM's ``FusedTopKRouter`` and the torch engine's alike)."""
+    """Layer index -> router of every MoE layer: the ``router`` attribute (with a
+    ``set_capture_fn``) of a module under ``...layers.<i>...``, as vLLM's ``MoERunner``
+    (``model.layers[i].mlp.experts``) holds its ``FusedTopKRouter``; the router need not be a
+    module itself. The first module of a layer that holds one wins."""
     routers: dict[int, Any] = {}
     for name, module in model.named_modules():
-        if not name.endswith("router") or not hasattr(module, "set_capture_fn"):
+        router = getattr(module, "router", None)
+        if router is None or not callable(getattr(router, "set_capture_fn", None)):
             continue
         parts = name.split(".")
-        if "layers" not in parts:
+        if "layers" not in parts[:-1]:
             continue
         index = parts[parts.index("layers") + 1]
         if index.isdigit():
-            routers[int(index)] = module
+            routers.setdefault(int(index), router)
     return dict(sorted(routers.items()))
 
 

@@ -131,3 +131,132 @@ def test_it_feeds_the_captured_policy_with_the_captured_statistics(tmp_path: Pat
             abs(got.local_assignments.mean(axis=0) - stats.local_assignments[at].mean(axis=0))
             < 4 * spread / np.sqrt(min(300, at.sum())) + 0.5
         ).all()
+
+
+def test_it_finds_routers_that_are_not_modules() -> None:
+    """vLLM's MoERunner holds its router as an attribute; the hook must reach it per layer."""
+    import torch
+
+    from acquisition.routing_capture.engines import find_routers
+
+    class Router:  # a plain object, as FusedTopKRouter may be
+        def set_capture_fn(self, fn: object) -> None:
+            self.fn = fn
+
+    class Runner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = Router()
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(3))
+    for i in (0, 2):
+        model.model.layers[i].mlp = torch.nn.Module()
+        model.model.layers[i].mlp.experts = Runner()
+    found = find_routers(model)
+    assert sorted(found) == [0, 2]
+    assert found[2] is model.model.layers[2].mlp.experts.router
+
+
+class _FakeOutput:
+    def __init__(self, prompt: list[int], generated: list[int]) -> None:
+        self.prompt_token_ids = prompt
+        self.outputs = [type("Completion", (), {"token_ids": generated})()]
+
+
+def _fake_vllm(model_dir: Path) -> object:
+    """A stand-in ``vllm`` module: ``LLM`` runs the torch engine's MoE (vLLM's module layout
+    under ``model.model``) in-process, the way the kit runs vLLM with multiprocessing off."""
+    import types
+
+    import torch
+
+    from acquisition.routing_capture.torch_engine import TorchRoutingEngine
+
+    class LLM:
+        def __init__(self, model: str, **kwargs: object) -> None:
+            assert kwargs["enforce_eager"] is True
+            self.kwargs = kwargs
+            self.wrapper = torch.nn.Module()
+            self.wrapper.model = TorchRoutingEngine(Path(model), zipf_s=1.5).model
+
+        def apply_model(self, fn: object) -> list[object]:
+            return [fn(self.wrapper)]  # type: ignore[operator]
+
+        def generate(self, inputs: list[object], params: object, use_tqdm: bool) -> list[object]:
+            net = self.wrapper.model
+            ids = [list(p["prompt_token_ids"]) for p in inputs]  # type: ignore[index]
+            steps = params.max_tokens  # type: ignore[attr-defined]
+            with torch.no_grad():
+                logits = net(torch.tensor([t % net.vocab for p in ids for t in p]))
+                ends = torch.tensor([len(p) for p in ids]).cumsum(0) - 1
+                last = logits[ends].argmax(dim=-1)
+                new = [[int(t)] for t in last]
+                for _ in range(steps - 1):
+                    last = net(last).argmax(dim=-1)
+                    for row, t in zip(new, last, strict=True):
+                        row.append(int(t))
+            return [_FakeOutput(p, g) for p, g in zip(ids, new, strict=True)]
+
+    class SamplingParams:
+        def __init__(self, max_tokens: int, **_: object) -> None:
+            self.max_tokens = max_tokens
+
+    module = types.ModuleType("vllm")
+    module.__version__ = "0.26.0-fake"  # type: ignore[attr-defined]
+    module.LLM = LLM  # type: ignore[attr-defined]
+    module.SamplingParams = SamplingParams  # type: ignore[attr-defined]
+    return module
+
+
+def test_it_captures_through_the_vllm_engine_seam(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vLLM engine's own code (router hook counting on the device, drained after each
+    generate, the output accounting) against an in-process stand-in for vLLM."""
+    import sys
+
+    folder = write_tiny_moe(tmp_path / "model")
+    monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(folder))
+    # Recorded so that the engine's own settings are undone after the test.
+    monkeypatch.setenv("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "unset-by-the-test")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt_token_ids": list(range(5 + i, 20 + 3 * i))}) + "\n"
+            for i in range(6)
+        )
+    )
+    out = tmp_path / "v.routing.npz"
+    argv = [
+        str(folder),
+        "--prompts",
+        str(prompts),
+        "--engine",
+        "vllm",
+        "--router",
+        "normal_routing",
+        "--max-tokens",
+        "3",
+        "--batch-prompts",
+        "4",
+        "--out",
+        str(out),
+        "--no-progress-bar",
+    ]
+    assert main(argv) == 0
+    import os
+
+    assert os.environ["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] == "normal_routing"
+    profile = read_profile(out)
+    assert profile.meta["versions"]["vllm"] == "0.26.0-fake"
+    assert profile.meta["router"] == "vllm simulator normal_routing"
+    # Batches of 4 and 2 prompts: a prefill, then 2 decode steps each.
+    assert profile.step_tokens.tolist()[1:3] == [4, 4] and profile.step_tokens.tolist()[4:] == [
+        2,
+        2,
+    ]
+    assert profile.meta["workload"]["generated_tokens"] == 6 * 3
+    assert profile.meta["workload"]["prompt_tokens"] == int(profile.step_tokens[[0, 3]].sum())
