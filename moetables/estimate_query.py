@@ -23,8 +23,10 @@ __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
 
 _FIELDS = {
     "tp", "dp", "sequence_parallel", "tokens", "steps", "policy", "expert_counts", "seed",
-    "active_curve", "load_shares", "mode", "capture_sizes", "events",
+    "active_curve", "load_shares", "mode", "capture_sizes", "events", "rank_expert_counts",
 }
+# Policies that count pairs per expert, so that each rank's per-expert counts exist.
+COUNTING_POLICIES = ("histogram", "round_robin", "random")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class EstimateRequest:
     mode: str
     capture_sizes: list[int] | None
     events: bool = True  # the per-rank trace events (a timeline); false for smaller answers
+    # Each rank's pairs per local expert in its answer (opt-in: E numbers per step).
+    rank_expert_counts: bool = False
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], default: int) -> int:
@@ -149,6 +153,15 @@ def parse_estimate_request(
     events = raw.get("events", True)
     if not isinstance(events, bool):
         problems.append(f"events: must be true or false, got {events!r}")
+    per_expert = raw.get("rank_expert_counts", False)
+    if not isinstance(per_expert, bool):
+        problems.append(f"rank_expert_counts: must be true or false, got {per_expert!r}")
+        per_expert = False
+    if per_expert and policy in POLICIES and policy not in COUNTING_POLICIES:
+        problems.append(
+            f"rank_expert_counts: the {policy} policy gives no per-expert counts; "
+            f"{', '.join(COUNTING_POLICIES)} do"
+        )
     if problems:
         raise QueryError("; ".join(problems))
     return EstimateRequest(
@@ -165,6 +178,7 @@ def parse_estimate_request(
         mode=mode,
         capture_sizes=sizes,
         events=events,
+        rank_expert_counts=per_expert,
     )
 
 
@@ -190,8 +204,9 @@ def answer_estimate(
         capture_sizes=request.capture_sizes,
     )
     if request.single:
-        answer = batch.step(0).as_dict()  # a refusal raises, naming rank and component
+        # A refusal raises, naming rank and component.
+        answer = batch.step(0).as_dict(expert_counts=request.rank_expert_counts)
         if not request.events:
             del answer["events"]
         return answer
-    return batch.as_dicts(events=request.events)
+    return batch.as_dicts(events=request.events, expert_counts=request.rank_expert_counts)
