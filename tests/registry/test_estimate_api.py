@@ -127,7 +127,7 @@ def test_it_adds_each_ranks_expert_counts_when_asked(api: APIClient, h200: Any) 
     """R41/R44: `rank_expert_counts` adds each rank's histogram slice (opt-in), as the CLI does;
     a policy without counts is a 400 naming the field."""
     counts = [0] * 128
-    for e in (1, 2, 70, 90):
+    for e in (1, 2, 3, 4, 70, 90, 91, 92):
         counts[e] = 5
     body = {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [2, 3], "policy": "histogram",
             "expert_counts": counts, "rank_expert_counts": True, "events": False}
