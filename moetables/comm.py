@@ -61,7 +61,8 @@ __all__ = [
 ]
 
 COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce")
-# Version 2 adds the optional per-op ``bandwidth_by_size``; version 1 files load unchanged.
+# Version 2 adds the optional per-op ``bandwidth_by_size`` and per-class ``group_op_us``;
+# version 1 files load unchanged.
 VERSIONS = (1, 2)
 # NCCL's bus-bandwidth factors (nccl-tests PERFORMANCE.md): busBw = algBw * factor.
 def _bus_factor(op: str, n: int) -> float:
@@ -156,6 +157,9 @@ class LinkParameters:
 class LinkClass:
     name: str
     collectives: Mapping[str, LinkParameters]
+    # Each NCCL operation beyond the first in one grouped launch (one kernel) adds this much
+    # (format version 2; 0 in version 1 files). See ``launch_transfer_us``.
+    group_op_us: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +308,12 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
         where = f"{source}: link_classes.{cname}"
         if not isinstance(cname, str):
             raise ClusterError(where, "a link class name must be a string")
-        _exact_keys(body, where, {"collectives"})
+        _exact_keys(body, where, {"collectives"}, {"group_op_us"})
+        group_op = 0.0
+        if "group_op_us" in body:
+            if version < 2:
+                raise ClusterError(f"{where}.group_op_us", "needs version 2 (version 1 has none)")
+            group_op = _number(body["group_op_us"], f"{where}.group_op_us", positive=False)
         colls = body["collectives"]
         _exact_keys(colls, f"{where}.collectives", set(COLLECTIVE_OPS))
         params = {}
@@ -327,7 +336,7 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
                 ),
                 bandwidth_by_size=table,
             )
-        classes[cname] = LinkClass(cname, params)
+        classes[cname] = LinkClass(cname, params, group_op)
     groups_raw = raw["groups"]
     if not isinstance(groups_raw, list) or not groups_raw:
         raise ClusterError(f"{source}: groups", "must be a non-empty list")
@@ -605,29 +614,24 @@ def collective_bytes(
 
 def _link_terms(
     step: CollectiveStep, n: int, size: IntArray, shares: IntArray
-) -> tuple[str, FloatArray, FloatArray, str | None, FloatArray, FloatArray]:
-    """What one collective puts on its busiest link, for equal and for unequal counts.
+) -> tuple[tuple[str, FloatArray, FloatArray], tuple[str, list[tuple[FloatArray, FloatArray]]] | None]:
+    """The NCCL operations of one collective: for equal counts (op, link bytes, size), for
+    unequal counts (single-root op, [(link bytes, size) per root]); None for all_reduce.
 
-    Returns (op, link bytes, size for the bandwidth) of the equal-count NCCL call and the same
-    for the unequal-count call (None for all_reduce, which has no unequal form).
-
-    Equal counts: one AllGather/ReduceScatter/AllReduce, factor(op, n) x S on every link.
-    Unequal counts (vLLM's all_gatherv/reduce_scatterv): one Broadcast/Reduce per root, all in
-    one NCCL group, so the roots send at once. On a ring, root r's broadcast crosses every link
-    but the one into r (a reduce to r every link but the one out of r), so the busiest link
-    carries every share but the smallest: sum(shares) - min(shares). With equal shares that is
-    (n-1)/n x S, the AllGather's own factor; with two ranks it is the larger root's share, the
-    bound the two-H200 engine shows (docs/cluster-format.md). The bandwidth is the single-root
-    op's at the largest root's buffer (the message whose protocol carries most bytes).
+    Equal counts: one AllGather/ReduceScatter/AllReduce, factor(op, n) x S per link.
+    Unequal counts (vLLM's all_gatherv/reduce_scatterv): one Broadcast/Reduce per root in one
+    NCCL group. Each root's operation moves its share over the ring at the single-root op's
+    bus bandwidth (factor 1), and the roots' operations are charged one after the other:
+    on two H200s the engine's grouped broadcasts took at least the sum of the separate
+    broadcasts' times, not the largest one's (docs/benchmarks.md, "grouped launches").
     """
     s = size.astype(np.float64)
-    equal_op = step.op
-    equal_link = _bus_factor(step.op, n) * s
+    equal = (step.op, _bus_factor(step.op, n) * s, s)
     if step.op == "all_reduce":
-        return equal_op, equal_link, s, None, equal_link, s
+        return equal, None
     sh = shares.astype(np.float64)
     single = "broadcast" if step.op == "all_gather" else "reduce"
-    return equal_op, equal_link, s, single, sh.sum(axis=1) - sh.min(axis=1), sh.max(axis=1)
+    return equal, (single, [(sh[:, r], sh[:, r]) for r in range(sh.shape[1])])
 
 
 def launch_transfer_us(
@@ -639,33 +643,38 @@ def launch_transfer_us(
 
     ``members``: (step, S, shares, equal) of each logical collective of the launch over the
     same ranks (one member for a collective launched alone). vLLM 0.26.0 dispatches hidden
-    states, top-k weights and top-k ids in one NCCL group: one kernel (measured on two
-    H200s). The launch pays one latency, the largest alpha of its calls, and the bytes of every
-    member, each at the bandwidth of its own size (NCCL picks a protocol per operation). The
-    latency is charged to the first member, each member carries its own bytes term, so the
-    members add up to the launch's time. With several candidate link classes the slowest
-    (largest launch time) times the launch, per step.
+    states, top-k weights and top-k ids in one NCCL group: one kernel (measured on two H200s),
+    and an unequal-count gather or reduce is itself a group of one operation per root. The
+    launch pays one latency (the largest alpha of its operations), ``group_op_us`` for every
+    operation beyond the first, and the bytes of every operation, each at the bandwidth of its
+    own size (NCCL picks a protocol per operation). The latency and the per-operation costs
+    are charged to the first member, each member carries its own bytes, so the members add up
+    to the launch's time. With several candidate link classes the slowest (the largest launch
+    time) times the launch, per step.
     """
     n = len(group)
     terms = [_link_terms(step, n, size, shares) for step, size, shares, _ in members]
     per_class: list[list[FloatArray]] = []
     for link in cluster.classes_for(group):
         alpha: FloatArray | None = None
+        ops: FloatArray | None = None
         parts: list[FloatArray] = []
-        for (_, _, _, equal), (eop, elink, esize, uop, ulink, usize) in zip(
-            members, terms, strict=True
-        ):
+        for (_, _, _, equal), ((eop, elink, esize), unequal) in zip(members, terms, strict=True):
             p_eq = link.collectives[eop]
             a = np.full(equal.shape, p_eq.alpha_us)
             b = p_eq.bytes_us(elink, esize)
-            if uop is not None and not equal.all():
+            count = np.ones(equal.shape)
+            if unequal is not None and not equal.all():
+                uop, roots = unequal
                 p_un = link.collectives[uop]
                 a = np.where(equal, a, p_un.alpha_us)
-                b = np.where(equal, b, p_un.bytes_us(ulink, usize))
+                b = np.where(equal, b, np.sum([p_un.bytes_us(lb, sz) for lb, sz in roots], axis=0))
+                count = np.where(equal, 1.0, float(len(roots)))
             alpha = a if alpha is None else np.maximum(alpha, a)
+            ops = count if ops is None else ops + count
             parts.append(b)
-        assert alpha is not None
-        parts[0] = parts[0] + alpha
+        assert alpha is not None and ops is not None
+        parts[0] = parts[0] + alpha + link.group_op_us * (ops - 1.0)
         per_class.append(parts)
     if len(per_class) == 1:
         return per_class[0]
@@ -687,8 +696,8 @@ def transfer_us(
     """Modelled transfer of one collective launched alone, for a batch of steps.
 
     Equal counts: one AllGather/ReduceScatter/AllReduce of S bytes. Unequal counts: vLLM's
-    all_gatherv/reduce_scatterv, one Broadcast/Reduce per root in one NCCL group, the roots
-    sending at once (see ``launch_transfer_us``).
+    all_gatherv/reduce_scatterv, one Broadcast/Reduce per root in one NCCL group: one
+    latency, ``group_op_us`` per further root, every root's share (``launch_transfer_us``).
     """
     return launch_transfer_us(cluster, [(step, size, shares, equal)], group)[0]
 
