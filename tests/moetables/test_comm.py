@@ -115,9 +115,9 @@ def test_it_times_collectives_by_the_alpha_beta_model() -> None:
     t = transfer_us(cluster, gather, (0, 1), size, shares, equal)
     # Ranks 0 and 1 share the fast link: all_gather alpha 10, 100 GB/s, factor 1/2.
     assert t[0] == pytest.approx(10.0 + 0.5 * 8 * 4096 / 100e3)
-    # Unequal: two broadcasts (alpha 8, 80 GB/s) in one group, the roots sending at once:
-    # one alpha, the larger root's share on the busiest link (R45, docs/cluster-format.md).
-    assert t[1] == pytest.approx(8.0 + 9 * 4096 / 80e3)
+    # Unequal: two broadcasts (alpha 8, 80 GB/s) in one NCCL group: one alpha, every root's
+    # share one after the other, group_op_us (0 in a version 1 file) for the second root.
+    assert t[1] == pytest.approx(8.0 + 3 * 4096 / 80e3 + 9 * 4096 / 80e3)
     # An AllReduce over all four ranks: factor 2(n-1)/n; no group of fast links holds all four.
     assert cluster.time_us("all_reduce", (0, 1, 2, 3), 1e6) == pytest.approx(
         30.0 + 1.5 * 1e6 / 5e3)
@@ -219,29 +219,40 @@ def test_it_launches_the_three_dispatch_gathers_as_one_kernel() -> None:
     row = 4096 + 32 + 32
     # Equal: one all_gather alpha (10) and factor 1/2 of every member's S at 100 GB/s.
     assert total[0] == pytest.approx(10.0 + 0.5 * 8 * row / 100e3)
-    # Unequal: one broadcast alpha (8), the larger root's rows of every tensor at 80 GB/s.
-    assert total[1] == pytest.approx(8.0 + 9 * row / 80e3)
+    # Unequal: one broadcast alpha (8), both roots' rows of every tensor at 80 GB/s.
+    assert total[1] == pytest.approx(8.0 + (3 + 9) * row / 80e3)
     # The latency sits on the first member; the others carry only their bytes.
     assert parts[1][0] == pytest.approx(0.5 * 8 * 32 / 100e3)
     alone = [transfer_us(cluster, m[0], (0, 1), *m[1:]) for m in members]
     assert np.sum(alone, axis=0)[0] == pytest.approx(total[0] + 2 * 10.0)
 
 
-def test_it_times_unequal_roots_by_the_busiest_ring_link() -> None:
-    """R45: concurrent roots of all_gatherv over n ranks put sum - min of the shares on the
-    busiest link; equal shares give the AllGather's own (n-1)/n x S."""
-    cluster = load_cluster(FIXTURE)
+def test_it_charges_each_further_operation_of_a_launch_group_op_us() -> None:
+    """R45 (format version 2): a grouped launch pays one latency, ``group_op_us`` per NCCL
+    operation beyond the first, and every operation's bytes; unequal roots one after another."""
+    raw = _fixture()
+    raw["version"] = 2
+    raw["link_classes"]["slow"]["group_op_us"] = 1.5
+    cluster = parse_cluster(raw, source="v2")
     step = CollectiveStep("all_gather", "hidden_states", "dp", ((0, 1, 2, 3),), 1000)
     rows = np.array([[1, 2, 3, 10], [5, 5, 5, 5]])
     size, shares, equal = collective_bytes(step, (0, 1, 2, 3), rows)
     t = transfer_us(cluster, step, (0, 1, 2, 3), size, shares, equal)
-    # Four ranks: only the slow class holds them (broadcast alpha 20, 10 GB/s).
-    assert t[0] == pytest.approx(20.0 + (16 - 1) * 1000 / 10e3)
+    # Four ranks: only the slow class holds them (broadcast alpha 20, 10 GB/s; 4 roots).
+    assert t[0] == pytest.approx(20.0 + 3 * 1.5 + 16 * 1000 / 10e3)
+    # Equal counts: one AllGather (alpha 20, factor 3/4), a single operation.
     assert t[1] == pytest.approx(20.0 + 0.75 * 20 * 1000 / 10e3)
-    reduce = CollectiveStep("reduce_scatter", "expert_output", "dp", ((0, 1),), 1000)
-    size, shares, equal = collective_bytes(reduce, (0, 1), np.array([[7, 2]]))
-    assert transfer_us(cluster, reduce, (0, 1), size, shares, equal)[0] == pytest.approx(
-        9.0 + 7 * 1000 / 80e3)
+    # A launch of two equal-count gathers: one alpha, one further operation.
+    other = CollectiveStep("all_gather", "topk_ids", "dp", ((0, 1, 2, 3),), 10, launch="x")
+    first = CollectiveStep("all_gather", "hidden_states", "dp", ((0, 1, 2, 3),), 1000,
+                           launch="x")
+    members = [(m, *collective_bytes(m, (0, 1, 2, 3), rows[1:])) for m in (first, other)]
+    parts = launch_transfer_us(cluster, members, (0, 1, 2, 3))
+    assert parts[0][0] == pytest.approx(20.0 + 1.5 + 0.75 * 20 * 1000 / 10e3)
+    assert parts[1][0] == pytest.approx(0.75 * 20 * 10 / 10e3)
+    raw["version"] = 1
+    with pytest.raises(ClusterError, match="group_op_us: needs version 2"):
+        parse_cluster(raw, source="v1")
 
 
 def test_it_reads_a_bandwidth_by_size_table_in_log_size() -> None:
