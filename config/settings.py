@@ -92,8 +92,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Answers a cookieless lookup; the rest does nothing for it (registry/api/middleware.py).
-    "registry.api.middleware.LookupMiddleware",
+    # The lookup's one door, placed early (registry/lookup/http.py).
+    "registry.lookup.http.LookupMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -272,6 +272,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "registry.api.schema.add_error_responses",
+    ],
 }
 
 # Celery: an embedded filesystem broker by default (no server to run); Redis in production.

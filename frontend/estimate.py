@@ -12,9 +12,9 @@ from django.shortcuts import get_object_or_404, render
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.routing import POLICIES
+from registry.lookup.services import BundleRef, tables_for
 from registry.models import Bundle
 from registry.services.estimate import cluster_dir, named_cluster
-from registry.services.lookup import BundleRef, tables_for
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse

@@ -286,6 +286,23 @@ def _error_name(exc: Exception) -> str:
     return "invalid"
 
 
+def _export(args: argparse.Namespace, out: TextIO) -> int:
+    from moetables.export import ExportError, export_bundle
+
+    try:
+        report = export_bundle(args.bundle, args.format, args.out)
+    except (ExportError, BundleError) as exc:
+        problems = exc.problems if isinstance(exc, ExportError) else [str(exc)]
+        print(f"refused: {args.bundle} as {args.format}", file=out)
+        for problem in problems:
+            print(f"  - {problem}", file=out)
+        return 1
+    print(f"ok: {report.rows} rows in {len(report.files)} files under {report.out}", file=out)
+    for name in report.left_out:
+        print(f"left out: {name}", file=out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moetables", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -332,8 +349,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                    "histogram, round_robin and random policies")
     p.add_argument("--capture-sizes", help="graph mode: capture sizes, s0,s1,... (default: "
                    "the contract's)")
+    p = sub.add_parser("export", help="write the bundle for another simulator")
+    p.add_argument("bundle")
+    p.add_argument("--format", required=True, choices=("llmservingsim", "aiconfigurator"))
+    p.add_argument("--out", required=True, help="an empty or new folder")
     args = parser.parse_args(argv)
     handler = {
-        "validate": _validate, "info": _info, "lookup": _lookup, "estimate": _estimate
+        "validate": _validate, "info": _info, "lookup": _lookup, "estimate": _estimate,
+        "export": _export,
     }[args.command]
     return handler(args, out or sys.stdout)

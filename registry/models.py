@@ -82,9 +82,19 @@ class Bundle(models.Model):
         return f"{self.hardware} {self.model} {self.variant} ({self.sha256[:12]})"
 
     @property
+    def backends(self) -> list[str]:
+        """The execution paths (adapters) of its tables, in table order, each once."""
+        found = [str(t.get("backend") or "") for t in self.targets if isinstance(t, dict)]
+        return [b for b in dict.fromkeys(found) if b]
+
+    @property
     def archive_stem(self) -> str:
-        """A readable, filesystem-safe name for downloads: hardware_model_variant_sha12."""
-        parts = [self.hardware, self.model.replace("/", "--"), self.variant, self.sha256[:12]]
+        """A readable, filesystem-safe name for downloads:
+        hardware_model_variant_backend_sha12 (backends joined by ``+``; omitted if unknown)."""
+        parts = [self.hardware, self.model.replace("/", "--"), self.variant]
+        if self.backends:
+            parts.append("+".join(self.backends))
+        parts.append(self.sha256[:12])
         return "_".join(_UNSAFE_NAME.sub("-", part).strip("-") or "x" for part in parts)
 
     def get_manifest(self) -> Manifest:
@@ -113,7 +123,12 @@ class DeploymentTable(models.Model):
     coverage = models.JSONField()
     components = models.JSONField()
     modes = models.JSONField()
-    backend = models.CharField(max_length=128, blank=True)
+    # What executed the expert region (registry.services.describe.table_identity): the
+    # adapter, the kernel vLLM resolved, whether vLLM's own kernels ran, and vLLM's version.
+    backend = models.CharField(max_length=128, blank=True, help_text="execution path (adapter)")
+    kernel = models.CharField(max_length=128, blank=True, help_text="native kernel backend")
+    native = models.BooleanField(default=False, help_text="vLLM's own kernels ran")
+    vllm_version = models.CharField(max_length=64, blank=True)
     row_count = models.PositiveIntegerField()
     # Measured support: N over expert rows, A and M over positive-work expert rows, and the
     # local components' own row counts.
@@ -139,6 +154,11 @@ class DeploymentTable(models.Model):
             models.Index(fields=["dp"]),
             models.Index(fields=["ep"]),
             models.Index(fields=["backend"]),
+            models.Index(fields=["kernel"], name="registry_de_kernel_idx"),
+            # The lookup's choice of a bundle for a target (registry.lookup.services).
+            models.Index(
+                fields=["tp", "dp", "rank", "sequence_parallel"], name="registry_de_target_idx"
+            ),
         )
 
     def __str__(self) -> str:
@@ -147,7 +167,10 @@ class DeploymentTable(models.Model):
 
     def brief(self) -> dict[str, Any]:
         """The table as a bundle list shows it."""
-        return {"deployment": str(self), **self.target, "backend": self.backend}
+        return {
+            "deployment": str(self), **self.target, "backend": self.backend,
+            "kernel": self.kernel, "native": self.native, "vllm_version": self.vllm_version,
+        }
 
     @property
     def target(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ __all__ = [
 
 
 class TargetSerializer(serializers.Serializer[Any]):
-    """A deployment rank (documentation: lookups check targets in parse_lookup_request)."""
+    """A deployment rank (documentation: moetables.lookup.queries checks lookup targets)."""
 
     tp = serializers.IntegerField(min_value=1)
     dp = serializers.IntegerField(min_value=1)
@@ -49,7 +49,10 @@ class DeploymentTableBriefSerializer(serializers.ModelSerializer[DeploymentTable
 
     class Meta:
         model = DeploymentTable
-        fields = ("deployment", "tp", "dp", "ep", "rank", "sequence_parallel", "backend")
+        fields = (
+            "deployment", "tp", "dp", "ep", "rank", "sequence_parallel", "backend", "kernel",
+            "native", "vllm_version",
+        )
 
     def get_deployment(self, table: DeploymentTable) -> str:
         return str(table)
@@ -64,7 +67,7 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
         model = DeploymentTable
         fields = (
             "target", "table_path", "url", "table_sha256", "components", "modes", "backend",
-            "row_count", "support", "contract_id", "contract", "coverage",
+            "kernel", "native", "vllm_version", "row_count", "support", "contract_id", "contract", "coverage",
         )
 
     @extend_schema_field(TargetSerializer)
@@ -217,18 +220,24 @@ class QuerySerializer(serializers.Serializer[Any]):
 
 
 class LookupRequestSerializer(serializers.Serializer[Any]):
-    """Which bundle (id, sha256, or the latest of hardware + model + variant) and target.
+    """Which bundle (id or sha256, or the best of hardware + model + variant for the target:
+    covering it, vLLM's own kernels before reference ones, newest vLLM, newest measurement),
+    optional pins, the target and the queries. Unknown keys are refused (400).
 
-    Documentation only: `registry.services.lookup.parse_lookup_request` checks requests, and
+    Documentation only: `moetables.lookup.queries.parse_request` checks requests, and
     each query is checked by moetables, so a bad query gets its own ``invalid`` answer
     instead of failing the batch.
     """
 
-    bundle = serializers.IntegerField(required=False, min_value=1)
+    bundle = serializers.CharField(required=False, help_text="a bundle id or sha256")
     sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False)
     hardware = serializers.CharField(required=False, max_length=128)
     model = serializers.CharField(required=False, max_length=256)
     variant = serializers.CharField(required=False, max_length=128)
+    backend = serializers.CharField(
+        required=False, help_text="pin: execution path (vllm-modular, ...) or kernel (TRITON)"
+    )
+    vllm_version = serializers.CharField(required=False, help_text="pin: e.g. 0.26.0")
     target = TargetSerializer()
     queries = QuerySerializer(many=True, required=False)
     include_exploratory = serializers.BooleanField(
@@ -246,8 +255,14 @@ class AnswerSerializer(serializers.Serializer[Any]):
 
 
 class BundleRefSerializer(serializers.Serializer[Any]):
+    """The bundle and table that answered (also in the X-Bundle-* response headers)."""
+
     id = serializers.IntegerField()
     sha256 = serializers.CharField()
+    backend = serializers.CharField(help_text="execution path (adapter)")
+    kernel = serializers.CharField(help_text="native kernel backend")
+    native = serializers.BooleanField(help_text="vLLM's own kernels ran")
+    vllm_version = serializers.CharField()
 
 
 class LookupResponseSerializer(serializers.Serializer[Any]):

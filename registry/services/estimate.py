@@ -18,18 +18,16 @@ from django.conf import settings
 from moetables.comm import Cluster, ClusterError, load_cluster, parse_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
+from moetables.lookup import LookupRequest, RequestError, parse_request
+from registry.lookup.services import LookupFailure, NoCoverage, choose_bundle, tables_for
 from registry.services.checkout import BlobDriftError
-from registry.services.lookup import (
-    LookupRequest,
-    LookupRequestError,
-    parse_lookup_request,
-    resolve_bundle,
-    tables_for,
-)
 
 __all__ = ["cluster_dir", "named_cluster", "run_estimate"]
 
-_BUNDLE_FIELDS = frozenset({"bundle", "sha256", "hardware", "model", "variant", "cluster"})
+_BUNDLE_FIELDS = frozenset({
+    "bundle", "sha256", "hardware", "model", "variant", "backend", "vllm_version",
+    "include_exploratory", "cluster",
+})
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # A step's answer is about 5 KB of JSON with its events: 10,000 steps make a 50 MB response.
 MAX_STEPS = 10_000
@@ -75,14 +73,17 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
     if not isinstance(data, dict):
         return 400, {"error": "invalid", "problems": ["the body must be a JSON object"]}
     problems: list[str] = []
-    # The bundle is named as for a lookup (id, sha256, or hardware + model + variant).
-    envelope = {k: data[k] for k in ("bundle", "sha256", "hardware", "model", "variant")
-                if k in data}
-    envelope["target"] = {"tp": 1, "dp": 1, "rank": 0}
+    # The bundle is named as for a lookup (id, sha256, or hardware + model + variant, with
+    # the same pins), and chosen for the estimate's deployment (its rank 0: issue 13.1).
+    envelope = {k: data[k] for k in _BUNDLE_FIELDS if k in data and k != "cluster"}
+    tp, dp, sp = data.get("tp"), data.get("dp"), data.get("sequence_parallel", False)
+    plain = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (tp, dp))
+    envelope["target"] = {"tp": tp, "dp": dp, "rank": 0, "sequence_parallel": sp} if (
+        plain and isinstance(sp, bool)) else {"tp": 1, "dp": 1, "rank": 0}
     ref_request: LookupRequest | None = None
     try:
-        ref_request = parse_lookup_request(envelope, max_queries=0)
-    except LookupRequestError as exc:
+        ref_request = parse_request(envelope, max_queries=0)
+    except RequestError as exc:
         problems += exc.problems
     body = {k: v for k, v in data.items() if k not in _BUNDLE_FIELDS}
     request = None
@@ -99,18 +100,21 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
         problems.append(str(exc) if str(exc).startswith("cluster") else f"cluster: {exc}")
     if problems or request is None or ref_request is None:
         return 400, {"error": "invalid", "problems": problems}
-    ref = resolve_bundle(ref_request)
-    if ref is None:
-        return 404, {"error": "not_found", "message": "no published bundle matches"}
     try:
-        answer = answer_estimate(tables_for(ref), request, cluster)
+        ref = choose_bundle(ref_request)
+    except NoCoverage as exc:
+        return 422, {"error": "out_of_support", "message": exc.message}
+    except LookupFailure as exc:
+        return 404, {"error": exc.code, "message": exc.message}
+    try:
+        answer = answer_estimate(tables_for(ref.ref), request, cluster)
     except QueryError as exc:
         return 400, {"error": "invalid", "problems": [str(exc)]}
     except CoverageError as exc:
         return 422, {"error": "out_of_support", "message": str(exc)}
     except (BundleError, BlobDriftError) as exc:
         return 409, {"error": "corrupt_bundle", "message": str(exc)}
-    bundle = {"id": ref.id, "sha256": ref.sha256}
+    bundle = ref.as_dict()
     if isinstance(answer, list):
         return 200, {"bundle": bundle, "answers": answer}
     return 200, {"bundle": bundle, **answer}

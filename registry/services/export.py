@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from registry.models import Bundle
 
-__all__ = ["bundle_archive_chunks", "export_bundle"]
+__all__ = ["bundle_archive_chunks", "export_bundle", "format_archive"]
 
 
 def bundle_archive_chunks(bundle: Bundle) -> Iterator[bytes]:
@@ -51,3 +51,24 @@ def export_bundle(bundle: Bundle, dest: Path, *, as_folder: bool = False) -> Pat
             out.write(chunk)
     partial_path.replace(dest)
     return dest
+
+
+def format_archive(bundle: Bundle, fmt: str) -> tuple[str, bytes]:
+    """The bundle written for another simulator (``moetables.export``) as a .tar.gz: its
+    file name and bytes. Raises ``moetables.export.ExportError`` naming what the format
+    cannot express."""
+    import tempfile
+    from pathlib import Path
+
+    from moetables.export import export_bundle as write_format
+
+    with tempfile.TemporaryDirectory(prefix="format-") as work:
+        out = Path(work) / "out"
+        write_format(checkout_bundle(bundle), fmt, out)
+        files = sorted(p for p in out.rglob("*") if p.is_file())
+        stem = f"{bundle.archive_stem}_{fmt}"
+        chunks = iter_tar_gz(stem, (
+            (p.relative_to(out).as_posix(), p.stat().st_size, partial(p.open, "rb"))
+            for p in files
+        ))
+        return f"{stem}.tar.gz", b"".join(chunks)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from moetables.bundle import QualityEvidence, load_quality
 from moetables.bundle.model import METHOD_TOLERANCE
+from registry.lookup.services import BundleRef, tables_for
 from registry.services.figures import load_deployment
-from registry.services.lookup import BundleRef, tables_for
 
 if TYPE_CHECKING:
     from registry.models import DeploymentTable
@@ -69,10 +69,12 @@ def table_quality(table: DeploymentTable) -> dict[str, Any]:
         ]
         change = max(changes, default=None)
     exploratory = table.contract.get("quality") == "exploratory" or tolerance > METHOD_TOLERANCE
+    change = change if isinstance(change, int | float) else None
     return {
         "label": "exploratory" if exploratory else "method",
         "tolerance": tolerance,
-        "max_relative_change": change if isinstance(change, int | float) else None,
+        "max_relative_change": change,
+        "max_change_text": f"{change:.2%}" if change is not None else None,
     }
 
 

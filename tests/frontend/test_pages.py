@@ -68,7 +68,7 @@ def test_it_lists_and_filters_bundles(
     assert f"/api/v1/bundles/{shipped_bundle.pk}/download" in html
     html = client.get("/?hardware=SYNTH-GPU").content.decode()
     assert "1 of 2 bundles" in html and "<td>RTXPRO6000</td>" not in html
-    html = client.get("/?q=qwen&tp=1&dp=2&backend=TRITON").content.decode()
+    html = client.get("/?q=qwen&tp=1&dp=2&kernel=TRITON").content.decode()
     assert "1 of 2 bundles" in html and "Qwen/Qwen3-30B-A3B-Instruct-2507" in html
 
 

@@ -54,7 +54,10 @@ def test_it_answers_as_the_cli_does(api: APIClient, h200: Any, clusters: Path) -
                           "policy": "round_robin", "cluster": "fixture-2x2"})
     assert response.status_code == 200, response.content
     body = response.json()
-    assert body.pop("bundle") == {"id": h200.pk, "sha256": h200.sha256}
+    answered = body.pop("bundle")  # with what answered it (issue 13.1)
+    assert (answered["id"], answered["sha256"], answered["backend"]) == (
+        h200.pk, h200.sha256, "vllm-modular"
+    )
     expected = cli("--tokens", "5,300", "--policy", "round_robin", "--cluster", str(FIXTURE))
     assert body == expected
     assert body["layer_us"] > 0 and body["collectives"][0]["transfer_us"] > 0
