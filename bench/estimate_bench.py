@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -205,8 +206,9 @@ def load(url: str, body: Path, requests: int) -> dict[str, Any]:
 
 
 def rest(scratch: Path, port: int) -> list[dict[str, Any]]:
+    # A production-mode (DEBUG off) scratch server needs its own secret key (config/settings.py).
     env = {**os.environ, "REGISTRY_VAR_DIR": str(scratch / "var"), "DJANGO_DEBUG": "0",
-           "DJANGO_LOG_LEVEL": "WARNING"}
+           "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50)}
     env.pop("DATABASE_URL", None)
     for args in (["migrate", "--noinput"], ["import_bundle", "bundles/H200"]):
         subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True,
