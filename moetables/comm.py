@@ -16,6 +16,13 @@ Which kernels a logical collective becomes follows vLLM 0.26.0's ``all_gatherv``
 ncclReduceScatter; unequal counts run a group of ncclBroadcast (one per root) or ncclReduce
 (one per root) calls.
 
+Transfers follow what vLLM 0.26.0 launches, measured on two H200s: the three dispatched
+tensors are one NCCL group (one kernel), and so is every unequal-count gather or scatter (one
+operation per root). Collectives sharing a ``launch`` are charged once: one latency, a cluster's
+``group_op_us`` per further operation, and every operation's bytes at the bandwidth of its size
+(``launch_transfer_us``); the roots of an unequal-count collective are charged one after the
+other, as the engine's kernels show (docs/cluster-format.md).
+
 Timing: a collective starts when its last participant arrives. Each rank's time therefore
 splits into compute (its components), wait (arrived early, waiting for the last rank) and
 transfer (the collective itself, the same for all participants): the worst-rank envelope of

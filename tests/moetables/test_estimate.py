@@ -72,7 +72,7 @@ def test_it_splits_each_ranks_time_into_compute_wait_and_transfer(bundle: Path) 
     parts = [8.0 + 20 * 128 / 80e3, 20 * 16 / 80e3, 20 * 16 / 80e3]
     gathers = sum(parts)
     scatter = 9.0 + 20 * 2 * HIDDEN / 80e3  # a group of two reduces, one alpha
-    assert [c.transfer_us for c in est.collectives] == pytest.approx(parts + [scatter])
+    assert [c.transfer_us for c in est.collectives] == pytest.approx([*parts, scatter])
     assert [c.launch for c in est.collectives] == ["dispatch"] * 3 + [""]
     # Rank 0 reaches the first AllGather gate(16) - gate(4) earlier; then both are in step
     # (equal N, A, M: equal expert times), and nothing waits for the finalize copies.
