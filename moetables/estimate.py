@@ -169,7 +169,7 @@ class LayerEstimate:
         per local expert (counting policies only: an error otherwise)."""
         if expert_counts and any(r.expert_counts is None for r in self.ranks):
             raise QueryError(_NO_COUNTS.format(policy=self.policy))
-        answer = {
+        answer: dict[str, Any] = {
             "deployment": {
                 "tp": self.tp,
                 "dp": self.dp,
