@@ -141,7 +141,13 @@ def _acquire(
     previous = signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
     try:
-        limits = EngineLimits(request.max_num_batched_tokens, request.max_num_seqs)
+        # The serving limits and the engine options travel with the runtime (R31).
+        limits = EngineLimits(
+            request.max_num_batched_tokens,
+            request.max_num_seqs,
+            kv_cache_memory_bytes=request.engine_kv_cache_bytes,
+            attention_backend=request.engine_attention_backend,
+        )
         with clock.phase("runtime_probe"):
             runtime = replace(probe_runtime(request.device, request.cache_bytes), limits=limits)
         progress.event("admission", f"{runtime.device}: {runtime.device_name}")

@@ -169,6 +169,7 @@ def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dic
         "seed": args.seed,
         "mode": args.mode,
         "events": not args.no_events,
+        "rank_expert_counts": args.rank_expert_counts,
     }
     for key, value in (
         ("expert_counts", counts),
@@ -356,6 +357,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument("--mode", default="eager", choices=["eager", "graph"])
     p.add_argument("--no-events", action="store_true",
                    help="leave out the per-rank trace events (smaller, faster answers)")
+    p.add_argument("--rank-expert-counts", action="store_true",
+                   help="add each rank's pairs per local expert (expert_range, expert_counts); "
+                   "histogram, round_robin and random policies")
     p.add_argument("--capture-sizes", help="graph mode: capture sizes, s0,s1,... (default: "
                    "the contract's)")
     p = sub.add_parser("export", help="write the bundle for another simulator")

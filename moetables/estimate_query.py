@@ -24,10 +24,13 @@ __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
 
 _FIELDS = {
     "tp", "dp", "sequence_parallel", "tokens", "steps", "policy", "expert_counts", "seed",
-    "active_curve", "load_shares", "mode", "capture_sizes", "events",
+    "active_curve", "load_shares", "mode", "capture_sizes", "events", "rank_expert_counts",
     "profile", "layer", "profile_draw",
 }
 PROFILE_DRAWS = ("sample", "expectation")
+# Policies that count pairs per expert, so that each rank's per-expert counts exist
+# (captured: when drawn, not as its expectation).
+COUNTING_POLICIES = ("histogram", "round_robin", "random", "captured")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,8 @@ class EstimateRequest:
     mode: str
     capture_sizes: list[int] | None
     events: bool = True  # the per-rank trace events (a timeline); false for smaller answers
+    # Each rank's pairs per local expert in its answer (opt-in: E numbers per step).
+    rank_expert_counts: bool = False
     profile: RoutingProfile | None = None  # the captured policy's routing profile
     layer: int | None = None  # its layer (None: every layer)
     captured_expectation: bool = False  # the mean (A, M) rather than a seeded draw
@@ -185,6 +190,20 @@ def parse_estimate_request(
         for key in ("profile", "layer", "profile_draw"):
             if raw.get(key) is not None:
                 problems.append(f"{key}: belongs to the captured policy, not {policy!r}")
+    per_expert = raw.get("rank_expert_counts", False)
+    if not isinstance(per_expert, bool):
+        problems.append(f"rank_expert_counts: must be true or false, got {per_expert!r}")
+        per_expert = False
+    if per_expert and policy in POLICIES and policy not in COUNTING_POLICIES:
+        problems.append(
+            f"rank_expert_counts: the {policy} policy gives no per-expert counts; "
+            f"{', '.join(COUNTING_POLICIES)} do"
+        )
+    if per_expert and policy == "captured" and draw == "expectation":
+        problems.append(
+            "rank_expert_counts: the captured policy's expectation gives no per-expert counts; "
+            "its draws do"
+        )
     if problems:
         raise QueryError("; ".join(problems))
     return EstimateRequest(
@@ -201,6 +220,7 @@ def parse_estimate_request(
         mode=mode,
         capture_sizes=sizes,
         events=events,
+        rank_expert_counts=per_expert,
         profile=profile,
         layer=layer,
         captured_expectation=draw == "expectation",
@@ -232,8 +252,9 @@ def answer_estimate(
         captured_expectation=request.captured_expectation,
     )
     if request.single:
-        answer = batch.step(0).as_dict()  # a refusal raises, naming rank and component
+        # A refusal raises, naming rank and component.
+        answer = batch.step(0).as_dict(expert_counts=request.rank_expert_counts)
         if not request.events:
             del answer["events"]
         return answer
-    return batch.as_dicts(events=request.events)
+    return batch.as_dicts(events=request.events, expert_counts=request.rank_expert_counts)

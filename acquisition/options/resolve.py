@@ -97,6 +97,8 @@ def prepare(
         captures=captures,
         cache_bytes=options.cache_bytes,
         command_line=command_line,
+        engine_attention_backend=options.engine_attention_backend,
+        engine_kv_cache_bytes=options.engine_kv_cache_bytes,
     )
     try:
         plans = [plan_target(request, target, default_components(target)) for target in targets]

@@ -219,6 +219,25 @@ OPTIONS: tuple[Option, ...] = (
         job=False,
     ),
     Option(
+        "engine_attention_backend",
+        "str",
+        None,
+        "--engine-attention-backend",
+        "attention backend of a component engine (vllm-live; e.g. TRITON_ATTN)",
+        nullable=True,
+        job=False,
+    ),
+    Option(
+        "engine_kv_cache_bytes",
+        "int",
+        None,
+        "--engine-kv-cache-bytes",
+        "KV cache bytes of a component engine (vllm-live; default 1 GiB, R31)",
+        nullable=True,
+        minimum=1,
+        job=False,
+    ),
+    Option(
         "profile_batch",
         "int",
         8,
@@ -279,6 +298,8 @@ class AcquisitionOptions:
     warmup_cycles: int
     quality_tolerance: float
     control_attempts: int
+    engine_attention_backend: str | None
+    engine_kv_cache_bytes: int | None
     profile_batch: int
     progress_json: Path | None
     phase_log: Path | None

@@ -214,7 +214,9 @@ def test_its_tables_answer_lookups(acquired: dict[str, Any]) -> None:
     ):
         assert deployment.time_us("experts", n, a, m) == t  # exact rows as stored
     gate = rows.select("gate_routing", "eager")
-    assert deployment.time_us("gate_routing", 2) == float(rows.time_us[gate][rows.tokens[gate] == 2][0])
+    assert deployment.time_us("gate_routing", 2) == float(
+        rows.time_us[gate][rows.tokens[gate] == 2][0]
+    )
     with pytest.raises(CoverageError):
         deployment.time_us("gate_routing", 3)  # outside measured support: never extrapolated
 

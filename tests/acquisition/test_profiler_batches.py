@@ -32,7 +32,7 @@ torch = pytest.importorskip("torch")
 
 COMMON = [
     "--hardware", "CPU", "--tp", "1", "--tp-refresh", "1", "--max-num-seqs", "2",
-    "--max-num-batched-tokens", "4", "--moe-rounds", "2", "--measurement-iterations", "1",
+    "--max-num-batched-tokens", "2", "--moe-rounds", "2", "--measurement-iterations", "1",
     "--warmup-cycles", "0", "--backend", "torch-reference", "--device", "cpu",
     "--cache-bytes", "1", "--quality-tolerance", "0.9", "--cudagraph-mode", "NONE",
     "--no-progress-bar", "--dp", "2", "--ep", "2",

@@ -16,13 +16,10 @@ import vllm_fakes as fv
 from tiny_moe import write_model
 
 from acquisition.adapters import AdmissionError, select_backend
+from acquisition.adapters.vllm_banks import clone_banks
 from acquisition.adapters.vllm_capabilities import CapabilityError
-from acquisition.adapters.vllm_modular import (
-    NAIVE_DP_EP,
-    NO_DP_EP,
-    VllmModularBackend,
-    clone_banks,
-)
+from acquisition.adapters.vllm_modular import NAIVE_DP_EP, NO_DP_EP
+from acquisition.adapters.vllm_modular_backend import VllmModularBackend
 from acquisition.catalog import MoeModel, resolve_model
 from acquisition.plan import PlanPoint
 from acquisition.protocol.measure import PointMeter, ProtocolSettings, context_order

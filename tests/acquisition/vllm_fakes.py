@@ -711,9 +711,7 @@ def live_namespace(**overrides: Any) -> dict[str, Any]:
     return namespace
 
 
-def fake_runtime(
-    device: str = "cpu", available: bool = False, limits: Any = None
-) -> Any:
+def fake_runtime(device: str = "cpu", available: bool = False, limits: Any = None) -> Any:
     """The RuntimeInfo of a machine without vLLM or a GPU, as the adapters' tests see it."""
     from acquisition.adapters.base import RuntimeInfo
 

@@ -141,3 +141,27 @@ def test_it_reads_an_inline_profile_and_names_what_is_wrong() -> None:
         parse_estimate_request(
             {"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "captured", "profile": broken}
         )
+
+
+def test_it_gives_each_ranks_expert_counts_when_drawn() -> None:
+    """A drawn captured step is a histogram: each rank's per-expert counts can be answered."""
+    from moetables.estimate_query import answer_estimate
+
+    tables = ComponentTables(H200)
+    inline = qwen_like_profile().to_json()
+    base = {
+        "tp": 1,
+        "dp": 2,
+        "tokens": [32, 32],
+        "policy": "captured",
+        "profile": inline,
+        "layer": 3,
+        "rank_expert_counts": True,
+        "events": False,
+    }
+    answer = answer_estimate(tables, parse_estimate_request(base), None)
+    assert isinstance(answer, dict)
+    for rank in answer["ranks"]:
+        assert len(rank["expert_counts"]) == 64 and sum(rank["expert_counts"]) == rank["M"]
+    with pytest.raises(QueryError, match="expectation gives no per-expert counts"):
+        parse_estimate_request(dict(base, profile_draw="expectation"))

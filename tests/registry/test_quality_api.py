@@ -108,6 +108,14 @@ def test_the_coverage_matrix_links_tables_and_shows_gaps(
     table = DeploymentTable.objects.get(pk=covered["table"])
     assert covered["points"] == table.row_count and covered["url"] == f"/tables/{table.pk}/"
     assert covered["quality"]["label"] == "method"
+    # every covered cell names its own table, in its own row and column
+    ids = [c["table"] for r in body["rows"] for c in r["cells"] if c["table"]]
+    assert len(ids) == len(set(ids)) == 7
+    for r in body["rows"]:
+        for c in r["cells"]:
+            if c["table"]:
+                t = DeploymentTable.objects.select_related("bundle").get(pk=c["table"])
+                assert (t.backend, t.dp, t.rank) == (r["backend"], c["dp"], c["rank"])
 
 
 def _user(name: str) -> Any:
