@@ -7,6 +7,8 @@ Exit status: 0 profile written, 1 capture failed (checkpoints kept), 2 invalid c
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -76,8 +78,6 @@ def _engine(args: argparse.Namespace) -> RoutingEngine:
         return TorchRoutingEngine(
             args.model, zipf_s=args.zipf_s, layers=args.layers, seed=args.seed
         )
-    import json
-
     from acquisition.routing_capture.vllm_engine import VllmRoutingEngine
 
     engine_args: dict[str, object] = {
@@ -115,6 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--tensor-parallel-size: the capture hooks the router in this process; capture "
             "at TP1 (routing does not depend on TP)"
         )
+    if args.hf_overrides is not None:
+        try:
+            if not isinstance(json.loads(args.hf_overrides), dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            problems.append(f"--hf-overrides must be a JSON object ({exc})")
+    if args.engine == "vllm" and "vllm" not in sys.modules and not importlib.util.find_spec("vllm"):
+        problems.append("--engine vllm: vLLM is not installed here (on CPU: --engine torch)")
     if args.engine == "torch" and args.router != "native":
         problems.append("--router belongs to the vllm engine (torch uses --zipf-s)")
     try:

@@ -260,3 +260,11 @@ def test_it_captures_through_the_vllm_engine_seam(
     ]
     assert profile.meta["workload"]["generated_tokens"] == 6 * 3
     assert profile.meta["workload"]["prompt_tokens"] == int(profile.step_tokens[[0, 3]].sum())
+
+
+def test_it_names_engine_option_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = _argv(tmp_path)
+    assert main([*argv, "--hf-overrides", "{not json"]) == 2
+    assert "--hf-overrides must be a JSON object" in capsys.readouterr().err
+    assert main([*argv, "--tensor-parallel-size", "2"]) == 2
+    assert "capture at TP1" in capsys.readouterr().err
