@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import acquisition
 from acquisition.adapters.base import AdapterRefusal
+from acquisition.evidence import conservation_evidence, stability_rows
+from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import AttributionError
 from acquisition.protocol.banks import physical_banks
 from acquisition.protocol.measure import (
     ContextResult,
+    PointError,
     PointMeter,
-    ReferenceMismatch,
+    PointRequest,
     context_order,
 )
 from acquisition.protocol.samples import PointState, SampleLog, append_failure, writer_lock
@@ -62,6 +66,16 @@ class TargetOutcome:
     work_dir: Path
     measured_now: int = 0
     failed_points: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A point still to decide in this run: attempts used, reference checked, seconds spent."""
+
+    point: PlanPoint
+    tries: int = 0
+    verified: bool = False
+    seconds: float = 0.0
 
 
 def _safe(key: str) -> str:
@@ -150,7 +164,9 @@ class _TargetRun:
         runtime: RuntimeInfo,
         report: AdmissionReport,
         progress: ProgressReporter,
+        clock: PhaseClock,
     ) -> None:
+        self.clock = clock
         self.request = request
         self.plan = plan
         self.backend = backend
@@ -160,7 +176,7 @@ class _TargetRun:
         self.work_dir = request.work_dir(plan.target)
         self.rounds = request.settings.rounds
 
-    def fail(self, point: PlanPoint, attempt: int, reason: str, trace: Path | None) -> None:
+    def fail(self, point: PlanPoint, attempt: int, reason: str, trace: Path | None) -> NoReturn:
         record = {
             "time": datetime.now(UTC).isoformat(),
             "point": point.key,
@@ -235,9 +251,12 @@ class _TargetRun:
         with writer_lock(self.work_dir):
             self.progress.event("build", f"building {self.backend.name} for {target.deployment}")
             try:
-                session = self.backend.build(
-                    self.request.model, target, self.runtime, self.request.dtype
-                )
+                with self.clock.phase("build"):
+                    session = self.backend.build(
+                        self.request.model, target, self.runtime, self.request.dtype
+                    )
+                # Sub-phases the adapter timed inside its own build (engine start, traces).
+                self.clock.move("build", getattr(session, "build_phases", None) or {})
             except AdapterRefusal:
                 raise
             except Exception as exc:
@@ -274,6 +293,7 @@ class _TargetRun:
             expert_bytes=expert_bytes,
             cache_bytes=self.runtime.cache_bytes,
             device=request.device,
+            clock=self.clock,
         )
         identity = _identity(request, plan, self.backend, banks, self.runtime)
         observations = {
@@ -283,7 +303,8 @@ class _TargetRun:
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "admission": self.report.as_dict(),
         }
-        log = SampleLog.open(self.work_dir, identity, observations)
+        with self.clock.phase("checkpoint"):
+            log = SampleLog.open(self.work_dir, identity, observations)
         try:
             if log.archived is not None:
                 self.progress.write(f"archived an incomplete trailing record to {log.archived}")
@@ -293,59 +314,120 @@ class _TargetRun:
             pending = [p for p in plan.points if not log.state(p.key).measured]
             self.progress.skipped(len(plan.points) - len(pending))
             if pending:
-                _check_memory(session, self.runtime, banks)
-                if any(p.is_expert for p in pending):
-                    session.allocate_banks(banks)
+                with self.clock.phase("banks"):
+                    _check_memory(session, self.runtime, banks)
+                    if any(p.is_expert for p in pending):
+                        session.allocate_banks(banks)
                 meter = self.meter
                 self.progress.event(
                     "measure",
                     f"{target_label(plan)}: {len(pending)} points to measure, {banks} weight banks",
                 )
-                for point in pending:
-                    started = time.monotonic()
-                    if not self._measure_point(log, meter, point):
-                        outcome.failed_points.append(point.key)
-                    log.sync()
-                    outcome.measured_now += 1
-                    self.progress.measured(time.monotonic() - started, point.key)
+                self._measure_pending(log, meter, pending, outcome)
             if outcome.failed_points:
                 return outcome
-            return self._publish(log, session, banks, outcome)
+            with self.clock.phase("publish"):
+                return self._publish(log, session, banks, outcome)
         finally:
-            log.close()
+            with self.clock.phase("checkpoint"):
+                log.close()
 
-    def _measure_point(self, log: SampleLog, meter: PointMeter, point: PlanPoint) -> bool:
-        state = log.state(point.key)
-        verified = False
-        for _ in range(self.request.settings.attempts):
+    def _advance(self, log: SampleLog, item: _Pending) -> PointRequest | bool:
+        """The point's next step in this run: contexts to measure, or its verdict.
+
+        Each decided attempt (measured, or read back after a kill before its verdict) uses
+        one of ``--control-attempts``; a point that has used them all is recorded as failed.
+        """
+        point, state = item.point, log.state(item.point.key)
+        attempt = 0
+        while item.tries < self.request.settings.attempts:
             attempt, attempt_state = state.open_attempt()
-            # A kill after the last context but before the verdict: decide without measuring.
-            verdict = self.decide(log, point, attempt)
-            if verdict is None:
-                needed = [
-                    c for c in context_order(point, self.rounds) if c not in attempt_state.contexts
-                ]
-                try:
-                    results, _, checked = meter.measure(point, needed, verify=not verified)
-                except AttributionError as exc:
-                    trace = meter.export_trace(
-                        self.work_dir / f"trace-{_safe(point.key)}-a{attempt}.json"
-                    )
-                    self.fail(point, attempt, f"attribution failed: {exc}", trace)
-                except ReferenceMismatch as exc:
-                    self.fail(point, attempt, str(exc), None)
-                records = _records(point, attempt, results)
-                if checked:
-                    verified = True
-                    records.insert(
-                        0, {"type": "reference_check", "point": point.key, "slots": checked}
-                    )
-                log.extend(records)
+            with self.clock.phase("statistics"):
                 verdict = self.decide(log, point, attempt)
+            if verdict is None:
+                needed = tuple(
+                    c for c in context_order(point, self.rounds) if c not in attempt_state.contexts
+                )
+                return PointRequest(point, attempt, needed, verify=not item.verified)
+            item.tries += 1
             if verdict:
                 return True
         log.append({"type": "point", "point": point.key, "attempt": attempt, "status": "failed"})
         return False
+
+    def _measure_pending(
+        self, log: SampleLog, meter: PointMeter, pending: list[PlanPoint], outcome: TargetOutcome
+    ) -> None:
+        """Measure points in batches sharing a profiler session; checkpoint once per batch.
+
+        A point whose control fails goes back to the head of the queue, so it is measured
+        again next (as one session per point did). Progress counts a point when it has its
+        verdict, with the wall seconds of its share of each batch it was in.
+        """
+        settings = self.request.settings
+        queue = deque(_Pending(p) for p in pending)
+
+        def finish(item: _Pending, measured: bool) -> None:
+            if not measured:
+                outcome.failed_points.append(item.point.key)
+            outcome.measured_now += 1
+            self.clock.measured()
+            self.progress.measured(item.seconds, item.point.key)
+
+        while queue:
+            batch: list[tuple[_Pending, PointRequest]] = []
+            while queue and len(batch) < settings.batch_points:
+                item = queue.popleft()
+                step = self._advance(log, item)
+                if isinstance(step, bool):
+                    finish(item, step)
+                else:
+                    batch.append((item, step))
+            if not batch:
+                continue
+            started = time.monotonic()
+            try:
+                done, _ = meter.measure_batch(
+                    [request for _, request in batch], max_seconds=settings.batch_seconds
+                )
+            except PointError as exc:
+                request = exc.request
+                if isinstance(exc.cause, AttributionError):
+                    trace = meter.export_trace(
+                        self.work_dir / f"trace-{_safe(request.point.key)}-a{request.attempt}.json"
+                    )
+                    self.fail(
+                        request.point, request.attempt, f"attribution failed: {exc.cause}", trace
+                    )
+                self.fail(request.point, request.attempt, str(exc.cause), None)
+            records: list[dict[str, Any]] = []
+            for (item, _), measurement in zip(batch, done, strict=False):
+                request = measurement.request
+                if measurement.checked:
+                    item.verified = True
+                    records.append(
+                        {
+                            "type": "reference_check",
+                            "point": request.point.key,
+                            "slots": measurement.checked,
+                        }
+                    )
+                records += _records(request.point, request.attempt, measurement.results)
+            with self.clock.phase("checkpoint"):
+                log.extend(records)
+                log.sync()
+            share = (time.monotonic() - started) / len(done)
+            retry: list[_Pending] = []
+            for item, _ in batch[: len(done)]:
+                item.seconds += share
+                step = self._advance(log, item)
+                if isinstance(step, bool):
+                    finish(item, step)
+                else:
+                    retry.append(item)
+            # Retries first, then the points the batch's time limit left unmeasured, in order.
+            for item in reversed(retry + [item for item, _ in batch[len(done) :]]):
+                queue.appendleft(item)
 
     def _publish(
         self, log: SampleLog, session: ComponentSession, banks: int, outcome: TargetOutcome
@@ -395,7 +477,21 @@ class _TargetRun:
         self.progress.event(
             "publish", f"writing {plan.target.deployment} into {request.bundle_dir}"
         )
-        publish_target(request, plan, rows, contract, coverage)
+        # The evidence beside the table: every control of the published points, read back
+        # from the checkpoint as a resume would, and the backend's traced native forwards.
+        with log.path.open(encoding="utf-8") as handle:
+            stability = stability_rows(json.loads(line) for line in handle)
+        conservation, absent = conservation_evidence(contract["backend"])
+        publish_target(
+            request,
+            plan,
+            rows,
+            contract,
+            coverage,
+            stability=stability,
+            conservation=conservation,
+            conservation_absent=absent,
+        )
         outcome.published = True
         outcome.bundle = request.bundle_dir
         return outcome
@@ -412,7 +508,13 @@ def acquire_target(
     runtime: RuntimeInfo,
     report: AdmissionReport,
     progress: ProgressReporter,
+    clock: PhaseClock | None = None,
 ) -> TargetOutcome:
     """Measure (or resume) one target and publish it into the bundle once complete."""
     progress.set_target(target_label(plan))
-    return _TargetRun(request, plan, backend, runtime, report, progress).run()
+    clock = clock if clock is not None else PhaseClock()
+    clock.set_target(target_label(plan))
+    try:
+        return _TargetRun(request, plan, backend, runtime, report, progress, clock).run()
+    finally:
+        clock.set_target("run")

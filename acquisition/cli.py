@@ -12,33 +12,29 @@ Exit status: 0 published, 1 acquisition failed (evidence kept), 2 invalid comman
 from __future__ import annotations
 
 import argparse
-import shlex
 import signal
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from acquisition.catalog import CatalogError, catalog_models, resolve_model, variant_for_dtype
-from acquisition.deployments import DegreeError, select_deployments, targets_for
-from acquisition.plan import (
-    CaptureSizes,
-    CudagraphMode,
-    PointPlan,
-    build_plan,
-    derived_capture_sizes,
+from acquisition.options import (
+    OptionError,
+    add_arguments,
+    command_line,
+    from_namespace,
+    plan_target,
 )
-from acquisition.plan.grid import MINIMUM_FACTOR
+from acquisition.options import prepare as prepare_options
+from acquisition.phases import PhaseClock
 from acquisition.progress import ProgressReporter
-from acquisition.protocol.measure import ProtocolSettings
-from acquisition.request import AcquisitionRequest
-from moetables.bundle import EXPERTS
-from moetables.geometry import ExpertGeometry, MoeTarget
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import FrameType
+
+    from acquisition.plan import PointPlan
+    from acquisition.request import AcquisitionRequest
 
 __all__ = ["build_parser", "main", "prepare"]
 
@@ -48,41 +44,8 @@ EXIT_DECLINED = 3
 EXIT_CANCELLED = 130
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _factor(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= MINIMUM_FACTOR:
-        raise argparse.ArgumentTypeError(f"the grid factor must be at least {MINIMUM_FACTOR}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from acquisition.adapters import backend_names
-
+    """The CLI's parser; every option comes from `acquisition.options.OPTIONS`."""
     parser = argparse.ArgumentParser(
         prog="python -m acquisition",
         description="Measure native MoE components into a moetables bundle.",
@@ -92,183 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
         ("profile", "acquire the MoE components of every --tp degree"),
         ("slice", "refresh only the MoE category of the --tp-refresh degree"),
     ):
-        sub = commands.add_parser(name, help=help_text)
-        sub.add_argument(
-            "model", help=f"catalog id ({', '.join(catalog_models())}) or a folder with config.json"
-        )
-        sub.add_argument(
-            "--hardware", required=True, help="hardware label of the bundle, e.g. H200"
-        )
-        sub.add_argument(
-            "--tp", type=_int_list, default=[1], help="session TP degrees; must include 1"
-        )
-        sub.add_argument(
-            "--tp-refresh", type=_int_list, default=None, help="slice: TP degree(s) to measure"
-        )
-        sub.add_argument("--group", choices=["moe"], default="moe", help="the category to acquire")
-        sub.add_argument("--dp", type=_int_list, default=[1], help="target DP degrees (default 1)")
-        sub.add_argument(
-            "--ep", type=_int_list, default=None, help="filter over the full-EP targets TP x DP"
-        )
-        sub.add_argument("--max-num-batched-tokens", type=_positive, default=2048)
-        sub.add_argument("--max-num-seqs", type=_positive, default=256)
-        sub.add_argument(
-            "--moe-rounds", type=_positive, default=3, help="independent contexts per point"
-        )
-        sub.add_argument(
-            "--measurement-iterations",
-            type=_positive,
-            default=3,
-            help="minimum timed forwards per context",
-        )
-        sub.add_argument(
-            "--moe-grid-factor",
-            type=_factor,
-            default=2.0,
-            help="ratio between neighbouring grid points (default 2)",
-        )
-        sub.add_argument(
-            "--out-root",
-            type=Path,
-            required=True,
-            help="bundles go to OUT/<hardware>/<model>/<variant>; samples to OUT/_acquisition",
-        )
-        sub.add_argument("--backend", choices=backend_names(), default="auto")
-        sub.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-        sub.add_argument(
-            "--dtype",
-            choices=["auto", "bfloat16", "float16", "float32"],
-            default="auto",
-            help="weight and activation dtype (auto: the config's torch_dtype)",
-        )
-        sub.add_argument(
-            "--cudagraph-mode",
-            choices=[m.value for m in CudagraphMode],
-            default=CudagraphMode.FULL_AND_PIECEWISE.value,
-            help="the serving deployment's CUDA graph mode (decides capture rules)",
-        )
-        sub.add_argument(
-            "--cudagraph-capture-sizes",
-            type=_int_list,
-            default=None,
-            help="the serving deployment's capture sizes (default: derived like vLLM)",
-        )
-        sub.add_argument(
-            "--cache-bytes",
-            type=_positive,
-            default=None,
-            help="declare the cache size the weight banks must overflow (default: read)",
-        )
-        sub.add_argument(
-            "--warmup-cycles",
-            type=int,
-            default=1,
-            help="complete 2B bank cycles of warmup per context (default 1)",
-        )
-        sub.add_argument(
-            "--quality-tolerance",
-            type=float,
-            default=0.03,
-            help="B/2B pooled-median tolerance (default 0.03)",
-        )
-        sub.add_argument(
-            "--control-attempts",
-            type=_positive,
-            default=3,
-            help="measurements of a point whose control fails, per run (default 3)",
-        )
-        sub.add_argument(
-            "--progress-json",
-            type=Path,
-            default=None,
-            help="append JSON progress events to this file",
-        )
-        sub.add_argument("--no-progress-bar", action="store_true")
-        sub.add_argument("--dry-run", action="store_true", help="validate and plan, then stop")
-        sub.add_argument("--force", action="store_true", help=argparse.SUPPRESS)
+        add_arguments(commands.add_parser(name, help=help_text))
     return parser
 
 
 def prepare(
     args: argparse.Namespace, argv: Sequence[str]
 ) -> tuple[AcquisitionRequest, list[PointPlan]]:
-    """Resolve the command into a request and one plan per target; no torch involved."""
-    if args.force:
-        raise ValueError(
-            "--force is rejected: resume the original acquisition, or choose another --out-root "
-            "for a new measurement"
-        )
-    model = resolve_model(args.model)
-    dtype = args.dtype if args.dtype != "auto" else model.dtype
-    if dtype is None:
-        raise CatalogError(f"{model.name}: config.json names no torch_dtype; pass --dtype")
-    variant = variant_for_dtype(dtype)
-    deployments = select_deployments(args.command, args.tp, args.tp_refresh, args.dp, args.ep)
-    targets = targets_for(model, deployments)
-    if args.max_num_seqs > args.max_num_batched_tokens:
-        raise ValueError(
-            f"--max-num-seqs {args.max_num_seqs} exceeds --max-num-batched-tokens "
-            f"{args.max_num_batched_tokens}; vLLM refuses such limits"
-        )
-    settings = ProtocolSettings(
-        rounds=args.moe_rounds,
-        iterations=args.measurement_iterations,
-        warmup_cycles=args.warmup_cycles,
-        tolerance=args.quality_tolerance,
-        attempts=args.control_attempts,
-    )
-    mode = CudagraphMode(args.cudagraph_mode)
-    if args.cudagraph_capture_sizes:
-        bad = [s for s in args.cudagraph_capture_sizes if s < 1]
-        if bad:
-            raise ValueError(f"--cudagraph-capture-sizes must be positive, got {bad}")
-        captures = CaptureSizes(tuple(sorted(set(args.cudagraph_capture_sizes))), "target_option")
-    else:
-        captures = derived_capture_sizes(args.max_num_seqs, args.max_num_batched_tokens)
-    request = AcquisitionRequest(
-        command=args.command,
-        model=model,
-        hardware=args.hardware,
-        dtype=dtype,
-        variant=variant,
-        out_root=args.out_root,
-        backend=args.backend,
-        device=args.device,
-        settings=settings,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        grid_factor=args.moe_grid_factor,
-        cudagraph_mode=mode,
-        captures=captures,
-        cache_bytes=args.cache_bytes,
-        command_line=shlex.join(["python", "-m", "acquisition", *argv]),
-    )
-    plans = [plan_target(request, target, default_components(target)) for target in targets]
-    return request, plans
+    """Resolve the command into a request and one plan per target; no torch involved.
 
-
-def default_components(target: MoeTarget) -> tuple[str, ...]:
-    """The modular component set (R22, R23), until an admitted adapter names its own."""
-    if target.dp > 1:
-        return ("gate_routing", EXPERTS, "finalize_copy")
-    return ("gate_routing", EXPERTS)
-
-
-def plan_target(
-    request: AcquisitionRequest, target: MoeTarget, components: Sequence[str]
-) -> PointPlan:
-    model = request.model
-    geometry = ExpertGeometry.for_target(model.global_experts, model.top_k, target)
-    return build_plan(
-        target,
-        geometry,
-        components,
-        max_num_batched_tokens=request.max_num_batched_tokens,
-        max_num_seqs=request.max_num_seqs,
-        factor=request.grid_factor,
-        mode=request.cudagraph_mode,
-        captures=request.captures,
-    )
+    Raises `OptionError` naming the option at fault.
+    """
+    return prepare_options(from_namespace(args), command_line(argv))
 
 
 def _describe(plan: PointPlan) -> str:
@@ -285,14 +83,19 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None) -> int:
+    """``whole_process`` (default: no ``argv`` given) books the interpreter's start in the
+    phase log; a call inside a longer-lived process times only itself."""
+    clock = PhaseClock(whole_process=argv is None if whole_process is None else whole_process)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    clock.path = args.phase_log
     try:
-        request, plans = prepare(args, argv)
-    except (CatalogError, DegreeError, ValueError) as exc:
-        print(f"{parser.prog} {args.command}: error: {exc}", file=sys.stderr)
+        with clock.phase("plan"):
+            request, plans = prepare(args, argv)
+    except OptionError as exc:
+        print(f"{parser.prog} {args.command}: error: {exc.message}", file=sys.stderr)
         return EXIT_INVALID
     total = sum(len(p.points) for p in plans)
     progress = ProgressReporter(
@@ -305,13 +108,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             progress.event("done", "dry run: planned only")
             return 0
-        return _acquire(request, plans, progress)
+        status: int | None = None
+        try:
+            status = _acquire(request, plans, progress, clock)
+        finally:
+            # Written whatever happened (an unexpected error leaves exit_status null).
+            clock.write(
+                exit_status=status,
+                backend=request.backend,
+                command_line=request.command_line,
+                points_total=progress.total,
+                points_done=progress.done,
+            )
+        return status
     finally:
         progress.close()
 
 
 def _acquire(
-    request: AcquisitionRequest, plans: list[PointPlan], progress: ProgressReporter
+    request: AcquisitionRequest,
+    plans: list[PointPlan],
+    progress: ProgressReporter,
+    clock: PhaseClock,
 ) -> int:
     # Imported here: validation and planning above never need torch.
     from acquisition.acquire import AcquisitionFailure, acquire_target
@@ -323,12 +141,22 @@ def _acquire(
     previous = signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
     try:
-        limits = EngineLimits(request.max_num_batched_tokens, request.max_num_seqs)
-        runtime = replace(probe_runtime(request.device, request.cache_bytes), limits=limits)
+        # The serving limits and the engine options travel with the runtime (R31).
+        limits = EngineLimits(
+            request.max_num_batched_tokens,
+            request.max_num_seqs,
+            kv_cache_memory_bytes=request.engine_kv_cache_bytes,
+            attention_backend=request.engine_attention_backend,
+        )
+        with clock.phase("runtime_probe"):
+            runtime = replace(probe_runtime(request.device, request.cache_bytes), limits=limits)
         progress.event("admission", f"{runtime.device}: {runtime.device_name}")
         selections = []
         for plan in plans:
-            backend, report = select_backend(request.backend, request.model, plan.target, runtime)
+            with clock.phase("admission"):
+                backend, report = select_backend(
+                    request.backend, request.model, plan.target, runtime
+                )
             for line in report.lines():
                 progress.write(line)
             # The admitted path decides the components (the live path times a wrapper).
@@ -342,7 +170,7 @@ def _acquire(
         published = []
         failed: list[str] = []
         for plan, backend, report in selections:
-            outcome = acquire_target(request, plan, backend, runtime, report, progress)
+            outcome = acquire_target(request, plan, backend, runtime, report, progress, clock)
             if outcome.published:
                 published.append(plan)
             else:

@@ -21,7 +21,15 @@ __all__ = ["DegreeError", "Deployment", "select_deployments", "targets_for"]
 
 
 class DegreeError(ValueError):
-    """Unmatched or malformed TP/DP/EP degrees; raised before anything is built."""
+    """Unmatched or malformed TP/DP/EP degrees; raised before anything is built.
+
+    ``field`` names the option at fault (``tp``, ``tp_refresh``, ``dp``, ``ep``), so a caller
+    files the error under it without reading the message.
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +45,14 @@ class Deployment:
 
 
 def _degrees(values: Sequence[int], option: str) -> list[int]:
+    field = option.lstrip("-").replace("-", "_")
     if not values:
-        raise DegreeError(f"{option} needs at least one degree")
+        raise DegreeError(f"{option} needs at least one degree", field=field)
     bad = [v for v in values if v < 1]
     if bad:
-        raise DegreeError(f"{option} degrees must be positive integers, got {bad}")
+        raise DegreeError(f"{option} degrees must be positive integers, got {bad}", field=field)
     if len(set(values)) != len(values):
-        raise DegreeError(f"{option} lists a degree twice: {list(values)}")
+        raise DegreeError(f"{option} lists a degree twice: {list(values)}", field=field)
     return sorted(values)
 
 
@@ -61,20 +70,31 @@ def select_deployments(
     session_tp = _degrees(tp, "--tp")
     if 1 not in session_tp:
         # The method keeps TP1 in every session list; a slice still measures only its degree.
-        raise DegreeError(f"--tp must include 1 (got {session_tp}); use --tp-refresh to choose")
+        raise DegreeError(
+            f"--tp must include 1 (got {session_tp}); use --tp-refresh to choose", field="tp"
+        )
     if command == "slice":
         if not tp_refresh:
-            raise DegreeError("slice needs --tp-refresh: the TP degree whose MoE tables to refresh")
+            raise DegreeError(
+                "slice needs --tp-refresh: the TP degree whose MoE tables to refresh",
+                field="tp_refresh",
+            )
         measured_tp = _degrees(tp_refresh, "--tp-refresh")
         missing = [t for t in measured_tp if t not in session_tp]
         if missing:
-            raise DegreeError(f"--tp-refresh {missing} is not in the session's --tp {session_tp}")
+            raise DegreeError(
+                f"--tp-refresh {missing} is not in the session's --tp {session_tp}",
+                field="tp_refresh",
+            )
     elif command == "profile":
         if tp_refresh:
-            raise DegreeError("--tp-refresh belongs to slice; profile measures every --tp degree")
+            raise DegreeError(
+                "--tp-refresh belongs to slice; profile measures every --tp degree",
+                field="tp_refresh",
+            )
         measured_tp = session_tp
     else:
-        raise DegreeError(f"unknown command {command!r}")
+        raise DegreeError(f"unknown command {command!r}", field="command")
     dps = _degrees(dp, "--dp") if dp else [1]
     combos = [Deployment(tp=t, dp=d) for t in measured_tp for d in dps]
     if ep:
@@ -85,7 +105,8 @@ def select_deployments(
             options = ", ".join(f"TP{c.tp}xDP{c.dp}={c.ep}" for c in combos)
             raise DegreeError(
                 f"--ep {unmatched} matches no selected TP x DP ({options}); EP is always TP x DP "
-                "and --ep never adds TP or DP degrees"
+                "and --ep never adds TP or DP degrees",
+                field="ep",
             )
         combos = [c for c in combos if c.ep in eps]
     return combos
@@ -98,7 +119,8 @@ def targets_for(model: MoeModel, deployments: Sequence[Deployment]) -> list[MoeT
         if deployment.ep > model.global_experts:
             raise DegreeError(
                 f"EP{deployment.ep} (TP{deployment.tp} x DP{deployment.dp}) exceeds the "
-                f"{model.global_experts} experts of {model.name}: a rank would own none"
+                f"{model.global_experts} experts of {model.name}: a rank would own none",
+                field="ep",
             )
         sp = model.uses_sequence_parallel(deployment.tp, deployment.dp)
         targets.extend(

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from moetables.bundle import Row, TableSpec, write_bundle
+from acquisition.evidence import quality_label
+from moetables.bundle import ConservationRow, Row, StabilityRow, TableSpec, write_bundle
 from moetables.bundle.reader import META
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ def build_contract(
     settings = request.settings
     return {
         "schema": CONTRACT_SCHEMA,
+        # A looser B/2B tolerance than the method's 3 % is labelled here, for every reader.
+        "quality": quality_label(settings.tolerance),
         "target": target.as_dict(),
         "global_experts": plan.geometry.global_experts,
         "global_top_k": plan.geometry.top_k,
@@ -170,8 +173,15 @@ def publish_target(
     rows: Sequence[Row],
     contract: dict[str, Any],
     coverage: dict[str, Any],
+    *,
+    stability: Sequence[StabilityRow],
+    conservation: Sequence[ConservationRow],
+    conservation_absent: str | None,
 ) -> Path:
-    """Merge this target's entry into the bundle; other targets and categories are kept."""
+    """Merge this target's entry and its quality evidence into the bundle (format 2).
+
+    Other targets and categories are kept.
+    """
     provenance = contract.get("provenance", {})
     header = {
         "hardware": request.hardware,
@@ -190,5 +200,13 @@ def publish_target(
     # Plain JSON types only: meta.yaml is written with yaml.safe_dump.
     contract = json.loads(json.dumps(contract, allow_nan=False))
     coverage = json.loads(json.dumps(coverage, allow_nan=False))
-    spec = TableSpec(target=plan.target, contract=contract, coverage=coverage, rows=list(rows))
+    spec = TableSpec(
+        target=plan.target,
+        contract=contract,
+        coverage=coverage,
+        rows=list(rows),
+        stability=list(stability),
+        conservation=list(conservation),
+        conservation_absent=conservation_absent,
+    )
     return write_bundle(request.bundle_dir, header, [spec])

@@ -45,6 +45,9 @@ class AcquisitionRequest:
     captures: CaptureSizes
     cache_bytes: int | None
     command_line: str
+    # Options of a component engine (vllm-live), carried to it on RuntimeInfo.limits.
+    engine_attention_backend: str | None = None
+    engine_kv_cache_bytes: int | None = None
 
     @property
     def bundle_dir(self) -> Path:

@@ -7,18 +7,22 @@ needs no server; ``CELERY_BROKER_URL=redis://...`` selects Redis (docker-compose
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
+
+from registry.jobs.broker import SWEEP_TASK
+from registry.jobs.broker import ensure_broker_folders as _ensure_folders
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("moe_registry")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Each app's ``tasks`` module, and the jobs' own (registry/jobs/tasks.py).
 app.autodiscover_tasks()
+app.autodiscover_tasks(["registry.jobs"])
 
-SWEEP_TASK = "registry.sweep_orphaned_jobs"
+__all__ = ["SWEEP_TASK", "app", "ensure_broker_folders"]
 
 
 @app.on_after_configure.connect
@@ -41,14 +45,5 @@ def schedule_housekeeping(sender: Celery, **_: Any) -> None:
 
 
 def ensure_broker_folders() -> None:
-    """The filesystem transport needs its folders to exist before a worker or sender starts,
-    and beat the folder of its schedule file before it opens it."""
-    options = app.conf.broker_transport_options or {}
-    for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
-        if options.get(key):
-            Path(options[key]).mkdir(parents=True, exist_ok=True)
-    backend = str(app.conf.result_backend or "")
-    if backend.startswith("file://"):
-        Path(backend.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    if app.conf.beat_schedule_filename:
-        Path(app.conf.beat_schedule_filename).parent.mkdir(parents=True, exist_ok=True)
+    """The broker's folders for this app (see `registry.jobs.broker.ensure_broker_folders`)."""
+    _ensure_folders(app)

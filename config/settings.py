@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -91,8 +92,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Answers a cookieless lookup; the rest does nothing for it (registry/api/middleware.py).
-    "registry.api.middleware.LookupMiddleware",
+    # The lookup's one door, placed early (registry/lookup/http.py).
+    "registry.lookup.http.LookupMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -159,8 +160,13 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 # Static files (the Swagger UI sidecar, the admin) are served from the apps too, so a
-# checkout works before or without collectstatic.
-WHITENOISE_USE_FINDERS = True
+# checkout works before or without collectstatic. The run command collects them first (with
+# gzip and brotli copies) and sets REGISTRY_COLLECTED_STATIC=1: then only the collected files
+# are served, compressed for clients that accept it.
+WHITENOISE_USE_FINDERS = os.environ.get("REGISTRY_COLLECTED_STATIC", "") != "1"
+# Vendored libraries carry their version in the file name (plotly-4.1.1.min.js): a new version
+# is a new URL, so browsers may keep them for good (max-age 10 years, immutable).
+WHITENOISE_IMMUTABLE_FILE_TEST = r"/vendor/[^/]+-\d+\.\d+\.\d+(\.min)?\.(js|css)$"
 
 # Bundle files live in the "bundles" storage under their sha256; swapping the backend for
 # object storage later changes this entry only (warehouse-style storage behind an interface).
@@ -177,7 +183,7 @@ STORAGES = {
 }
 
 # Registry limits and working folders.
-REGISTRY = {
+REGISTRY: dict[str, Any] = {
     # Checked-out bundle trees that lookups read (a cache rebuilt from the blobs).
     "CHECKOUT_DIR": VAR_DIR / "checkouts",
     # Where uploads are unpacked and validated before anything is stored.

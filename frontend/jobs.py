@@ -21,8 +21,9 @@ from registry.jobs import (
     JobStateError,
     job_parameter_fields,
 )
-from registry.permissions import NotAllowed, can_cancel_job, can_view_job_details
-from registry.services.authorized import cancel_job_as, queue_job_as
+from registry.permissions import NotAllowed, can_cancel_job, can_retry_job, can_view_job_details
+from registry.services.authorized import cancel_job_as, queue_job_as, retry_job_as
+from registry.services.requests import waiting_for_worker
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
@@ -52,7 +53,9 @@ def _params(data: Any) -> dict[str, str]:
 
 
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = AcquisitionJob.objects.select_related("result_bundle").order_by("-id")[:100]
+    jobs = AcquisitionJob.objects.select_related("result_bundle", "created_by").order_by("-id")[
+        :100
+    ]
     return render(request, "frontend/jobs.html", {"jobs": jobs})
 
 
@@ -93,7 +96,9 @@ def _job_context(request: HttpRequest, job: AcquisitionJob) -> dict[str, Any]:
         "job": job,
         "command_line": command,
         "can_cancel": can_cancel_job(request.user, job),
+        "can_retry": job.state in ("failed", "cancelled") and can_retry_job(request.user, job),
         "can_view_details": details,
+        "waiting": waiting_for_worker(job),
     }
 
 
@@ -118,4 +123,20 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         return HttpResponseForbidden(str(exc))
     except JobStateError as exc:
         messages.error(request, str(exc))
+    return redirect("frontend:job", pk=pk)
+
+
+@require_POST
+@login_required
+def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    """Queue a failed or cancelled job again, as ``POST /api/v1/jobs/{id}/retry`` does."""
+    job = get_object_or_404(AcquisitionJob, pk=pk)
+    try:
+        retry_job_as(request.user, job)
+    except NotAllowed as exc:
+        return HttpResponseForbidden(str(exc))
+    except JobStateError as exc:
+        messages.error(request, str(exc))
+    except BrokerUnavailable as exc:
+        messages.error(request, f"the job queue does not answer: {exc}")
     return redirect("frontend:job", pk=pk)

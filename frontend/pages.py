@@ -5,15 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.http import Http404
+
 from frontend import figures
 from moetables.bundle import EXPERTS
-from moetables.errors import CoverageError, QueryError
+from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.lookup.explain import explain_expert
 from registry.models import AcquisitionJob, Bundle, DeploymentTable
 from registry.services.figures import load_deployment
+from registry.services.quality import conservation_payload, stability_payload
 
 FILTER_KEYS = (
-    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "layout",
+    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "kernel",
+    "layout",
 )
 
 
@@ -49,6 +53,7 @@ def filter_choices() -> dict[str, list[Any]]:
         "dp": distinct(tables, "dp"),
         "ep": distinct(tables, "ep"),
         "backend": distinct(tables, "backend"),
+        "kernel": distinct(tables, "kernel"),
     }
 
 
@@ -69,9 +74,13 @@ def contract_summary(contract: dict[str, Any], meta: dict[str, Any]) -> dict[str
     a structured ``backend`` and the host in ``provenance``.
     """
     region = _get(contract, "expert_region") or {}
-    backend = contract.get("backend") if isinstance(contract.get("backend"), Mapping) else {}
+    backend: Mapping[str, Any] = (
+        contract["backend"] if isinstance(contract.get("backend"), Mapping) else {}
+    )
     origin = _get(contract, "provenance") or {}
-    dtypes = backend.get("dtypes") if isinstance(backend.get("dtypes"), Mapping) else {}
+    dtypes: Mapping[str, Any] = (
+        backend["dtypes"] if isinstance(backend.get("dtypes"), Mapping) else {}
+    )
     backend_name = _first(
         _text(contract.get("native_backend")), _text(contract.get("backend")),
         _text(backend.get("native_backend")), _text(region.get("backend")),
@@ -163,8 +172,22 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         charts["surface"] = figures.expert_slice_figure(
             loaded.lookups, loaded.rows, geometry, chosen, mode
         )
-    if stability.figure is not None:
-        charts["stability"] = stability.figure
+    evidence_error = None
+    stable: dict[str, Any] | None
+    conserved: dict[str, Any] | None
+    try:
+        stable = stability_payload(table)
+        conserved = conservation_payload(table)
+    except BundleError as exc:
+        evidence_error = str(exc)
+        stable = conserved = None
+    if stable is not None:
+        charts.update(figures.stability_figures(stable))
+        peak = stable["summary"]["max_relative_change"]
+        # The same rounding as the coverage card ("2.38%"), so the two never seem to disagree.
+        stable["summary"]["max_change_text"] = f"{peak:.2%}" if peak is not None else "n/a"
+    if conserved is not None and (fig := figures.conservation_figure(conserved)) is not None:
+        charts["conservation"] = fig
     sel = loaded.rows.select(EXPERTS, mode) & (loaded.rows.activated_experts > 0)
     example = (
         (int(loaded.rows.tokens[sel][0]), int(loaded.rows.activated_experts[sel][0]),
@@ -180,6 +203,12 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         "chosen": chosen,
         "charts": charts,
         "stability": stability,
+        "evidence": {"stability": stable, "conservation": conserved, "error": evidence_error},
+        "graph_missing": raw_mode == "graph" and mode != "graph",
+        "compact_change": (
+            f"{stability.max_relative_change:.2%}"
+            if stability.max_relative_change is not None else "n/a"
+        ),
         "contract": contract_summary(table.contract, table.bundle.meta),
         "coverage": coverage_summary(table),
         "example": example,
@@ -221,10 +250,13 @@ def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str
 
 def table_label(table: DeploymentTable) -> str:
     b = table.bundle
-    return f"#{b.pk} {b.hardware} {b.model} {b.variant} · tp{table.tp} {table}"
+    return f"#{b.pk} {b.hardware} {b.model} {b.variant} · {table}"
 
 
-def compare_context(raw_a: str | None, raw_b: str | None) -> dict[str, Any]:
+def compare_context(raw_a: str | None, raw_b: str | None,
+                    raw_also: list[str] | None = None) -> dict[str, Any]:
+    """Two tables (a, b) and any more (``also``) overlaid; a given id that names no table is a
+    404, never another table. With no ids at all, two defaults are chosen."""
     tables = list(
         DeploymentTable.objects.select_related("bundle").only(
             "id", "tp", "dp", "ep", "rank", "sequence_parallel",
@@ -233,30 +265,37 @@ def compare_context(raw_a: str | None, raw_b: str | None) -> dict[str, Any]:
     )
     options = [(t.pk, table_label(t)) for t in tables]
     ids = [t.pk for t in tables]
+    given = [raw for raw in (raw_a, raw_b, *(raw_also or [])) if raw not in (None, "")]
+    parsed = [_int(raw) for raw in given]
+    wanted = [pk for pk in parsed if pk is not None]
+    if len(wanted) != len(parsed) or (
+        wanted and DeploymentTable.objects.filter(pk__in=wanted).count() != len(set(wanted))
+    ):
+        raise Http404("no such table")
     a, b = _int(raw_a), _int(raw_b)
-    if a not in ids:
+    if a is None:
         a = ids[0] if ids else None
-    if b not in ids:
+    if b is None:
         # Default: another bundle's table if there is one, else the next rank of the same bundle.
         first = next((t for t in tables if t.pk == a), None)
         other = [t.pk for t in tables if first and t.bundle_id != first.bundle_id]
         b = other[0] if other else next((i for i in ids if i != a), a)
-    context: dict[str, Any] = {"options": options, "a": a, "b": b, "charts": {}}
+    also = [pk for pk in (_int(r) for r in raw_also or []) if pk is not None]
+    context: dict[str, Any] = {"options": options, "a": a, "b": b, "also": also, "charts": {}}
     if a is None or b is None:
         return context
-    ta = DeploymentTable.objects.select_related("bundle").get(pk=a)
-    tb = DeploymentTable.objects.select_related("bundle").get(pk=b)
-    la, lb = load_deployment(ta), load_deployment(tb)
-    names = (f"#{ta.bundle_id} {ta.bundle.hardware} {ta}", f"#{tb.bundle_id} {tb.bundle.hardware} {tb}")
-    found = figures.compare_figures(
-        (names[0], la.lookups, la.rows), (names[1], lb.lookups, lb.rows)
+    chosen = [DeploymentTable.objects.select_related("bundle").get(pk=pk) for pk in (a, b, *also)]
+    loaded = [load_deployment(t) for t in chosen]
+    names = [table_label(t) for t in chosen]
+    found, disjoint = figures.compare_figures(
+        *[(name, lt.lookups, lt.rows) for name, lt in zip(names, loaded, strict=True)]
     )
     context.update(
-        first=ta, second=tb, names=names,
-        charts={f"compare{i}": fig for i, fig in enumerate(found)},
+        first=chosen[0], second=chosen[1], names=names, chosen=list(zip(chosen, names,
+                                                                         strict=True)),
+        disjoint=disjoint, charts={f"compare{i}": fig for i, fig in enumerate(found)},
     )
     return context
-
 
 __all__ = [
     "FILTER_KEYS", "bundle_summary", "compare_context", "filter_choices", "lookup_answer",

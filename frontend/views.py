@@ -5,8 +5,11 @@ from __future__ import annotations
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from frontend import pages
 from registry.filtersets import BundleFilterSet
@@ -82,5 +85,54 @@ def table_lookup(request: HttpRequest, pk: int) -> HttpResponse:
 
 @_storage_safe
 def compare(request: HttpRequest) -> HttpResponse:
-    context = pages.compare_context(request.GET.get("a"), request.GET.get("b"))
+    context = pages.compare_context(
+        request.GET.get("a"), request.GET.get("b"), request.GET.getlist("also")
+    )
     return render(request, "frontend/compare.html", context)
+
+
+def coverage(request: HttpRequest) -> HttpResponse:
+    """Hardware x model x variant x backend against every deployment: tables and gaps."""
+    from registry.coverage_models import CoverageRequest
+    from registry.services.coverage import coverage_matrix
+
+    requests = CoverageRequest.objects.select_related("requested_by", "job").prefetch_related(
+        "requesters"
+    )[:100]
+    return render(
+        request, "frontend/coverage.html", {"matrix": coverage_matrix(), "requests": requests}
+    )
+
+
+@require_POST
+@login_required
+def coverage_request(request: HttpRequest) -> HttpResponse:
+    """Ask for a gap of the coverage matrix (queued at once when a worker is online)."""
+    from registry.jobs import BrokerUnavailable, JobParameterError
+    from registry.permissions import NotAllowed
+    from registry.services.requests import request_cell
+
+    data = request.POST
+    try:
+        cell = {
+            "hardware": data["hardware"], "model": data["model"], "variant": data["variant"],
+            "backend": data["backend"], "tp": int(data["tp"]), "dp": int(data["dp"]),
+            "rank": int(data["rank"]), "sequence_parallel": data["sequence_parallel"] == "1",
+        }
+        made, _ = request_cell(request.user, cell)
+    except (KeyError, ValueError, NotAllowed) as exc:
+        messages.error(request, f"cannot request this cell: {exc}")
+    except JobParameterError as exc:
+        messages.error(request, f"the acquisition would refuse this cell: {exc}")
+    except BrokerUnavailable as exc:
+        messages.error(request, f"the job queue does not answer: {exc}")
+    else:
+        if made.job_id:
+            messages.success(request, f"Queued as job #{made.job_id}.")
+        else:
+            messages.success(
+                request,
+                f"Recorded request #{made.pk}: no worker for {cell['hardware']} is online, so "
+                "it stays open until a job fills it.",
+            )
+    return redirect("frontend:coverage")

@@ -7,23 +7,31 @@ import it anywhere.
 from __future__ import annotations
 
 from moetables.bundle import Bundle, TableEntry, open_bundle, validate_bundle, write_bundle
+from moetables.comm import Cluster, ClusterError, load_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
+from moetables.estimate import BatchEstimate, LayerEstimate, pad_to_capture
 from moetables.geometry import ExpertGeometry, MoeTarget, TokenDomain, linear_expert_map
 from moetables.lookup import ComponentTables, DeploymentTables
 
 __all__ = [
+    "BatchEstimate",
     "Bundle",
     "BundleError",
+    "Cluster",
+    "ClusterError",
     "ComponentTables",
     "CoverageError",
     "DeploymentTables",
     "ExpertGeometry",
+    "LayerEstimate",
     "MoeTarget",
     "QueryError",
     "TableEntry",
     "TokenDomain",
     "linear_expert_map",
+    "load_cluster",
     "open_bundle",
+    "pad_to_capture",
     "validate_bundle",
     "write_bundle",
 ]

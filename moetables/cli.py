@@ -1,17 +1,23 @@
-"""Command line: validate a bundle, describe it, or answer lookups from a JSON-lines file."""
+"""Command line: validate a bundle, describe it, answer lookups from a JSON-lines file, or
+estimate a MoE layer for a step's per-DP-rank token counts."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from moetables.bundle import EXPERTS, validate_bundle
+from moetables.comm import ClusterError, load_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
+from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.lookup import ComponentTables
+from moetables.profiles import read_profile
+from moetables.routing import POLICIES
 
 __all__ = ["main"]
 
@@ -25,6 +31,20 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
             f"{report.bundle.layout} layout",
             file=out,
         )
+        for path, evidence in report.quality.items():
+            if evidence.stability is None:
+                print(f"evidence: {path}: none ({evidence.stability_absent})", file=out)
+                continue
+            forwards = (
+                f"{len(evidence.conservation)} traced forwards conserved"
+                if evidence.conservation is not None
+                else f"no traced forward ({evidence.conservation_absent})"
+            )
+            print(
+                f"evidence: {path}: {len(evidence.stability)} B/2B controls "
+                f"(from {evidence.source}), {forwards}",
+                file=out,
+            )
         for name in report.bundle.missing_files:
             print(f"note: meta.yaml names {name}, which is not in this bundle", file=out)
         return 0
@@ -120,6 +140,175 @@ def _lookup(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _read_steps(text: str) -> list[Any]:
+    """``--tokens``: ``n0,n1,...`` for one step, else a JSONL file of steps (each line a list
+    of counts, or an object with ``tokens`` and, for the histogram policy, ``expert_counts``)."""
+    if re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", text):
+        return [int(n) for n in text.split(",")]
+    path = Path(text)
+    if not path.is_file():
+        raise QueryError(f"--tokens {text!r} is neither n0,n1,... nor a JSONL file of steps")
+    steps: list[Any] = []
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            steps.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            steps.append(QueryError(f"line {number} is not JSON: {exc.msg}"))
+    return steps
+
+
+def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "tp": args.tp,
+        "dp": args.dp,
+        "sequence_parallel": args.sequence_parallel,
+        "tokens": tokens,
+        "policy": args.policy,
+        "seed": args.seed,
+        "mode": args.mode,
+        "events": not args.no_events,
+        "rank_expert_counts": args.rank_expert_counts,
+    }
+    for key, value in (
+        ("expert_counts", counts),
+        ("active_curve", args.active_curve),
+        ("load_shares", args.load_shares),
+        ("capture_sizes", args.capture_sizes),
+        ("profile", args.profile),
+        ("layer", args.layer),
+        ("profile_draw", "expectation" if args.profile_expectation else None),
+    ):
+        if value is not None:
+            raw[key] = value
+    return raw
+
+
+def _json_arg(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    source = Path(text).read_text("utf-8") if Path(text).is_file() else text
+    try:
+        return json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise QueryError(f"{what} is not JSON (a file or inline): {exc.msg}") from None
+
+
+def _estimate(args: argparse.Namespace, out: TextIO) -> int:
+    """One JSON answer for ``n0,n1,...``; one answer line per step for a JSONL file."""
+    try:
+        tables = ComponentTables(args.bundle)
+        cluster = load_cluster(args.cluster) if args.cluster else None
+        steps = _read_steps(args.tokens)
+        args.active_curve = _json_arg(args.active_curve, "--active-curve")
+        args.load_shares = _json_arg(args.load_shares, "--load-shares")
+        counts = _json_arg(args.expert_counts, "--expert-counts")
+        if args.profile is not None:
+            args.profile = read_profile(args.profile)
+        if args.capture_sizes is not None:
+            args.capture_sizes = [int(s) for s in args.capture_sizes.split(",")]
+    except (BundleError, ClusterError, QueryError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if steps and isinstance(steps[0], int):  # one step on the command line
+        try:
+            request = parse_estimate_request(_estimate_request(args, steps, counts))
+            answer = answer_estimate(tables, request, cluster)
+        except (QueryError, CoverageError, BundleError) as exc:
+            json.dump({"error": _error_name(exc), "message": str(exc)}, out)
+            out.write("\n")
+            return 1
+        json.dump(answer, out, indent=2)
+        out.write("\n")
+        return 0
+    # A file of steps: each line answered on its own line, refusals included.
+    if counts is not None and not (isinstance(counts, list) and len(counts) == len(steps)):
+        print("error: with a file of steps, --expert-counts must hold one list per step",
+              file=sys.stderr)
+        return 1
+    batched = _estimate_together(args, tables, cluster, steps, counts)
+    if batched is not None:
+        for answer in batched:
+            out.write(json.dumps(answer) + "\n")
+        return 1 if steps and all("error" in a for a in batched) else 0
+    failed = 0
+    for i, step in enumerate(steps):
+        try:
+            if isinstance(step, QueryError):
+                raise step
+            tokens, own = (step.get("tokens"), step.get("expert_counts")) if isinstance(
+                step, dict) else (step, None)
+            step_counts = own if own is not None else (counts[i] if counts is not None else None)
+            request = parse_estimate_request(_estimate_request(args, tokens, step_counts))
+            answer = answer_estimate(tables, request, cluster)
+        except (QueryError, CoverageError, BundleError) as exc:
+            answer = {"error": _error_name(exc), "message": f"line {i + 1}: {exc}"}
+            failed += 1
+        out.write(json.dumps(answer) + "\n")
+    return 1 if failed == len(steps) and steps else 0
+
+
+def _estimate_together(
+    args: argparse.Namespace, tables: Any, cluster: Any, steps: list[Any], counts: Any
+) -> list[dict[str, Any]] | None:
+    """A file of well-formed steps answered as one batch (the same answers, far faster);
+    None when some line needs its own error, so that each line is answered on its own."""
+    rows: list[Any] = []
+    own: list[Any] = []
+    for step in steps:
+        if isinstance(step, dict) and set(step) <= {"tokens", "expert_counts"}:
+            rows.append(step.get("tokens"))
+            own.append(step.get("expert_counts"))
+        elif isinstance(step, list):
+            rows.append(step)
+            own.append(None)
+        else:
+            return None
+    if any(c is not None for c in own):
+        if counts is not None or not all(c is not None for c in own):
+            return None
+        counts = own
+    raw = _estimate_request(args, None, counts)
+    del raw["tokens"]
+    raw["steps"] = rows
+    try:
+        request = parse_estimate_request(raw, max_steps=max(1, len(rows)))
+        answers = answer_estimate(tables, request, cluster)
+    except (QueryError, CoverageError, BundleError):
+        return None
+    assert isinstance(answers, list)
+    for i, answer in enumerate(answers):
+        if "error" in answer:
+            answer["message"] = f"line {i + 1}: {answer['message']}"
+    return answers
+
+
+def _error_name(exc: Exception) -> str:
+    if isinstance(exc, CoverageError):
+        return "out_of_support"
+    if isinstance(exc, BundleError):
+        return "corrupt_bundle"
+    return "invalid"
+
+
+def _export(args: argparse.Namespace, out: TextIO) -> int:
+    from moetables.export import ExportError, export_bundle
+
+    try:
+        report = export_bundle(args.bundle, args.format, args.out)
+    except (ExportError, BundleError) as exc:
+        problems = exc.problems if isinstance(exc, ExportError) else [str(exc)]
+        print(f"refused: {args.bundle} as {args.format}", file=out)
+        for problem in problems:
+            print(f"  - {problem}", file=out)
+        return 1
+    print(f"ok: {report.rows} rows in {len(report.files)} files under {report.out}", file=out)
+    for name in report.left_out:
+        print(f"left out: {name}", file=out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moetables", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -136,6 +325,50 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument(
         "--queries", required=True, help="file of JSON objects, one per line; - for stdin"
     )
+    p = sub.add_parser(
+        "estimate",
+        help="the MoE layer of one step (or a JSONL file of steps): ranks, collectives, time",
+    )
+    p.add_argument("bundle")
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--dp", type=int, required=True)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument(
+        "--tokens", required=True,
+        help="padded tokens per DP rank, n0,n1,...; or a JSONL file of steps (one answer each)",
+    )
+    p.add_argument("--policy", default="balanced", choices=list(POLICIES))
+    p.add_argument(
+        "--expert-counts",
+        help="histogram policy: JSON list of the step's global per-expert pair counts (file "
+        "or inline); for a file of steps, one list per step",
+    )
+    p.add_argument("--active-curve", help="custom policy: JSON [[N, A], ...] (file or inline)")
+    p.add_argument("--load-shares", help="custom policy: JSON list, one share per EP rank")
+    p.add_argument("--seed", type=int, default=0, help="random and captured policies' seed")
+    p.add_argument("--profile", help="captured policy: a routing profile file (.routing.npz)")
+    p.add_argument("--layer", type=int, help="captured policy: the profile's layer (default all)")
+    p.add_argument(
+        "--profile-expectation",
+        action="store_true",
+        help="captured policy: the mean per-rank (A, M) at N instead of a seeded draw",
+    )
+    p.add_argument("--cluster", help="cluster description YAML (schema moe-cluster)")
+    p.add_argument("--mode", default="eager", choices=["eager", "graph"])
+    p.add_argument("--no-events", action="store_true",
+                   help="leave out the per-rank trace events (smaller, faster answers)")
+    p.add_argument("--rank-expert-counts", action="store_true",
+                   help="add each rank's pairs per local expert (expert_range, expert_counts); "
+                   "histogram, round_robin and random policies")
+    p.add_argument("--capture-sizes", help="graph mode: capture sizes, s0,s1,... (default: "
+                   "the contract's)")
+    p = sub.add_parser("export", help="write the bundle for another simulator")
+    p.add_argument("bundle")
+    p.add_argument("--format", required=True, choices=("llmservingsim", "aiconfigurator"))
+    p.add_argument("--out", required=True, help="an empty or new folder")
     args = parser.parse_args(argv)
-    handler = {"validate": _validate, "info": _info, "lookup": _lookup}[args.command]
+    handler = {
+        "validate": _validate, "info": _info, "lookup": _lookup, "estimate": _estimate,
+        "export": _export,
+    }[args.command]
     return handler(args, out or sys.stdout)

@@ -233,6 +233,33 @@ class ExpertGeometry:
         low, high = self.assignment_bounds(tokens, active)
         return low <= assignments <= high
 
+    def infeasibility(self, tokens: int, active: int, assignments: int) -> str:
+        """Which bound (N, A, M) breaks, in plain words; empty when the point is feasible."""
+        n, a, m, k, local = tokens, active, assignments, self.top_k, self.local_experts
+        remote = self.remote_experts
+        if n < 1:
+            return f"N={n}: a query needs at least one token row"
+        if a == 0 and m == 0:
+            if self.all_remote_possible:
+                return ""
+            return (f"A=M=0 means every token's {k} experts are remote, but only {remote} of "
+                    f"the {self.global_experts} experts live on other ranks")
+        if a < 1:
+            return f"A={a} with M={m}: local pairs need at least one active local expert"
+        if a > local:
+            return f"A={a} active experts, but this rank owns only {local} experts"
+        low, high = self.assignment_bounds(n, a)
+        if m < a:
+            return (f"M={m} pairs cannot keep A={a} experts busy: every active expert has at "
+                    "least one token-expert pair")
+        if m < low:
+            return (f"each of the N={n} tokens picks {k} distinct experts and only {remote} "
+                    f"are remote, so at least {k - remote} per token are local: M >= {low}")
+        if m > high:
+            return (f"each of the N={n} tokens picks at most min(k={k}, A={a}) = {min(k, a)} "
+                    f"of the active local experts: M <= {high}")
+        return ""
+
     def balanced_total(self, tokens: int) -> int:
         return balanced_local_assignments(
             tokens, self.top_k, self.local_experts, self.global_experts

@@ -9,7 +9,9 @@ from registry.models import Bundle, DeploymentTable, Namespace, NamespaceGrant, 
 from registry.permissions import can_delete_bundle
 
 
-class DeploymentTableInline(admin.TabularInline):
+# Not subscripted: Django's admin classes are generic only in django-stubs (a dev tool), and a
+# base class is evaluated at run time.
+class DeploymentTableInline(admin.TabularInline):  # type: ignore[type-arg]
     model = DeploymentTable
     fields = ("tp", "dp", "ep", "rank", "sequence_parallel", "backend", "row_count", "table_path")
     readonly_fields = fields
@@ -18,7 +20,7 @@ class DeploymentTableInline(admin.TabularInline):
 
 
 @admin.register(Bundle)
-class BundleAdmin(admin.ModelAdmin):
+class BundleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("id", "hardware", "model", "variant", "layout", "vllm_version", "published_at")
     list_filter = ("hardware", "layout", "source")
     search_fields = ("hardware", "model", "variant", "sha256")
@@ -33,7 +35,7 @@ class BundleAdmin(admin.ModelAdmin):
 
 
 @admin.register(StateChange)
-class StateChangeAdmin(admin.ModelAdmin):
+class StateChangeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("at", "actor_name", "action", "target_type", "target_id")
     list_filter = ("action", "target_type")
     readonly_fields = tuple(f.name for f in StateChange._meta.fields)
@@ -45,7 +47,7 @@ class StateChangeAdmin(admin.ModelAdmin):
         return False
 
 
-class NamespaceGrantInline(admin.TabularInline):
+class NamespaceGrantInline(admin.TabularInline):  # type: ignore[type-arg]
     model = NamespaceGrant
     fields = ("user", "granted_by", "granted_at")
     readonly_fields = ("granted_by", "granted_at")
@@ -53,7 +55,7 @@ class NamespaceGrantInline(admin.TabularInline):
 
 
 @admin.register(Namespace)
-class NamespaceAdmin(admin.ModelAdmin):
+class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Staff grant others the right to publish under a hardware/model (issue 17, item 7)."""
 
     list_display = ("hardware", "model", "owner", "created_at")

@@ -17,7 +17,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from registry.manifest import ManifestError, check_member_path
 
@@ -169,15 +169,15 @@ class _StrictTarInfo(tarfile.TarInfo):
     """
 
     @classmethod
-    def fromtarfile(cls, archive: tarfile.TarFile) -> tarfile.TarInfo:
+    def fromtarfile(cls, archive: tarfile.TarFile) -> _StrictTarInfo:
         try:
             return super().fromtarfile(archive)
-        except tarfile.EOFHeaderError:
+        except tarfile.EOFHeaderError:  # type: ignore[attr-defined]  # private, stable since 3.2
             archive.saw_end_marker = True  # type: ignore[attr-defined]
             raise
-        except tarfile.EmptyHeaderError:
+        except tarfile.EmptyHeaderError:  # type: ignore[attr-defined]
             raise  # the data ends at a block boundary: the end, with no marker
-        except (tarfile.InvalidHeaderError, tarfile.TruncatedHeaderError) as exc:
+        except (tarfile.InvalidHeaderError, tarfile.TruncatedHeaderError) as exc:  # type: ignore[attr-defined]
             raise ArchiveError(
                 f"a damaged tar header at byte {archive.offset} of the tar stream ({exc})"
             ) from None
@@ -203,9 +203,12 @@ def _unpack_tar_gz(source: Path, dest: Path, limits: ArchiveLimits) -> None:
     # Headers count against the cap too: BLOCK per entry plus PAX records.
     cap = limits.max_unpacked_bytes + (limits.max_entries + 4) * 2 * BLOCK + RECORD
     with gzip.open(source, "rb") as raw:
-        stream = io.BufferedReader(_CappedReader(raw, cap), buffer_size=1 << 16)
+        stream = io.BufferedReader(_CappedReader(cast("IO[bytes]", raw), cap), buffer_size=1 << 16)
         with tarfile.open(
-            fileobj=stream, mode="r|", tarinfo=_StrictTarInfo, encoding="utf-8",
+            fileobj=stream,
+            mode="r|",
+            tarinfo=_StrictTarInfo,
+            encoding="utf-8",
             errors="strict",
         ) as tar:
             for member in tar:

@@ -1,4 +1,6 @@
-"""Filters of the bundle list. Table filters (tp, dp, ep, backend) must hold for one table."""
+"""Filters of the bundle list. Table filters (tp, dp, ep, backend, kernel) must hold for one
+table. ``backend`` is the execution path (adapter: vllm-modular, vllm-live, torch-reference),
+``kernel`` the kernel backend vLLM resolved (TRITON, ...): two names, two filters."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from registry.models import Bundle, DeploymentTable
 
 __all__ = ["BundleFilterSet"]
 
-TABLE_FIELDS = ("tp", "dp", "ep", "rank", "sequence_parallel", "backend")
+TABLE_FIELDS = ("tp", "dp", "ep", "rank", "sequence_parallel", "backend", "kernel", "native")
 
 
 def _noop(queryset: QuerySet[Any], name: str, value: Any) -> QuerySet[Any]:
@@ -20,7 +22,9 @@ def _noop(queryset: QuerySet[Any], name: str, value: Any) -> QuerySet[Any]:
 
 
 class BundleFilterSet(django_filters.FilterSet):
-    q = django_filters.CharFilter(method="search", label="Search hardware, model, variant")
+    q = django_filters.CharFilter(
+        method="search", label="Search hardware, model, variant, backend, kernel"
+    )
     hardware = django_filters.CharFilter()
     model = django_filters.CharFilter()
     variant = django_filters.CharFilter()
@@ -33,7 +37,11 @@ class BundleFilterSet(django_filters.FilterSet):
     ep = django_filters.NumberFilter(method=_noop, label="A table with this EP degree")
     rank = django_filters.NumberFilter(method=_noop, label="A table for this EP rank")
     sequence_parallel = django_filters.BooleanFilter(method=_noop)
-    backend = django_filters.CharFilter(method=_noop, label="A table with this native backend")
+    backend = django_filters.CharFilter(
+        method=_noop, label="A table measured by this execution path (adapter)"
+    )
+    kernel = django_filters.CharFilter(method=_noop, label="A table with this kernel backend")
+    native = django_filters.BooleanFilter(method=_noop, label="A table run by vLLM's own kernels")
 
     class Meta:
         model = Bundle
@@ -43,8 +51,12 @@ class BundleFilterSet(django_filters.FilterSet):
         value = value.strip()
         if not value:
             return queryset
+        tables = DeploymentTable.objects.filter(bundle=OuterRef("pk")).filter(
+            Q(backend__icontains=value) | Q(kernel__icontains=value)
+        )
         return queryset.filter(
             Q(hardware__icontains=value) | Q(model__icontains=value) | Q(variant__icontains=value)
+            | Exists(tables)
         )
 
     def filter_queryset(self, queryset: QuerySet[Bundle]) -> QuerySet[Bundle]:

@@ -42,6 +42,11 @@ class Bundle(models.Model):
     # never change after publication, so the copy cannot go stale).
     targets = models.JSONField(default=list, help_text="brief tables, as the list shows them")
     vllm_version = models.CharField(max_length=64, blank=True)
+    exploratory = models.BooleanField(
+        default=False,
+        help_text="a table was measured with a B/2B tolerance above the method's 3 %; "
+        "name lookups skip it unless asked",
+    )
     measured_at = models.DateTimeField(null=True, blank=True)
     published_at = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=16, choices=BundleSource.choices)
@@ -77,9 +82,19 @@ class Bundle(models.Model):
         return f"{self.hardware} {self.model} {self.variant} ({self.sha256[:12]})"
 
     @property
+    def backends(self) -> list[str]:
+        """The execution paths (adapters) of its tables, in table order, each once."""
+        found = [str(t.get("backend") or "") for t in self.targets if isinstance(t, dict)]
+        return [b for b in dict.fromkeys(found) if b]
+
+    @property
     def archive_stem(self) -> str:
-        """A readable, filesystem-safe name for downloads: hardware_model_variant_sha12."""
-        parts = [self.hardware, self.model.replace("/", "--"), self.variant, self.sha256[:12]]
+        """A readable, filesystem-safe name for downloads:
+        hardware_model_variant_backend_sha12 (backends joined by ``+``; omitted if unknown)."""
+        parts = [self.hardware, self.model.replace("/", "--"), self.variant]
+        if self.backends:
+            parts.append("+".join(self.backends))
+        parts.append(self.sha256[:12])
         return "_".join(_UNSAFE_NAME.sub("-", part).strip("-") or "x" for part in parts)
 
     def get_manifest(self) -> Manifest:
@@ -108,7 +123,12 @@ class DeploymentTable(models.Model):
     coverage = models.JSONField()
     components = models.JSONField()
     modes = models.JSONField()
-    backend = models.CharField(max_length=128, blank=True)
+    # What executed the expert region (registry.services.describe.table_identity): the
+    # adapter, the kernel vLLM resolved, whether vLLM's own kernels ran, and vLLM's version.
+    backend = models.CharField(max_length=128, blank=True, help_text="execution path (adapter)")
+    kernel = models.CharField(max_length=128, blank=True, help_text="native kernel backend")
+    native = models.BooleanField(default=False, help_text="vLLM's own kernels ran")
+    vllm_version = models.CharField(max_length=64, blank=True)
     row_count = models.PositiveIntegerField()
     # Measured support: N over expert rows, A and M over positive-work expert rows, and the
     # local components' own row counts.
@@ -134,6 +154,11 @@ class DeploymentTable(models.Model):
             models.Index(fields=["dp"]),
             models.Index(fields=["ep"]),
             models.Index(fields=["backend"]),
+            models.Index(fields=["kernel"], name="registry_de_kernel_idx"),
+            # The lookup's choice of a bundle for a target (registry.lookup.services).
+            models.Index(
+                fields=["tp", "dp", "rank", "sequence_parallel"], name="registry_de_target_idx"
+            ),
         )
 
     def __str__(self) -> str:
@@ -142,7 +167,10 @@ class DeploymentTable(models.Model):
 
     def brief(self) -> dict[str, Any]:
         """The table as a bundle list shows it."""
-        return {"deployment": str(self), **self.target, "backend": self.backend}
+        return {
+            "deployment": str(self), **self.target, "backend": self.backend,
+            "kernel": self.kernel, "native": self.native, "vllm_version": self.vllm_version,
+        }
 
     @property
     def target(self) -> dict[str, Any]:
@@ -162,3 +190,13 @@ from registry.jobs.models import AcquisitionJob  # noqa: E402
 from registry.namespaces import Namespace, NamespaceGrant  # noqa: E402
 
 __all__ += ["AcquisitionJob", "Namespace", "NamespaceGrant", "StateChange"]
+
+# Coverage requests and worker presence (registry/coverage_models.py).
+from registry.coverage_models import CoverageRequest, WorkerPresence  # noqa: E402
+
+__all__ += ["CoverageRequest", "WorkerPresence"]
+
+# Routing profiles (registry/profile_models.py).
+from registry.profile_models import RoutingProfileRecord  # noqa: E402
+
+__all__ += ["RoutingProfileRecord"]

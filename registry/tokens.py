@@ -55,4 +55,4 @@ def _show_new_key_once(sender: Any, instance: Token, created: bool, **kwargs: An
 def issue_token(user: Any) -> str:
     """A new key for ``user`` (any previous one stops working); the only time it is shown."""
     Token.objects.filter(user=user).delete()
-    return Token.objects.create(user=user).key
+    return str(Token.objects.create(user=user).key)

@@ -11,6 +11,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 py=.venv/bin/python
 "$py" manage.py migrate --noinput
+# Static files into var/static with gzip and brotli copies; the server then serves those
+# (plotly.js compressed, vendored files cached for good: config/settings.py).
+"$py" manage.py collectstatic --noinput --verbosity 0
+export REGISTRY_COLLECTED_STATIC=1
 "$py" manage.py import_bundle bundles
 bind=${REGISTRY_BIND:-127.0.0.1:8000}
 

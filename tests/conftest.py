@@ -25,6 +25,14 @@ def pytest_configure(config: object) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that takes the real Redis broker is marked `redis` by its fixture, so
+    # ``-m "not redis"`` leaves out exactly those (they skip themselves where none answers).
+    for item in items:
+        if "redis_broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Iterator[None]:
     """Throttle and sign-in counters live in the cache: each test starts with none."""

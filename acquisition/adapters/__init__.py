@@ -19,8 +19,8 @@ from acquisition.adapters.base import (
     RuntimeInfo,
 )
 from acquisition.adapters.torch_reference import TorchReferenceBackend
-from acquisition.adapters.vllm_live import VllmLiveBackend
-from acquisition.adapters.vllm_modular import VllmModularBackend
+from acquisition.adapters.vllm_live_backend import VllmLiveBackend
+from acquisition.adapters.vllm_modular_backend import VllmModularBackend
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

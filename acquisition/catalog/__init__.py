@@ -172,7 +172,9 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
     config_path = folder / "config.json"
     config, raw = _read_json(config_path)
     # Multimodal checkpoints nest the language model's fields.
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text: dict[str, Any] = (
+        config["text_config"] if isinstance(config.get("text_config"), dict) else config
+    )
     declared: dict[str, Any] = {}
     if (folder / "catalog.json").is_file():
         declared, _ = _read_json(folder / "catalog.json")

@@ -40,7 +40,15 @@ __all__ = [
 
 
 class AttributionError(RuntimeError):
-    """The profile cannot be split into components without guessing."""
+    """The profile cannot be split into components without guessing.
+
+    ``ranges`` names the timed ranges involved, where known (a batch of points shares one
+    window, and the range names say which point failed).
+    """
+
+    def __init__(self, message: str, *, ranges: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.ranges = tuple(ranges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +117,7 @@ class _RangeIndex:
         by_thread: dict[int, list[TimedRange]] = defaultdict(list)
         for r in ranges:
             if r.end_ns < r.start_ns:
-                raise AttributionError(f"range {r.name} ends before it starts")
+                raise AttributionError(f"range {r.name} ends before it starts", ranges=[r.name])
             by_thread[r.thread].append(r)
         self._ranges: dict[int, list[TimedRange]] = {}
         self._starts: dict[int, list[int]] = {}
@@ -118,7 +126,8 @@ class _RangeIndex:
             for before, after in itertools.pairwise(items):
                 if after.start_ns < before.end_ns:
                     raise AttributionError(
-                        f"timed ranges {before.name} and {after.name} overlap on thread {thread}"
+                        f"timed ranges {before.name} and {after.name} overlap on thread {thread}",
+                        ranges=[before.name, after.name],
                     )
             self._ranges[thread] = items
             self._starts[thread] = [r.start_ns for r in items]
@@ -134,7 +143,9 @@ class _RangeIndex:
         if start_ns > candidate.end_ns:
             return None
         if end_ns > candidate.end_ns:
-            raise AttributionError(f"{what} starts inside {candidate.name} but ends after it")
+            raise AttributionError(
+                f"{what} starts inside {candidate.name} but ends after it", ranges=[candidate.name]
+            )
         return candidate
 
 
@@ -156,7 +167,8 @@ def _finish(
     if empty:
         raise AttributionError(
             f"{len(empty)} timed range(s) own no activity (first: {empty[0]}); "
-            "the component's work was not captured or ran outside its range"
+            "the component's work was not captured or ran outside its range",
+            ranges=empty,
         )
     attributed = sum(per_range.values())
     unowned = sum(unattributed)
@@ -199,7 +211,8 @@ def attribute_launches(window: ProfiledWindow) -> Attribution:
         if len(owners) > 1:
             raise AttributionError(
                 f"correlation id {activity.correlation} of {activity.name} is claimed by "
-                f"launch calls in different ranges"
+                f"launch calls in different ranges",
+                ranges=sorted(o.name for o in owners if o is not None),
             )
         owner = owners.pop() if owners else None
         if owner is None:

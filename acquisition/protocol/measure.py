@@ -11,9 +11,11 @@ point's routing stimulus (R19); local components are compared with their referen
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import (
     Attribution,
     AttributionError,
@@ -34,7 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContextResult",
+    "PointError",
+    "PointMeasurement",
     "PointMeter",
+    "PointRequest",
     "ProtocolSettings",
     "ReferenceMismatch",
     "context_order",
@@ -57,12 +62,18 @@ class ProtocolSettings:
     capacity_multiple: int = 2
     minimum_banks: int = 2
     attempts: int = 3
+    # Operational, like attempts: points sharing one profiler session, and the wall seconds
+    # after which a batch closes (its records are written when it closes).
+    batch_points: int = 8
+    batch_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.iterations < 1:
             raise ValueError("--moe-rounds and --measurement-iterations must be at least 1")
         if self.warmup_cycles < 0 or self.local_warmup < 0 or self.attempts < 1:
             raise ValueError("warmup counts must not be negative; attempts at least 1")
+        if self.batch_points < 1 or not self.batch_seconds > 0:
+            raise ValueError("a profiler batch holds at least one point and a positive time")
         if not 0 < self.tolerance < 1:
             raise ValueError(f"the quality tolerance must be in (0, 1), got {self.tolerance}")
 
@@ -98,6 +109,107 @@ def context_order(point: PlanPoint, rounds: int) -> list[tuple[str, int]]:
     return order
 
 
+@dataclass(frozen=True, slots=True)
+class PointRequest:
+    """The contexts of one point (and attempt) to measure; ``verify`` checks the reference."""
+
+    point: PlanPoint
+    attempt: int
+    contexts: tuple[tuple[str, int], ...]
+    verify: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PointMeasurement:
+    request: PointRequest
+    results: list[ContextResult]
+    checked: int
+
+
+class PointError(RuntimeError):
+    """A point of a batch failed (attribution or reference); ``cause`` says how."""
+
+    def __init__(self, request: PointRequest, cause: Exception) -> None:
+        super().__init__(f"{request.point.key}: {cause}")
+        self.request = request
+        self.cause = cause
+
+
+class _Forward:
+    """One timed forward of a point: a weight set of the arm's cycle, or the local component."""
+
+    def __init__(
+        self, session: ComponentSession, *, slots: list[tuple[int, Any]] | None = None,
+        local: Any = None,
+    ) -> None:  # fmt: skip
+        self.session = session
+        self.slots = slots
+        self.local = local
+
+    def __call__(self, arm: ArmSchedule, i: int) -> None:
+        if self.slots is None:
+            self.local.run()
+            return
+        bank, prepared = self.slots[arm.set_of(i)]
+        self.session.run_experts(prepared, bank)
+
+
+def _range_name(index: int, point: PlanPoint, arm: str, round_index: int, j: int) -> str:
+    # The batch position first (unique, and how a failure finds its point), then what a
+    # person reading a failure trace wants to see.
+    return f"{index}|{point.key}|{arm}.r{round_index}.f{j}"
+
+
+def _blamed(requests: Sequence[PointRequest], exc: AttributionError) -> PointRequest:
+    """The point a window-wide attribution failure names (the first of the batch if none)."""
+    for name in exc.ranges:
+        head = name.split("|", 1)[0]
+        if head.isdigit() and int(head) < len(requests):
+            return requests[int(head)]
+    return requests[0]
+
+
+def _context_results(
+    index: int,
+    request: PointRequest,
+    schedules: dict[str, ArmSchedule],
+    attribution: Attribution,
+) -> list[ContextResult]:
+    point = request.point
+    results = []
+    for arm_label, round_index in request.contexts:
+        arm = schedules[arm_label]
+        names = [_range_name(index, point, arm_label, round_index, j) for j in range(arm.timed)]
+        counts = {attribution.per_range_count[n] for n in names}
+        if len(counts) != 1:
+            # The forwards of a context run identical work; a forward with fewer
+            # activities lost some (or gained another's): never average over that.
+            raise AttributionError(
+                f"{point.key} {arm_label} round {round_index}: forwards own different "
+                f"activity counts {sorted(counts)}",
+                ranges=names,
+            )
+        times = tuple(attribution.range_us(n) for n in names)
+        results.append(ContextResult(arm_label, round_index, arm.sets, times))
+    return results
+
+
+def _equal_flag(left: Any, right: Any) -> Any:
+    """``torch.equal`` as a device boolean (no synchronisation); False for other shapes."""
+    if left.shape != right.shape or left.dtype != right.dtype or left.device != right.device:
+        return False
+    return (left == right).all()
+
+
+def _read_flags(flags: list[Any]) -> list[bool]:
+    """Device booleans read back with one synchronisation."""
+    import torch
+
+    tensors = [f for f in flags if not isinstance(f, bool)]
+    values = iter(torch.stack(tensors).tolist() if tensors else [])
+    return [f if isinstance(f, bool) else bool(next(values)) for f in flags]
+
+
 def _exactly_equal(left: Any, right: Any) -> bool:
     import torch
 
@@ -122,6 +234,7 @@ class PointMeter:
         expert_bytes: int | None = None,
         cache_bytes: int | None = None,
         banks: int | None = None,
+        clock: PhaseClock | None = None,
     ) -> None:
         """Give ``expert_bytes`` and ``cache_bytes`` to derive B per point (the acquisition),
         or a fixed ``banks`` = B for every point (tests driving a session directly)."""
@@ -135,6 +248,7 @@ class PointMeter:
         self.cache_bytes = cache_bytes or 0
         self.fixed_sets = banks
         self.device = device
+        self.clock = clock if clock is not None else PhaseClock()
         self.last_capture: ProfilerCapture | None = None
 
     def sets(self, point: PlanPoint) -> int:
@@ -188,19 +302,27 @@ class PointMeter:
         return slots
 
     def verify(self, point: PlanPoint, slots: list[tuple[int, Any]] | None = None) -> int:
-        """Compare every weight set (or the local component) with its reference; sets checked."""
+        """Compare every weight set (or the local component) with its reference; sets checked.
+
+        Expert sets are compared on the device in stream order (each comparison is queued
+        right after its two outputs, before the next set can reuse a workspace) and read back
+        with one synchronisation for the whole point, not one per set.
+        """
         if not point.is_expert:
             forward = self.session.local_forward(point.component, point.tokens)
             if not _exactly_equal(forward.run(), forward.reference()):
                 raise ReferenceMismatch(f"{point.key}: output differs from its eager reference")
             return 1
         slots = slots if slots is not None else self._expert_slots(point)
-        for index, (bank, prepared) in enumerate(slots):
+        flags: list[Any] = []
+        for bank, prepared in slots:
             output = self.session.run_experts(prepared, bank)
-            if not _exactly_equal(output, self.session.reference_experts(prepared)):
+            flags.append(_equal_flag(output, self.session.reference_experts(prepared)))
+        for index, equal in enumerate(_read_flags(flags)):
+            if not equal:
                 raise ReferenceMismatch(
-                    f"{point.key}: weight set {index} (bank {bank}) output differs from the "
-                    "cloned eager reference"
+                    f"{point.key}: weight set {index} (bank {slots[index][0]}) output differs "
+                    "from the cloned eager reference"
                 )
         self.session.synchronize()
         return len(slots)
@@ -208,54 +330,94 @@ class PointMeter:
     def measure(
         self, point: PlanPoint, contexts: Sequence[tuple[str, int]], *, verify: bool
     ) -> tuple[list[ContextResult], Attribution, int]:
-        """Time ``contexts`` of ``point``; returns results, the attribution and slots verified."""
-        if point.is_expert:
-            slots = self._expert_slots(point)
-            checked = self.verify(point, slots) if verify else 0
+        """Time ``contexts`` of ``point`` in a session of its own (a batch of one)."""
+        try:
+            (done,), attribution = self.measure_batch(
+                [PointRequest(point, 0, tuple(contexts), verify)]
+            )
+        except PointError as exc:
+            raise exc.cause from None
+        return list(done.results), attribution, done.checked
 
-            def forward(arm: ArmSchedule, i: int) -> None:
-                bank, prepared = slots[arm.set_of(i)]
-                self.session.run_experts(prepared, bank)
+    def measure_batch(
+        self, requests: Sequence[PointRequest], *, max_seconds: float | None = None
+    ) -> tuple[list[PointMeasurement], Attribution]:
+        """Time the contexts of several points inside one profiler session.
 
-        else:
-            local = self.session.local_forward(point.component, point.tokens)
-            checked = self.verify(point) if verify else 0
-
-            def forward(arm: ArmSchedule, i: int) -> None:
-                local.run()
-
-        schedules = self.arms(point)
-        self.session.synchronize()
-        capture = ProfilerCapture(self.device)
+        Starting and stopping kineto costs milliseconds per session and a point's own work
+        can be less, so consecutive points share a session; each forward still has its own
+        range, named after its point, so attribution is per forward as before. A point's
+        inputs are prepared and checked against the reference while collection is paused for
+        its first context's warmup, so the batch adds no pause of its own. With
+        ``max_seconds`` the batch stops after the point that crosses it (the checkpoint is
+        written per batch); the measurements returned are a prefix of ``requests``.
+        Failures raise ``PointError`` naming the point.
+        """
+        clock = self.clock
+        with clock.phase("profiler_start"):
+            self.session.synchronize()
+            capture = ProfilerCapture(self.device, clock)
         self.last_capture = capture
+        measured: list[tuple[PointRequest, dict[str, ArmSchedule], int]] = []
+        started = time.monotonic()
         with capture:
-            for arm_label, round_index in contexts:
-                arm = schedules[arm_label]
-                with capture.paused():
+            for index, request in enumerate(requests):
+                measured.append(self._run_contexts(capture, index, request))
+                if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                    break
+        window = capture.window()
+        with clock.phase("attribution"):
+            try:
+                attribution = (
+                    attribute_launches(window)
+                    if self.device == "cuda"
+                    else attribute_operators(window)
+                )
+            except AttributionError as exc:
+                raise PointError(_blamed(requests, exc), exc) from exc
+            results = []
+            for index, (request, schedules, checked) in enumerate(measured):
+                try:
+                    contexts = _context_results(index, request, schedules, attribution)
+                except AttributionError as exc:
+                    raise PointError(request, exc) from exc
+                results.append(PointMeasurement(request, contexts, checked))
+        return results, attribution
+
+    def _run_contexts(
+        self, capture: ProfilerCapture, index: int, request: PointRequest
+    ) -> tuple[PointRequest, dict[str, ArmSchedule], int]:
+        clock, point = self.clock, request.point
+        schedules = self.arms(point)
+        checked = 0
+        forward: Any = None
+        for position, (arm_label, round_index) in enumerate(request.contexts):
+            arm = schedules[arm_label]
+            with capture.paused():
+                if position == 0:
+                    with clock.phase("stimulus"):
+                        forward = self._forward(point)
+                    if request.verify:
+                        with clock.phase("reference_check"):
+                            try:
+                                checked = self.verify(point, forward.slots)
+                            except ReferenceMismatch as exc:
+                                raise PointError(request, exc) from exc
+                with clock.phase("warmup"):
                     for i in range(arm.warmup):
                         forward(arm, i)
+            with clock.phase("timed_forwards"):
                 for j in range(arm.timed):
-                    with capture.region(f"{arm_label}.r{round_index}.f{j}"):
+                    with capture.region(_range_name(index, point, arm_label, round_index, j)):
                         forward(arm, arm.warmup + j)
-        window = capture.window()
-        attribution = (
-            attribute_launches(window) if self.device == "cuda" else attribute_operators(window)
+        return request, schedules, checked
+
+    def _forward(self, point: PlanPoint) -> _Forward:
+        if point.is_expert:
+            return _Forward(self.session, slots=self._expert_slots(point))
+        return _Forward(
+            self.session, local=self.session.local_forward(point.component, point.tokens)
         )
-        results = []
-        for arm_label, round_index in contexts:
-            arm = schedules[arm_label]
-            names = [f"{arm_label}.r{round_index}.f{j}" for j in range(arm.timed)]
-            counts = {attribution.per_range_count[n] for n in names}
-            if len(counts) != 1:
-                # The forwards of a context run identical work; a forward with fewer
-                # activities lost some (or gained another's): never average over that.
-                raise AttributionError(
-                    f"{point.key} {arm_label} round {round_index}: forwards own different "
-                    f"activity counts {sorted(counts)}"
-                )
-            times = tuple(attribution.range_us(n) for n in names)
-            results.append(ContextResult(arm_label, round_index, arm.sets, times))
-        return results, attribution, checked
 
     def export_trace(self, path: Path) -> Path | None:
         """The last capture as a Chrome trace, for a failed attribution (R37)."""

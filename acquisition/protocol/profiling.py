@@ -10,10 +10,12 @@ has it, and otherwise from the event's device and name (torch 2.11 lacks the met
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import DeviceActivity, HostCall, ProfiledWindow, TimedRange
 
 if TYPE_CHECKING:
@@ -35,11 +37,19 @@ class ProfilerCapture:
     toggle collection; that halves the events to read without a profiler restart per context.
     """
 
-    def __init__(self, device: str) -> None:
+    def __init__(
+        self, device: str, clock: PhaseClock | None = None, *, ranges_only: bool | None = None
+    ) -> None:
+        """``ranges_only``: record only ``record_function`` ranges among host events (no
+        operators); default: on CUDA where ``host_ranges_only_works`` says this torch can."""
         import torch
 
         self._torch = torch
         self.device = device
+        self.clock = clock if clock is not None else PhaseClock()
+        if ranges_only is None:
+            ranges_only = device == "cuda" and host_ranges_only_works()
+        self.ranges_only = ranges_only
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -50,8 +60,12 @@ class ProfilerCapture:
         self.can_pause = hasattr(self._profile, "toggle_collection_dynamic")
 
     def __enter__(self) -> ProfilerCapture:
-        with _quiet_native_stderr():
-            self._profile.__enter__()
+        with self.clock.phase("profiler_start"), _quiet_native_stderr():
+            if self.ranges_only:
+                with _user_scopes_only(self._torch):
+                    self._profile.__enter__()  # type: ignore[no-untyped-call]
+            else:
+                self._profile.__enter__()  # type: ignore[no-untyped-call]
         return self
 
     def __exit__(
@@ -60,9 +74,10 @@ class ProfilerCapture:
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._drain()
-        with _quiet_native_stderr():
-            self._profile.__exit__(kind, value, traceback)
+        with self.clock.phase("profiler_stop"):
+            self._drain()
+            with _quiet_native_stderr():
+                self._profile.__exit__(kind, value, traceback)  # type: ignore[no-untyped-call]
 
     def _drain(self) -> None:
         if self.device == "cuda":
@@ -75,15 +90,17 @@ class ProfilerCapture:
         if not self.can_pause:
             yield
             return
-        self._drain()
-        with _quiet_native_stderr():
-            self._profile.toggle_collection_dynamic(False, self._activities)
+        with self.clock.phase("profiler_toggle"):
+            self._drain()
+            with _quiet_native_stderr():
+                self._profile.toggle_collection_dynamic(False, self._activities)
         try:
             yield
         finally:
-            self._drain()
-            with _quiet_native_stderr():
-                self._profile.toggle_collection_dynamic(True, self._activities)
+            with self.clock.phase("profiler_toggle"):
+                self._drain()
+                with _quiet_native_stderr():
+                    self._profile.toggle_collection_dynamic(True, self._activities)
 
     @contextlib.contextmanager
     def region(self, name: str) -> Iterator[None]:
@@ -95,12 +112,77 @@ class ProfilerCapture:
 
     def window(self) -> ProfiledWindow:
         """Ranges, launches and device activities (CUDA), or ranges and operators (CPU)."""
-        results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
-        window = ProfiledWindow()
-        cuda = self.device == "cuda"
-        for event in results.events():
-            _classify(event, window, cuda=cuda)
-        return window
+        with self.clock.phase("trace_collection"):
+            results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
+            window = ProfiledWindow()
+            cuda = self.device == "cuda"
+            for event in results.events():  # type: ignore[union-attr]
+                _classify(event, window, cuda=cuda)
+            return window
+
+
+@contextlib.contextmanager
+def _user_scopes_only(torch: Any) -> Iterator[None]:
+    """Start the profiler with its host callbacks limited to ``record_function`` ranges.
+
+    On CUDA, attribution reads the timed ranges, the CUDA runtime and driver calls (which
+    CUPTI reports, not the operator callbacks) and the device activities: operator events are
+    never read, yet recording them costs every aten call of every forward. torch's profiler
+    takes the callback scopes as an argument of its private ``_enable_profiler``, which the
+    public class does not pass; it is supplied here for the start call only, and
+    ``host_ranges_only_works`` checks once per process that the result is what attribution
+    needs (otherwise every operator is recorded, as before).
+    """
+    module = torch.autograd.profiler
+    original = module._enable_profiler
+    scopes = {torch._C._profiler.RecordScope.USER_SCOPE}
+
+    def enable(config: Any, activities: Any, *_: Any) -> Any:
+        return original(config, activities, scopes)
+
+    module._enable_profiler = enable
+    try:
+        yield
+    finally:
+        module._enable_profiler = original
+
+
+@functools.cache
+def host_ranges_only_works() -> bool:
+    """Whether a ranges-only CUDA session still yields ranges, launches and kernels that
+    attribute exactly (checked once per process on a tiny probe), and drops operators."""
+    import torch
+
+    from acquisition.protocol.attribution import AttributionError, attribute_launches
+
+    if not torch.cuda.is_available():
+        return False
+    try:
+        x = torch.ones(64, 64, device="cuda")
+        torch.cuda.synchronize()
+        capture = ProfilerCapture("cuda", ranges_only=True)
+        with capture:
+            for i in range(2):
+                with capture.region(f"probe.f{i}"):
+                    torch.mm(x, x)
+        window = capture.window()
+        attribution = attribute_launches(window)
+        operators = len(
+            [
+                event
+                for event in capture._profile.profiler.kineto_results.events()  # type: ignore[union-attr]
+                if str(event.device_type()).endswith("CPU")
+                and not event.is_user_annotation()
+                and (_kind(event) in _OPERATOR_KINDS or event.name().startswith("aten::"))
+            ]
+        )
+    except (AttributionError, RuntimeError, TypeError, AttributeError):
+        return False
+    return (
+        operators == 0
+        and sorted(r.name for r in window.ranges) == ["probe.f0", "probe.f1"]
+        and all(count >= 1 for count in attribution.per_range_count.values())
+    )
 
 
 @contextlib.contextmanager

@@ -15,6 +15,12 @@ from moetables.bundle.model import (
     ComponentTable,
     TableEntry,
 )
+from moetables.bundle.quality import (
+    ConservationRow,
+    QualityEvidence,
+    StabilityRow,
+    load_quality,
+)
 from moetables.bundle.reader import ValidationReport, open_bundle, validate_bundle
 from moetables.bundle.table import load_table
 from moetables.bundle.writer import Row, TableSpec, format_table, write_bundle
@@ -29,12 +35,16 @@ __all__ = [
     "MODES",
     "Bundle",
     "ComponentTable",
+    "ConservationRow",
+    "QualityEvidence",
     "Row",
+    "StabilityRow",
     "TableEntry",
     "TableSpec",
     "ValidationReport",
     "contract_id",
     "format_table",
+    "load_quality",
     "load_table",
     "open_bundle",
     "validate_bundle",

@@ -18,16 +18,16 @@ from moetables.bundle.paths import resolve_inside
 from moetables.errors import BundleError
 from moetables.geometry import MoeTarget
 
-__all__ = ["read_historical_entries"]
+__all__ = ["HISTORICAL_CONDITIONING_SCHEMA", "HISTORICAL_METHOD", "read_historical_entries"]
 
 # The method contract a historical table must carry to still be readable (R38).
-_METHOD = {
+HISTORICAL_METHOD = {
     "eager_attribution": "native_eager_launch_correlation_v1",
     "graph_attribution": "native_graph_launch_correlation_v1",
     "graph_memory_pool": "independent_per_variant",
     "graph_output_reference": "independent_pre_capture_clone",
 }
-_CONDITIONING_SCHEMA = "rotated-weight-cycles-v2"
+HISTORICAL_CONDITIONING_SCHEMA = "rotated-weight-cycles-v2"
 
 
 def _load_json(path: Path, name: str) -> Any:
@@ -112,16 +112,16 @@ def _read_entry(root: Path, tp: int, base: str, raw: Any, *, where: str) -> Tabl
             )
 
     geometry, components, modes = entry_geometry(contract, target, where=contract_name)
-    for key, value in _METHOD.items():
+    for key, value in HISTORICAL_METHOD.items():
         if contract.get(key) != value:
             raise BundleError(
                 f"{contract_name}:{key}",
                 f"must be {value!r} (the method contract this reader supports), got {contract.get(key)!r}",
             )
     conditioning = require(contract, "expert_conditioning", dict, where=contract_name)
-    if conditioning.get("schema") != _CONDITIONING_SCHEMA:
+    if conditioning.get("schema") != HISTORICAL_CONDITIONING_SCHEMA:
         raise BundleError(
-            f"{contract_name}:expert_conditioning.schema", f"must be {_CONDITIONING_SCHEMA!r}"
+            f"{contract_name}:expert_conditioning.schema", f"must be {HISTORICAL_CONDITIONING_SCHEMA!r}"
         )
 
     if require(coverage, "complete", bool, where=coverage_name) is not True:

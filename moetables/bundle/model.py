@@ -4,19 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from moetables.geometry import ExpertGeometry, MoeTarget
 
+if TYPE_CHECKING:
+    from moetables.bundle.quality import QualityRefs
+
 __all__ = [
     "COLUMNS",
+    "CONTRACT_SCHEMAS",
+    "CURRENT_FORMAT_VERSION",
+    "CURRENT_FORMAT_VERSIONS",
     "CURRENT_SCHEMA",
     "EXPERTS",
     "HISTORICAL_SCHEMA",
     "LOCAL_COMPONENTS",
+    "METHOD_TOLERANCE",
     "MODES",
     "Bundle",
     "ComponentTable",
@@ -25,6 +32,14 @@ __all__ = [
 ]
 
 CURRENT_SCHEMA = "moe-components"
+# Format versions of the current layout this reader knows: 2 adds quality evidence files.
+CURRENT_FORMAT_VERSIONS = (1, 2)
+CURRENT_FORMAT_VERSION = 2
+# Method/schema versions of current contracts this reader knows (R30: a semantic method
+# change gets a new name, and an unknown one is refused rather than read as this one).
+CONTRACT_SCHEMAS = ("moe-components-contract-v1",)
+# The method's B/2B tolerance; a contract allowing more is exploratory.
+METHOD_TOLERANCE = 0.03
 HISTORICAL_SCHEMA = "moe-components-v1"
 COLUMNS = ("component", "mode", "tokens", "activated_experts", "local_assignments", "time_us")
 EXPERTS = "experts"
@@ -56,6 +71,23 @@ class TableEntry:
     modes: tuple[str, ...]
     geometry: ExpertGeometry
     contract_id: str | None = None
+    format_version: int = 1
+    quality: QualityRefs | None = None
+
+    @property
+    def tolerance(self) -> float:
+        conditioning = self.contract.get("expert_conditioning")
+        raw = (
+            conditioning.get("quality_relative_tolerance")
+            if isinstance(conditioning, dict)
+            else None
+        )
+        return float(raw) if isinstance(raw, int | float) else METHOD_TOLERANCE
+
+    @property
+    def exploratory(self) -> bool:
+        """Measured with a looser B/2B tolerance than the method's 3 %: not for name lookups."""
+        return self.contract.get("quality") == "exploratory" or self.tolerance > METHOD_TOLERANCE
 
     @property
     def where(self) -> str:
@@ -78,7 +110,8 @@ class ComponentTable:
         return int(self.tokens.shape[0])
 
     def select(self, component: str, mode: str) -> npt.NDArray[np.bool_]:
-        return (self.component == component) & (self.mode == mode)
+        chosen: npt.NDArray[np.bool_] = (self.component == component) & (self.mode == mode)
+        return chosen
 
 
 @dataclass(slots=True)

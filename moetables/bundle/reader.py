@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from moetables.bundle.current import read_current_entries
 from moetables.bundle.historical import read_historical_entries
 from moetables.bundle.model import HISTORICAL_SCHEMA, Bundle, ComponentTable, TableEntry
+from moetables.bundle.quality import QualityEvidence, load_quality
 from moetables.bundle.safeyaml import load_bounded_yaml
 from moetables.bundle.table import load_table
 from moetables.errors import BundleError
@@ -123,7 +124,7 @@ def open_bundle(path: str | Path) -> Bundle:
             )
         seen[entry.target.key] = entry
     missing = sorted(f for f in _referenced_files(meta) if not (root / f).is_file())
-    layout = "historical" if all(e.layout == "historical" for e in entries) else "current"
+    layout: Literal["current", "historical"] = "historical" if all(e.layout == "historical" for e in entries) else "current"
     return Bundle(
         root=root, layout=layout, meta=meta, entries=tuple(entries), missing_files=tuple(missing)
     )
@@ -136,6 +137,7 @@ class ValidationReport:
     root: Path
     bundle: Bundle | None = None
     tables: dict[str, ComponentTable] = field(default_factory=dict)
+    quality: dict[str, QualityEvidence] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -154,7 +156,9 @@ def validate_bundle(path: str | Path) -> ValidationReport:
     report.bundle = bundle
     for entry in bundle.entries:
         try:
-            report.tables[entry.table_path] = load_table(bundle.root, entry)
+            table = load_table(bundle.root, entry)
+            report.tables[entry.table_path] = table
+            report.quality[entry.table_path] = load_quality(bundle.root, entry, table)
         except BundleError as exc:
             report.problems.append(str(exc))
     return report

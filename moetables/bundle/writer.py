@@ -21,7 +21,16 @@ from typing import Any
 
 import yaml
 
-from moetables.bundle.model import COLUMNS, COMPONENTS, CURRENT_SCHEMA
+from moetables.bundle.model import COLUMNS, COMPONENTS, CURRENT_FORMAT_VERSION, CURRENT_SCHEMA
+from moetables.bundle.quality import (
+    CONSERVATION_FILE,
+    STABILITY_FILE,
+    ConservationRow,
+    StabilityRow,
+    format_conservation,
+    format_stability,
+    load_quality,
+)
 from moetables.bundle.reader import META, open_bundle, read_meta
 from moetables.bundle.table import load_table
 from moetables.errors import BundleError
@@ -36,13 +45,18 @@ Row = tuple[str, str, int, int, int, float]
 class TableSpec:
     """One deployment rank's measured rows with the contract and coverage that describe them.
 
-    ``coverage`` is completed by the writer with ``table_sha256``.
+    ``coverage`` is completed by the writer with ``table_sha256``. With ``stability`` the
+    entry carries quality evidence (format 2): the stability controls and either the traced
+    forwards' ``conservation`` rows or ``conservation_absent``, the reason there are none.
     """
 
     target: MoeTarget
     contract: Mapping[str, Any]
     coverage: Mapping[str, Any]
     rows: Sequence[Row]
+    stability: Sequence[StabilityRow] | None = None
+    conservation: Sequence[ConservationRow] | None = None
+    conservation_absent: str | None = None
 
     @property
     def table(self) -> str:
@@ -135,6 +149,8 @@ def write_bundle(
                     "contract": copy.deepcopy(dict(spec.contract)),
                     "coverage": coverage,
                 }
+                if spec.stability is not None:
+                    entry["quality"] = _write_quality(stage, spec)
                 owner = per_tp.setdefault(spec.target.tp, {}).setdefault(
                     "moe_components", {"schema": CURRENT_SCHEMA, "entries": []}
                 )
@@ -144,17 +160,65 @@ def write_bundle(
                     if MoeTarget.from_dict(e["target"]).key != spec.target.key
                 ] + [entry]
                 owner["entries"].sort(key=lambda e: MoeTarget.from_dict(e["target"]).key)
+            for tp, record in per_tp.items():
+                owner = record.get("moe_components") if isinstance(record, dict) else None
+                if isinstance(owner, dict) and owner.get("entries"):
+                    owner.update(_format_of(tp, owner))
             meta["tp_degrees"] = sorted(per_tp)
             meta["per_tp"] = {tp: per_tp[tp] for tp in sorted(per_tp)}
             _write_fresh(stage / META, _dump_yaml(meta))
             bundle = open_bundle(stage)
-            for entry in bundle.entries:
-                load_table(stage, entry)
+            for written in bundle.entries:
+                load_quality(stage, written, load_table(stage, written))
             _swap_in(stage, dest)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
             raise
     return dest
+
+
+def _write_quality(stage: Path, spec: TableSpec) -> dict[str, Any]:
+    """Write the stability and conservation files beside the table; return their refs."""
+    assert spec.stability is not None
+    folder = spec.table.rsplit("/", 1)[0]
+    refs: dict[str, Any] = {}
+    data = format_stability(spec.stability)
+    _write_fresh(stage / f"tp{spec.target.tp}" / folder / STABILITY_FILE, data)
+    refs["stability"] = {
+        "file": f"{folder}/{STABILITY_FILE}",
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if spec.conservation:
+        data = format_conservation(spec.conservation)
+        _write_fresh(stage / f"tp{spec.target.tp}" / folder / CONSERVATION_FILE, data)
+        refs["conservation"] = {
+            "file": f"{folder}/{CONSERVATION_FILE}",
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    else:
+        if not spec.conservation_absent:
+            raise ValueError("a table with quality evidence needs conservation rows or a reason")
+        refs["conservation"] = {"absent": spec.conservation_absent}
+    return refs
+
+
+def _format_of(tp: int, owner: dict[str, Any]) -> dict[str, Any]:
+    """Format 2 when every entry of the TP carries quality evidence, else format 1."""
+    with_quality = [e for e in owner["entries"] if "quality" in e]
+    if not with_quality:
+        owner.pop("format_version", None)
+        return {}
+    if len(with_quality) != len(owner["entries"]):
+        raise BundleError(
+            f"meta.yaml:per_tp.{tp}.moe_components",
+            "mixes entries with and without quality evidence; re-publish the older targets "
+            "with their evidence or write into another root",
+        )
+    # schema first, then the version, then the entries: the order a reader expects.
+    entries = owner.pop("entries")
+    owner["format_version"] = CURRENT_FORMAT_VERSION
+    owner["entries"] = entries
+    return {}
 
 
 def _write_fresh(path: Path, data: bytes) -> None:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from moetables.lookup.codes import CODE_NAMES, INVALID, OK, OUT_OF_SUPPORT
-from moetables.lookup.surface import ExpertSurface
-from moetables.lookup.tables import (
-    BatchResult,
-    ComponentTables,
-    DeploymentTables,
+from moetables.lookup.queries import (
+    LookupRequest,
     Query,
+    RequestError,
     parse_query,
+    parse_request,
 )
+from moetables.lookup.surface import ExpertSurface
+from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables
 
 __all__ = [
     "CODE_NAMES",
@@ -21,6 +22,9 @@ __all__ = [
     "ComponentTables",
     "DeploymentTables",
     "ExpertSurface",
+    "LookupRequest",
     "Query",
+    "RequestError",
     "parse_query",
+    "parse_request",
 ]

@@ -94,7 +94,8 @@ class BalancedExpertSurface:
         if not g.feasible(tokens, active, pairs):
             low, high = g.assignment_bounds(tokens, active)
             raise QueryError(
-                f"{self.label}: N={tokens} A={active} M={pairs} is infeasible "
+                f"{self.label}: N={tokens} A={active} M={pairs} is infeasible: "
+                f"{g.infeasibility(tokens, active, pairs)} "
                 f"(need 1 <= A <= {g.local_experts} and {low} <= M <= {high})"
             )
         balanced = g.balanced_total(tokens)

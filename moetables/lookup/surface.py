@@ -1,15 +1,16 @@
 """Current expert tables: an affine triangulation of the measured N/A/M points (R40).
 
-Built once per deployment. Positive-work points are triangulated in log coordinates after
-removing dependent dimensions (EP1's M = N*k leaves a plane); the all-remote points (A=M=0) lie
-off that surface and form their own curve over N. A query returns the stored time at a measured
-point, a convex combination of at most four measured vertices inside the hull, and an error
-outside it: no nearest neighbour, fit or extrapolation.
+Built once per deployment. Positive-work points are triangulated after removing dependent
+dimensions (EP1's M = N*k leaves a plane), in raw coordinates by default; the all-remote points
+(A=M=0) lie off that surface and form their own curve over N. A query returns the stored time at
+a measured point, a convex combination of at most four measured vertices inside the hull, and an
+error outside it: no nearest neighbour, fit or extrapolation.
 
-Why log coordinates: the feasible region's bounds are products (M <= N*A, M <= N*k, M >= A),
-which are planes in log space and curved in raw space, so log simplices follow the region's
-faces; and measured grids are geometric, so log spacing gives well-shaped simplices. The
-leave-one-out errors of both choices are in docs/benchmarks.md.
+Why raw coordinates: chosen by leave-one-out error on every real table (docs/benchmarks.md,
+"Triangulation coordinates"): expert time is close to piecewise linear in the rows and the
+weights it reads, which raw barycentric weights reproduce and log ones bend.
+``coordinates="log"`` keeps the other choice (the feasible region's product bounds are planes
+in log space, and geometric grids give even log spacing), for tables where it does better.
 """
 
 from __future__ import annotations
@@ -387,7 +388,8 @@ class ExpertSurface:
         ):
             low, high = g.assignment_bounds(tokens, active) if tokens >= 1 else (0, 0)
             raise QueryError(
-                f"{self.label}: N={tokens} A={active} M={pairs} is infeasible "
+                f"{self.label}: N={tokens} A={active} M={pairs} is infeasible: "
+                f"{g.infeasibility(tokens, active, pairs)} "
                 f"(need 1 <= A <= {g.local_experts} and {low} <= M <= {high})"
             )
         exact = self._exact.get((tokens, active, pairs))

@@ -3,8 +3,9 @@ call into `registry.jobs.services`; the worker does the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.http import FileResponse, Http404
 from django.urls import reverse
@@ -23,7 +24,7 @@ from rest_framework.response import Response
 
 from registry.api.throttles import JobThrottle
 from registry.jobs.models import AcquisitionJob
-from registry.jobs.parameters import JobParameterError
+from registry.jobs.parameters import JobParameterError, JobParametersSerializer
 from registry.jobs.services import BrokerUnavailable, JobStateError
 from registry.permissions import NotAllowed, can_view_job_details
 from registry.services.authorized import cancel_job_as, queue_job_as, retry_job_as
@@ -35,39 +36,18 @@ if TYPE_CHECKING:
 __all__ = ["AcquisitionJobSerializer", "JobParametersSerializer", "JobViewSet"]
 
 
-class JobParametersSerializer(serializers.Serializer[Any]):
-    """The request body: `docs/jobs.md` lists every parameter; checked by the CLI's own code."""
-
-    command = serializers.ChoiceField(choices=["slice", "profile"], default="slice")
-    model = serializers.CharField(help_text="catalog id, e.g. Qwen/Qwen3-30B-A3B-Instruct-2507")
-    hardware = serializers.CharField(help_text="hardware label; the queue is gpu.<hardware>")
-    tp = serializers.ListField(child=serializers.IntegerField(), required=False)
-    tp_refresh = serializers.ListField(
-        child=serializers.IntegerField(), required=False, allow_null=True
-    )
-    dp = serializers.ListField(child=serializers.IntegerField(), required=False)
-    ep = serializers.ListField(child=serializers.IntegerField(), required=False, allow_null=True)
-    max_num_batched_tokens = serializers.IntegerField(required=False)
-    max_num_seqs = serializers.IntegerField(required=False)
-    rounds = serializers.IntegerField(required=False)
-    iterations = serializers.IntegerField(required=False)
-    grid_factor = serializers.FloatField(required=False)
-    backend = serializers.CharField(required=False)
-    device = serializers.ChoiceField(choices=["cuda", "cpu"], required=False)
-    dtype = serializers.CharField(required=False)
-    cudagraph_mode = serializers.CharField(required=False)
-    warmup_cycles = serializers.IntegerField(required=False)
-    quality_tolerance = serializers.FloatField(required=False)
-    cache_bytes = serializers.IntegerField(required=False, allow_null=True)
-
-
 class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
     result_bundle = serializers.SerializerMethodField()
     progress = serializers.FloatField(source="progress_fraction", read_only=True, allow_null=True)
     command_line = serializers.SerializerMethodField()
     work_dir = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
+    waiting_for_worker = serializers.SerializerMethodField(
+        help_text="for a queued job whose queue has no online worker: says so, else null"
+    )
 
     class Meta:
         model = AcquisitionJob
@@ -96,6 +76,7 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
             "work_dir",
             "artifacts",
             "command_line",
+            "waiting_for_worker",
         )
         read_only_fields = fields
 
@@ -121,6 +102,12 @@ class AcquisitionJobSerializer(serializers.ModelSerializer[AcquisitionJob]):
         if self._details_shown(job) or not job.work_dir:
             return shown
         return shown.replace(job.work_dir, "<work_dir>")
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_waiting_for_worker(self, job: AcquisitionJob) -> str | None:
+        from registry.services.requests import waiting_for_worker
+
+        return waiting_for_worker(job)
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_url(self, job: AcquisitionJob) -> str:
@@ -180,11 +167,11 @@ class JobViewSet(
     )
     def create(self, request: Request) -> Response:
         # The service checks every field (and refuses unknown ones) the way the CLI does; the
-        # serializer above only documents the body.
+        # serializer (derived from acquisition.options like the check) documents the body.
         data = request.data
         params = data.dict() if hasattr(data, "dict") else data
         try:
-            job = queue_job_as(request.user, params)
+            job = queue_job_as(request.user, cast("Mapping[str, Any]", params))
         except NotAllowed as exc:
             raise PermissionDenied(str(exc)) from None
         except JobParameterError as exc:

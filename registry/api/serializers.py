@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -27,7 +28,7 @@ __all__ = [
 
 
 class TargetSerializer(serializers.Serializer[Any]):
-    """A deployment rank (documentation: lookups check targets in parse_lookup_request)."""
+    """A deployment rank (documentation: moetables.lookup.queries checks lookup targets)."""
 
     tp = serializers.IntegerField(min_value=1)
     dp = serializers.IntegerField(min_value=1)
@@ -48,7 +49,10 @@ class DeploymentTableBriefSerializer(serializers.ModelSerializer[DeploymentTable
 
     class Meta:
         model = DeploymentTable
-        fields = ("deployment", "tp", "dp", "ep", "rank", "sequence_parallel", "backend")
+        fields = (
+            "deployment", "tp", "dp", "ep", "rank", "sequence_parallel", "backend", "kernel",
+            "native", "vllm_version",
+        )
 
     def get_deployment(self, table: DeploymentTable) -> str:
         return str(table)
@@ -63,7 +67,7 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
         model = DeploymentTable
         fields = (
             "target", "table_path", "url", "table_sha256", "components", "modes", "backend",
-            "row_count", "support", "contract_id", "contract", "coverage",
+            "kernel", "native", "vllm_version", "row_count", "support", "contract_id", "contract", "coverage",
         )
 
     @extend_schema_field(TargetSerializer)
@@ -84,12 +88,12 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
         return _file_url(self.context, table.bundle_id, table.table_path)
 
 
-def _absolute(context: dict[str, Any], path: str) -> str:
+def _absolute(context: Mapping[str, Any], path: str) -> str:
     request = context.get("request")
     return request.build_absolute_uri(path) if request is not None else path
 
 
-def _file_url(context: dict[str, Any], bundle_id: int, path: str) -> str:
+def _file_url(context: Mapping[str, Any], bundle_id: int, path: str) -> str:
     url = reverse("registry-api:bundle-files", kwargs={"pk": bundle_id, "path": "-"})
     return _absolute(context, url.removesuffix("-") + quote(path))
 
@@ -101,10 +105,10 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
     class Meta:
         model = Bundle
-        fields = (
+        fields: tuple[str, ...] = (
             "id", "url", "sha256", "hardware", "model", "variant", "layout", "vllm_version",
             "size", "file_count", "measured_at", "published_at", "source", "download_url",
-            "tables",
+            "tables", "exploratory",
         )
 
     def get_download_url(self, bundle: Bundle) -> str:
@@ -114,7 +118,7 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
 SUMMARY_FIELDS = (
     "id", "sha256", "hardware", "model", "variant", "layout", "vllm_version", "size",
-    "file_count", "measured_at", "published_at", "source", "targets",
+    "file_count", "measured_at", "published_at", "source", "targets", "exploratory",
 )
 
 
@@ -151,6 +155,7 @@ def bundle_summaries(rows: list[dict[str, Any]], request: Any) -> list[dict[str,
             "source": row["source"],
             "download_url": f"{prefix}{row['id']}/download",
             "tables": row["targets"],
+            "exploratory": row["exploratory"],
         }
         for row in rows
     ]
@@ -166,7 +171,7 @@ class FileSerializer(serializers.Serializer[Any]):
 class BundleDetailSerializer(BundleSerializer):
     tables = DeploymentTableSerializer(many=True, read_only=True)  # type: ignore[assignment]
     files = serializers.SerializerMethodField()
-    published_by = serializers.SlugRelatedField(
+    published_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True
     )
 
@@ -215,20 +220,32 @@ class QuerySerializer(serializers.Serializer[Any]):
 
 
 class LookupRequestSerializer(serializers.Serializer[Any]):
-    """Which bundle (id, sha256, or the latest of hardware + model + variant) and target.
+    """Which bundle (id or sha256, or the best of hardware + model + variant for the target:
+    covering it, vLLM's own kernels before reference ones, newest vLLM, newest measurement),
+    optional pins, the target and the queries. Unknown keys are refused (400).
 
-    Documentation only: `registry.services.lookup.parse_lookup_request` checks requests, and
+    Documentation only: `moetables.lookup.queries.parse_request` checks requests, and
     each query is checked by moetables, so a bad query gets its own ``invalid`` answer
     instead of failing the batch.
     """
 
-    bundle = serializers.IntegerField(required=False, min_value=1)
+    bundle = serializers.CharField(required=False, help_text="a bundle id or sha256")
     sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False)
     hardware = serializers.CharField(required=False, max_length=128)
     model = serializers.CharField(required=False, max_length=256)
     variant = serializers.CharField(required=False, max_length=128)
+    backend = serializers.CharField(
+        required=False, help_text="pin: execution path (vllm-modular, ...) or kernel (TRITON)"
+    )
+    vllm_version = serializers.CharField(required=False, help_text="pin: e.g. 0.26.0")
     target = TargetSerializer()
     queries = QuerySerializer(many=True, required=False)
+    include_exploratory = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="a lookup by hardware + model + variant skips exploratory bundles (B/2B "
+        "tolerance above 3 %) unless this is true",
+    )
 
 
 class AnswerSerializer(serializers.Serializer[Any]):
@@ -238,8 +255,14 @@ class AnswerSerializer(serializers.Serializer[Any]):
 
 
 class BundleRefSerializer(serializers.Serializer[Any]):
+    """The bundle and table that answered (also in the X-Bundle-* response headers)."""
+
     id = serializers.IntegerField()
     sha256 = serializers.CharField()
+    backend = serializers.CharField(help_text="execution path (adapter)")
+    kernel = serializers.CharField(help_text="native kernel backend")
+    native = serializers.BooleanField(help_text="vLLM's own kernels ran")
+    vllm_version = serializers.CharField()
 
 
 class LookupResponseSerializer(serializers.Serializer[Any]):

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 from django.urls import re_path
 
+from registry.api.estimate import estimate
 from registry.api.jobs import JobViewSet
-from registry.api.views import ApiRootView, BundleViewSet, lookup
+from registry.api.profiles import RoutingProfileViewSet
+from registry.api.quality import (
+    ConservationView,
+    CoverageRequestsView,
+    CoverageView,
+    StabilityView,
+)
+from registry.api.views import ApiRootView, BundleViewSet, LookupDocumentation
+from registry.lookup.http import lookup
 
 app_name = "registry-api"
+
+# The schema generator (drf-spectacular) documents the lookup's URL through the view it names.
+lookup.cls = LookupDocumentation  # type: ignore[attr-defined]
+lookup.initkwargs = {}  # type: ignore[attr-defined]
 
 urlpatterns = [
     re_path(r"^$", ApiRootView.as_view(), name="api-root"),
@@ -28,11 +41,38 @@ urlpatterns = [
         name="bundle-download",
     ),
     re_path(
+        r"^bundles/(?P<pk>[0-9]+)/export/(?P<fmt>[a-z]+)/?$",
+        BundleViewSet.as_view({"get": "export"}),
+        name="bundle-export",
+    ),
+    re_path(
         r"^bundles/(?P<pk>[0-9]+)/files/(?P<path>.+)$",
         BundleViewSet.as_view({"get": "files"}),
         name="bundle-files",
     ),
+    re_path(
+        r"^routing-profiles/?$",
+        RoutingProfileViewSet.as_view({"get": "list", "post": "create"}),
+        name="routing-profile-list",
+    ),
+    re_path(
+        r"^routing-profiles/(?P<pk>[0-9]+)/?$",
+        RoutingProfileViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="routing-profile-detail",
+    ),
+    re_path(
+        r"^routing-profiles/(?P<pk>[0-9]+)/download/?$",
+        RoutingProfileViewSet.as_view({"get": "download"}),
+        name="routing-profile-download",
+    ),
     re_path(r"^lookup/?$", lookup, name="lookup"),
+    re_path(r"^estimate/?$", estimate, name="estimate"),
+    re_path(r"^tables/(?P<pk>[0-9]+)/stability/?$", StabilityView.as_view(),
+            name="table-stability"),
+    re_path(r"^tables/(?P<pk>[0-9]+)/conservation/?$", ConservationView.as_view(),
+            name="table-conservation"),
+    re_path(r"^coverage/?$", CoverageView.as_view(), name="coverage"),
+    re_path(r"^coverage/requests/?$", CoverageRequestsView.as_view(), name="coverage-requests"),
     re_path(r"^jobs/?$", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
     re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}),
             name="job-detail"),

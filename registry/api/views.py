@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
-from django.conf import settings
-from django.http import FileResponse, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
-from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
-from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import AllowAny
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.security import FILE_POLICY
-from registry.api.parsers import BoundedJSONParser
 from registry.api.serializers import (
     SUMMARY_FIELDS,
     BundleDetailSerializer,
@@ -35,13 +30,13 @@ from registry.api.serializers import (
     UploadSerializer,
     bundle_summaries,
 )
-from registry.api.throttles import LookupThrottle, UploadThrottle
+from registry.api.throttles import UploadThrottle
 from registry.filtersets import BundleFilterSet
 from registry.models import Bundle
 from registry.permissions import NotAllowed
 from registry.services import PublishError, bundle_archive_chunks, publish_upload
 from registry.services.checkout import BlobDriftError, checkout_file
-from registry.services.lookup import run_lookup
+from registry.services.export import format_archive
 from registry.services.publish import QuotaExceeded
 from registry.tokens import HashedTokenAuthentication
 
@@ -49,7 +44,7 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
     from rest_framework.request import Request
 
-__all__ = ["ApiRootView", "BundleViewSet", "LookupView", "lookup"]
+__all__ = ["ApiRootView", "BundleViewSet", "LookupDocumentation"]
 
 # Bundle files are data and are always served as downloads (issue 17, item 1): a type from
 # this table or application/octet-stream, never one guessed from the name (an .html or .svg
@@ -202,6 +197,34 @@ class BundleViewSet(
         return response
 
     @extend_schema(
+        parameters=[OpenApiParameter(
+            "fmt", str, OpenApiParameter.PATH, enum=["llmservingsim", "aiconfigurator"],
+            description="llmservingsim: the historical moe-components-v1 layout; "
+                        "aiconfigurator: its MoE perf table (balanced rows)",
+        )],
+        responses={
+            (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY),
+            422: OpenApiResponse(ProblemsSerializer, description="what the format cannot express"),
+        },
+    )
+    @action(detail=True, methods=["get"], url_path=r"export/(?P<fmt>[a-z]+)")
+    def export(self, request: Request, pk: str | None = None, fmt: str = "") -> HttpResponse:
+        """The bundle written for another simulator (``python -m moetables export``)."""
+        from moetables.export import FORMATS, ExportError
+
+        bundle = self.get_object()
+        if fmt not in FORMATS:
+            raise NotFound(f"no export format {fmt!r}; formats are {', '.join(FORMATS)}")
+        try:
+            name, data = format_archive(bundle, fmt)
+        except ExportError as exc:
+            return Response({"problems": exc.problems},
+                            status=status.HTTP_422_UNPROCESSABLE_ENTITY)
+        response = HttpResponse(data, content_type="application/gzip")
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+    @extend_schema(
         parameters=[OpenApiParameter("path", str, OpenApiParameter.PATH, description="file path")],
         responses={
             (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
@@ -239,57 +262,26 @@ class BundleViewSet(
         return response
 
 
-class JSONOnlyNegotiation(BaseContentNegotiation):
-    """The lookup speaks JSON only: skip parsing Accept headers (DRF's documented pattern)."""
-
-    def select_parser(self, request: Request, parsers: Any) -> Any:
-        return parsers[0]
-
-    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
-        return (renderers[0], renderers[0].media_type)
-
-
-class FastJSONRenderer(JSONRenderer):
-    """DRF's compact JSON (no indent: the negotiation above never asks for one), written by
-    orjson: 10,000 answers in about 1 ms instead of 25. Floats print in their shortest
-    round-trip form, as json's do (``1e-7`` where json writes ``1e-07``)."""
-
-    def render(
-        self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
-    ) -> bytes:
-        if data is None:
-            return b""
-        try:
-            return orjson.dumps(data)
-        except TypeError:  # a type orjson does not write: DRF's encoder does
-            return super().render(data, accepted_media_type, renderer_context)
-
-
 @extend_schema(tags=["lookup"])
-class LookupView(APIView):
+class LookupDocumentation(APIView):
     """Component times from a bundle, interpolated inside measured support only.
 
-    Kept lean because simulators call it per step: JSON in and out, no negotiation, and a
-    throttle only when a rate is configured. The URL is served by ``lookup`` below, which
-    answers the common request itself and hands every other one to this view.
+    Documentation only: the URL is served by ``registry.lookup.http.lookup`` (the one door,
+    which answers every lookup request); drf-spectacular reads this class to describe it.
     """
 
-    # Anonymous, or a token (so that a throttle can count per user); no session lookups.
-    authentication_classes = (HashedTokenAuthentication,)
     permission_classes = (AllowAny,)
-    throttle_classes = (LookupThrottle,)
-    parser_classes = (BoundedJSONParser,)
-    renderer_classes = (FastJSONRenderer,)
-    content_negotiation_class = JSONOnlyNegotiation
-
-    def get_throttles(self) -> list[Any]:
-        return super().get_throttles() if settings.REGISTRY.get("LOOKUP_THROTTLE") else []
 
     @extend_schema(
         request=LookupRequestSerializer,
+        parameters=[
+            OpenApiParameter("backend", str, description="pin: execution path or kernel"),
+            OpenApiParameter("vllm_version", str, description="pin: the vLLM version"),
+            OpenApiParameter("bundle", str, description="pin: a bundle id or sha256"),
+        ],
         responses={
             200: LookupResponseSerializer,
-            400: OpenApiResponse(description="malformed request"),
+            400: OpenApiResponse(ProblemsSerializer, description="malformed request"),
             404: OpenApiResponse(LookupErrorSerializer, description="no such bundle"),
             409: OpenApiResponse(LookupErrorSerializer, description="stored bundle is corrupt"),
             503: OpenApiResponse(LookupErrorSerializer, description="a stored file is missing"),
@@ -297,77 +289,6 @@ class LookupView(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        """One answer per query: ``{"time_us": t}`` or ``{"error": code, "message": why}``."""
-        http_status, body = run_lookup(request.data)
-        return Response(body, status=http_status)
-
-
-_lookup_view = LookupView.as_view()
-_RENDERER = FastJSONRenderer()
-# A run of 19 digits (every digit made "0", then searched: ten times faster than a regular
-# expression): maybe an integer beyond int64, which orjson reads as a float and json as an
-# int. A float with that many digits merely takes the json path too.
-_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
-_LONG_NUMBER = b"0" * 19
-_UTF8 = ("utf-8", "utf8")
-
-
-def plain_lookup_body(request: HttpRequest) -> Any:
-    """The body of a common lookup request, read by orjson; None for any other request.
-
-    Common: a POST of a JSON body (UTF-8, no larger than Django reads into memory) with no
-    credentials while no throttle is configured. orjson reads such a body exactly as DRF's
-    JSONParser (json) does, except where it refuses (NaN, 1e400, lone surrogates, a BOM,
-    invalid UTF-8: json's reading or error then stands) and for integers beyond int64, which
-    the digit check sends to json.
-    """
-    meta = request.META
-    if (
-        request.method != "POST"
-        or "HTTP_AUTHORIZATION" in meta
-        or settings.REGISTRY.get("LOOKUP_THROTTLE")
-        or request.content_params.get("charset", settings.DEFAULT_CHARSET).lower() not in _UTF8
-    ):
-        return None
-    try:
-        length = int(meta.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        return None
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if length <= 0 or (limit is not None and length > limit):
-        return None
-    body = request.body
-    if _LONG_NUMBER in body.translate(_DIGITS_AS_ZERO):
-        return None
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-
-
-@csrf_exempt
-def lookup(request: HttpRequest) -> HttpResponse:
-    """POST /api/v1/lookup, as ``LookupView`` answers it, without DRF's request cycle for
-    the common request (``plain_lookup_body``): simulators send one per step. Every other
-    request, and every error DRF words (a malformed body, a method, a token, a throttle),
-    goes to the view.
-    """
-    data = plain_lookup_body(request)
-    if data is None:
-        return _lookup_view(request)  # type: ignore[no-any-return]
-    return lookup_response(data)
-
-
-def lookup_response(data: Any) -> HttpResponse:
-    """LookupView's response to a parsed body, written by orjson."""
-    http_status, body = run_lookup(data)
-    response = HttpResponse(
-        _RENDERER.render(body), content_type="application/json", status=http_status
-    )
-    response["Allow"] = "POST, OPTIONS"  # as LookupView's responses carry it
-    return response
-
-
-# The schema generator (drf-spectacular) documents the URL through the view it names.
-lookup.cls = LookupView  # type: ignore[attr-defined]
-lookup.initkwargs = {}  # type: ignore[attr-defined]
+        """One answer per query: ``{"time_us": t}`` or ``{"error": code, "message": why}``;
+        the body and the X-Bundle-* headers say which bundle answered."""
+        raise NotImplementedError("served by registry.lookup.http.lookup")

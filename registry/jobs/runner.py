@@ -42,19 +42,18 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from registry.choices import BundleSource
 from registry.jobs.choices import PUBLISHING_PHASE, JobState
 from registry.jobs.models import AcquisitionJob
 from registry.jobs.parameters import acquisition_argv
+from registry.jobs.workdir import artifacts, log_tail
 
-__all__ = ["JobLost", "begin_publishing", "claim_job", "recover_jobs", "run_job"]
+__all__ = ["JobLost", "begin_publishing", "claim_job", "record", "run_job"]
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_BYTES = 8192
 POLL_S = 0.5
 HEARTBEAT_S = 2.0
 TERMINATE_GRACE_S = 60.0
@@ -67,11 +66,6 @@ class JobLost(RuntimeError):
 
 def _jobs_dir() -> Path:
     return Path(settings.REGISTRY["JOBS_DIR"])
-
-
-def _mine(job: AcquisitionJob) -> Any:
-    """The job's row, only while it is still this runner's attempt (the fence)."""
-    return AcquisitionJob.objects.filter(pk=job.pk, state=JobState.RUNNING, attempts=job.attempts)
 
 
 def claim_job(job_id: int, worker: str) -> AcquisitionJob | None:
@@ -88,16 +82,11 @@ def claim_job(job_id: int, worker: str) -> AcquisitionJob | None:
             log.info("job %s is %s on %s; this delivery is skipped", job_id, job.state,
                      job.worker)
             return None
-        now = timezone.now()
-        job.state = JobState.RUNNING
-        job.worker = worker
-        job.attempts += 1
-        job.started_at = job.started_at or now
-        job.work_dir = str(_jobs_dir() / f"job-{job.pk}")
-        job.phase = "starting"
-        job.eta_seconds = None
-        job.save(update_fields=["state", "worker", "attempts", "started_at", "work_dir",
-                                "phase", "eta_seconds", "updated_at"])
+        job.move(
+            JobState.RUNNING, phase="starting", worker=worker, attempts=job.attempts + 1,
+            started_at=job.started_at or timezone.now(), eta_seconds=None,
+            work_dir=str(_jobs_dir() / f"job-{job.pk}"),
+        )
     return job
 
 
@@ -105,19 +94,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _tail(path: Path, size: int = LOG_TAIL_BYTES) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            end = handle.tell()
-            handle.seek(max(0, end - size))
-            data = handle.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return text if end <= size else text.split("\n", 1)[-1]
 
 
 class ProgressFollower:
@@ -162,26 +138,17 @@ def _apply(job: AcquisitionJob, event: dict[str, Any]) -> None:
     job.eta_seconds = float(eta) if isinstance(eta, int | float) else None
 
 
-def _artifacts(work: Path, failed: bool) -> list[dict[str, Any]]:
-    found: list[Path] = [work / "acquisition.log", work / "progress.jsonl"]
-    if failed:
-        evidence = work / "out" / "_acquisition"
-        if evidence.is_dir():
-            found += sorted(evidence.rglob("failures.jsonl"))
-            found += sorted(p for p in evidence.rglob("*trace*.json*") if p.is_file())
-    return [
-        {"name": p.name, "path": p.relative_to(work).as_posix(), "size": p.stat().st_size}
-        for p in found
-        if p.is_file()
-    ]
+def _lost_by(job: AcquisitionJob) -> JobLost:
+    return JobLost(f"job {job.pk}: attempt {job.attempts} on {job.worker} no longer owns it")
 
 
-def _save(job: AcquisitionJob, fields: Iterable[str]) -> None:
+def record(job: AcquisitionJob, fields: Iterable[str]) -> None:
     """Write ``fields`` and the heartbeat, fenced by this attempt; `JobLost` if it is not ours."""
-    job.updated_at = timezone.now()
+    now = timezone.now()
     values = {name: getattr(job, name) for name in fields}
-    if not _mine(job).update(**values, updated_at=job.updated_at):
-        raise JobLost(f"job {job.pk}: attempt {job.attempts} on {job.worker} no longer owns it")
+    if not AcquisitionJob.objects.attempt(job).touch(**values, updated_at=now):
+        raise _lost_by(job)
+    job.updated_at = now
 
 
 _PROGRESS_FIELDS = ("phase", "points_done", "points_total", "eta_seconds", "log_tail")
@@ -245,8 +212,8 @@ def _follow(job: AcquisitionJob, proc: subprocess.Popen[bytes], follower: Progre
             last = event
         now = time.monotonic()
         if events or rc is not None or now - last_save >= HEARTBEAT_S:
-            job.log_tail = _tail(log_path)
-            _save(job, _PROGRESS_FIELDS)
+            job.log_tail = log_tail(log_path)
+            record(job, _PROGRESS_FIELDS)
             last_save = now
             requested = AcquisitionJob.objects.filter(pk=job.pk).values_list(
                 "cancel_requested", flat=True).first()
@@ -264,19 +231,23 @@ def _follow(job: AcquisitionJob, proc: subprocess.Popen[bytes], follower: Progre
         time.sleep(POLL_S)
 
 
-def _finish(job: AcquisitionJob, state: JobState, *, error: str = "", failed: bool = False,
-            phase: str | None = None) -> None:
+def _finish(job: AcquisitionJob, state: JobState, *, phase: str, error: str = "",
+            failed: bool = False) -> None:
+    """End this attempt in ``state`` (succeeded, failed or cancelled), fenced like `record`."""
     work = Path(job.work_dir)
-    job.state = state
-    job.error = error
-    job.finished_at = timezone.now()
-    job.phase = phase or job.phase
-    if state != JobState.RUNNING:
-        job.eta_seconds = None if state != JobState.SUCCEEDED else 0.0
-    job.log_tail = _tail(work / "acquisition.log")
-    job.artifacts = _artifacts(work, failed)
-    _save(job, ["state", "error", "finished_at", "phase", "eta_seconds", "log_tail",
-                "artifacts", "result_bundle"])
+    fields = {
+        "error": error,
+        "eta_seconds": 0.0 if state == JobState.SUCCEEDED else None,
+        "log_tail": log_tail(work / "acquisition.log"),
+        "artifacts": artifacts(work, failed),
+        "result_bundle": job.result_bundle,
+    }
+    if not AcquisitionJob.objects.attempt(job).move(JobState.RUNNING, state, phase=phase,
+                                                     **fields):
+        raise _lost_by(job)
+    job.state, job.phase = state, phase
+    for name, value in fields.items():
+        setattr(job, name, value)
 
 
 def begin_publishing(job: AcquisitionJob) -> bool:
@@ -287,13 +258,12 @@ def begin_publishing(job: AcquisitionJob) -> bool:
     before this point ends the job cancelled, even when the acquisition had already finished
     (its finished run is kept: a retry only publishes it); after it, cancel is refused.
     """
-    now = timezone.now()
-    if _mine(job).filter(cancel_requested=False).update(phase=PUBLISHING_PHASE, updated_at=now):
+    mine = AcquisitionJob.objects.attempt(job)
+    if mine.filter(cancel_requested=False).touch(phase=PUBLISHING_PHASE):
         job.phase = PUBLISHING_PHASE
-        job.updated_at = now
         return True
-    if not _mine(job).exists():
-        raise JobLost(f"job {job.pk}: attempt {job.attempts} on {job.worker} no longer owns it")
+    if not mine.exists():
+        raise _lost_by(job)
     return False
 
 
@@ -318,6 +288,9 @@ def _publish(job: AcquisitionJob, bundle_dir: Path) -> None:
         return
     job.result_bundle = result.bundle
     _finish(job, JobState.SUCCEEDED, phase="done")
+    from registry.services.requests import close_filled_requests
+
+    close_filled_requests(result.bundle, job)
 
 
 def _bundle_of(event: dict[str, Any] | None) -> Path | None:
@@ -351,7 +324,7 @@ def run_job(job_id: int, worker: str) -> str:
         else:
             error = (last or {}).get("error") if (last or {}).get("phase") == "failed" else None
             if not error:
-                lines = [ln for ln in _tail(work / "acquisition.log", 2048).splitlines() if ln]
+                lines = [ln for ln in log_tail(work / "acquisition.log", 2048).splitlines() if ln]
                 error = f"the acquisition exited with status {rc}: " + " | ".join(lines[-3:])
             _finish(job, JobState.FAILED, failed=True, phase="failed", error=str(error))
     except JobLost as exc:
@@ -369,28 +342,3 @@ def run_job(job_id: int, worker: str) -> str:
 def _lost(exc: JobLost) -> str:
     log.warning("%s; its subprocess was stopped and the row left to its new owner", exc)
     return "lost"
-
-
-def recover_jobs(worker: str, queues: Iterable[str]) -> list[int]:
-    """Release the running jobs of ``queues`` whose worker died; returns the re-sent ids.
-
-    Called when a worker starts: a job still marked running on this very node name cannot be
-    running (the node was just started), and one nobody has written for JOB_STALE_S seconds has
-    lost its worker. With Redis the original message would come back only after the visibility
-    timeout (longer than the longest job); the embedded broker never brings it back. Each job
-    is released as the periodic sweep releases it (`registry.jobs.sweep.release_orphan`):
-    re-sent, or failed after JOB_MAX_ATTEMPTS starts, or cancelled if that was asked.
-    """
-    from registry.jobs.sweep import SweepAction, release_orphan, silence_reason
-
-    stale = timezone.now() - timedelta(seconds=settings.REGISTRY["JOB_STALE_S"])
-    orphans = AcquisitionJob.objects.filter(state=JobState.RUNNING, queue__in=list(queues)).filter(
-        Q(worker=worker) | Q(updated_at__lt=stale)).order_by("updated_at", "id")
-    recovered = []
-    for job in orphans:
-        why = (f"its worker {worker} restarted while running it" if job.worker == worker
-               else silence_reason(job))
-        done = release_orphan(job, why)
-        if done is not None and done.action == SweepAction.REQUEUED:
-            recovered.append(job.pk)
-    return recovered

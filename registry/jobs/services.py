@@ -8,28 +8,28 @@ made, so "the broker is down" is a clear refusal (503) instead of a job that nev
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
-from uuid import uuid4
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from registry.jobs.broker import BrokerUnavailable, check_broker, new_task_id, send_job
 from registry.jobs.choices import PUBLISHING_PHASE, JobState
-from registry.jobs.models import AcquisitionJob
+from registry.jobs.models import AcquisitionJob, JobStateError
 from registry.jobs.parameters import queue_for, validate_parameters
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 
 __all__ = [
     "BrokerUnavailable",
     "JobStateError",
     "cancel_job",
     "check_broker",
+    "is_stale",
     "new_task_id",
     "queue_job",
     "retry_job",
@@ -39,86 +39,27 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class BrokerUnavailable(RuntimeError):
-    """The Celery broker does not answer; nothing was queued."""
-
-
-class JobStateError(ValueError):
-    """The job's state does not allow the operation (cancel a finished job, retry a queued one)."""
-
-
-def _broker_errors() -> tuple[type[BaseException], ...]:
-    from kombu.exceptions import OperationalError
-
-    return (OperationalError, OSError, ConnectionError, TimeoutError)
-
-
-def check_broker() -> None:
-    """Raise `BrokerUnavailable` unless the broker accepts a connection now (no retries)."""
-    from config.celery import app, ensure_broker_folders
-
-    try:
-        ensure_broker_folders()
-        with app.connection_for_write() as connection:
-            connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
-    except _broker_errors() as exc:
-        raise BrokerUnavailable(f"the job queue (Celery broker) does not answer: {exc}") from exc
-
-
-def new_task_id() -> str:
-    """The id of the next message for a job, stored in the row before the message is sent."""
-    return str(uuid4())
-
-
-def send_job(job: AcquisitionJob) -> str:
-    """Send the job's message to its queue under ``job.celery_task_id``; returns that id.
-
-    The id is written with the state change that the message stands for (queue, retry,
-    requeue), so nothing writes the row after the message leaves: a worker may claim the job
-    the moment it is sent, and a write here would race with (on SQLite: wait behind) its claim.
-    """
-    from config.celery import app, ensure_broker_folders
-    from registry.tasks import run_acquisition_job
-
-    task_id = job.celery_task_id or new_task_id()
-    try:
-        ensure_broker_folders()
-        with app.connection_for_write() as connection:
-            connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
-            run_acquisition_job.apply_async(
-                (job.pk,), queue=job.queue, connection=connection, retry=False,
-                task_id=task_id,
-            )
-    except _broker_errors() as exc:
-        raise BrokerUnavailable(f"the job queue (Celery broker) does not answer: {exc}") from exc
-    job.celery_task_id = task_id
-    return task_id
-
-
 def _send_after_commit(job: AcquisitionJob) -> None:
     try:
         send_job(job)
     except BrokerUnavailable as exc:
         # The broker went away between the check and the send: the row says so, and the
         # caller gets the same 503 as if the check had failed.
-        now = timezone.now()
-        AcquisitionJob.objects.filter(pk=job.pk, state=JobState.QUEUED).update(
-            state=JobState.FAILED, phase="failed", error=str(exc), finished_at=now,
-            updated_at=now,
+        AcquisitionJob.objects.filter(pk=job.pk).move(
+            JobState.QUEUED, JobState.FAILED, phase="failed", error=str(exc)
         )
         raise
 
 
-def queue_job(
-    user: AbstractBaseUser | AnonymousUser | None, params: Mapping[str, Any]
-) -> AcquisitionJob:
+def queue_job(user: AbstractBaseUser | AnonymousUser | None, params: object) -> AcquisitionJob:
     """Validate ``params`` like the CLI, create the job, and send it once the row is committed.
 
     Raises `JobParameterError` (``.errors``: ``{field: [message]}``) or `BrokerUnavailable`.
     """
     clean = validate_parameters(params)
     check_broker()
-    owner = user if user is not None and user.is_authenticated else None
+    # AUTH_USER_MODEL is Django's User; the request hands it over as its base class.
+    owner = cast("User", user) if user is not None and user.is_authenticated else None
     with transaction.atomic():
         job = AcquisitionJob.objects.create(
             created_by=owner, parameters=clean, queue=queue_for(clean),
@@ -146,12 +87,7 @@ def cancel_job(job: AcquisitionJob) -> AcquisitionJob:
     with transaction.atomic():
         current = AcquisitionJob.objects.select_for_update().get(pk=job.pk)
         if current.state == JobState.QUEUED or is_stale(current):
-            current.state = JobState.CANCELLED
-            current.phase = "cancelled"
-            current.finished_at = timezone.now()
-            current.eta_seconds = None
-            current.save(update_fields=["state", "phase", "finished_at", "eta_seconds",
-                                        "updated_at"])
+            current.move(JobState.CANCELLED, phase="cancelled")
         elif current.state == JobState.RUNNING and current.phase == PUBLISHING_PHASE:
             raise JobStateError(f"job {current.pk} has finished measuring and is publishing its "
                                 "bundle; it can no longer be cancelled")
@@ -174,14 +110,9 @@ def retry_job(job: AcquisitionJob) -> AcquisitionJob:
         current = AcquisitionJob.objects.select_for_update().get(pk=job.pk)
         if current.state not in (JobState.FAILED, JobState.CANCELLED):
             raise JobStateError(f"job {current.pk} is {current.state}")
-        current.state = JobState.QUEUED
-        current.phase = "queued"
-        current.cancel_requested = False
-        current.error = ""
-        current.finished_at = None
-        current.celery_task_id = new_task_id()
-        # updated_at: when it was queued again (the orphan sweep measures a wait from it).
-        current.save(update_fields=["state", "phase", "cancel_requested", "error",
-                                    "finished_at", "celery_task_id", "updated_at"])
+        # updated_at (set by the move): when it was queued again; the orphan sweep measures a
+        # wait from it.
+        current.move(JobState.QUEUED, phase="queued", cancel_requested=False, error="",
+                     finished_at=None, celery_task_id=new_task_id())
         transaction.on_commit(partial(_send_after_commit, current))
     return current

@@ -33,12 +33,28 @@ from enum import StrEnum
 from pathlib import Path
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
+from registry.jobs.broker import (
+    BrokerUnavailable,
+    broker_errors,
+    new_task_id,
+    ready_messages,
+    send_job,
+)
 from registry.jobs.choices import JobState
 from registry.jobs.models import AcquisitionJob
+from registry.jobs.workdir import artifacts, log_tail
 
-__all__ = ["Released", "SweepAction", "release_orphan", "silence_reason", "sweep_orphaned_jobs"]
+__all__ = [
+    "Released",
+    "SweepAction",
+    "recover_jobs",
+    "release_orphan",
+    "silence_reason",
+    "sweep_orphaned_jobs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,19 +103,12 @@ def release_orphan(job: AcquisitionJob, why: str, *, dry_run: bool = False) -> R
     ``why`` says how the worker was found gone. Returns None when the row changed since it was
     read (its runner wrote a heartbeat, someone else released it): then nothing is done.
     """
-    from registry.jobs.runner import _artifacts, _tail
-    from registry.jobs.services import BrokerUnavailable, new_task_id, send_job
-
     action = _decide(job)
     if dry_run:
         return Released(job.pk, action, why)
-    now = timezone.now()
-    row = AcquisitionJob.objects.filter(
-        pk=job.pk, state=JobState.RUNNING, attempts=job.attempts, updated_at=job.updated_at
-    )
+    row = AcquisitionJob.objects.as_read(job)
     if action == SweepAction.CANCELLED:
-        changed = row.update(state=JobState.CANCELLED, phase="cancelled", finished_at=now,
-                             eta_seconds=None, updated_at=now)
+        changed = row.move(JobState.RUNNING, JobState.CANCELLED, phase="cancelled")
     elif action == SweepAction.FAILED:
         limit = settings.REGISTRY["JOB_MAX_ATTEMPTS"]
         error = (f"{why}; it was started {job.attempts} times (REGISTRY_JOB_MAX_ATTEMPTS="
@@ -108,16 +117,15 @@ def release_orphan(job: AcquisitionJob, why: str, *, dry_run: bool = False) -> R
         work = Path(job.work_dir) if job.work_dir else None
         # The evidence is attached when the sweep runs where the work folder is.
         here = work is not None and work.is_dir()
-        changed = row.update(
-            state=JobState.FAILED, phase="failed", error=error, finished_at=now,
-            eta_seconds=None, updated_at=now,
-            artifacts=_artifacts(work, failed=True) if here and work else job.artifacts,
-            log_tail=_tail(work / "acquisition.log") if here and work else job.log_tail,
+        changed = row.move(
+            JobState.RUNNING, JobState.FAILED, phase="failed", error=error,
+            artifacts=artifacts(work, failed=True) if here and work else job.artifacts,
+            log_tail=log_tail(work / "acquisition.log") if here and work else job.log_tail,
         )
     else:
         task_id = new_task_id()
-        changed = row.update(state=JobState.QUEUED, phase="requeued", eta_seconds=None,
-                             celery_task_id=task_id, updated_at=now)
+        changed = row.move(JobState.RUNNING, JobState.QUEUED, phase="requeued",
+                           celery_task_id=task_id)
         job.celery_task_id = task_id
     if not changed:
         return None
@@ -131,29 +139,8 @@ def release_orphan(job: AcquisitionJob, why: str, *, dry_run: bool = False) -> R
     return Released(job.pk, action, why)
 
 
-def _ready_messages(queue: str) -> int:
-    """Messages waiting in ``queue`` on the broker (not those a worker has taken)."""
-    from config.celery import app, ensure_broker_folders
-
-    ensure_broker_folders()
-    with app.connection_for_read() as connection:
-        connection.ensure_connection(max_retries=1, interval_start=0, timeout=3)
-        try:
-            declared = connection.default_channel.queue_declare(queue=queue, passive=True)
-        except connection.channel_errors:
-            return 0  # Redis keeps no key for an empty queue: passive declare says not found
-        return int(declared.message_count)
-
-
 def _resend_lost(now: datetime, stale: datetime, queues: list[str] | None,
                  dry_run: bool) -> list[Released]:
-    from registry.jobs.services import (
-        BrokerUnavailable,
-        _broker_errors,
-        new_task_id,
-        send_job,
-    )
-
     waiting = AcquisitionJob.objects.filter(state=JobState.QUEUED, updated_at__lt=stale)
     if queues is not None:
         waiting = waiting.filter(queue__in=queues)
@@ -164,8 +151,8 @@ def _resend_lost(now: datetime, stale: datetime, queues: list[str] | None,
     for queue, jobs in sorted(by_queue.items()):
         queued = AcquisitionJob.objects.filter(state=JobState.QUEUED, queue=queue).count()
         try:
-            ready = _ready_messages(queue)
-        except _broker_errors() as exc:
+            ready = ready_messages(queue)
+        except broker_errors() as exc:
             log.warning("queue %s: the broker does not answer (%s); queued jobs not checked",
                         queue, exc)
             continue
@@ -178,9 +165,8 @@ def _resend_lost(now: datetime, stale: datetime, queues: list[str] | None,
                 released.append(Released(job.pk, SweepAction.RESENT, why))
                 continue
             task_id = new_task_id()
-            if not AcquisitionJob.objects.filter(
-                pk=job.pk, state=JobState.QUEUED, updated_at=job.updated_at
-            ).update(celery_task_id=task_id, updated_at=now):
+            if not AcquisitionJob.objects.as_read(job).touch(celery_task_id=task_id,
+                                                             updated_at=now):
                 continue  # claimed, cancelled or re-sent meanwhile
             job.celery_task_id = task_id
             try:
@@ -212,3 +198,26 @@ def sweep_orphaned_jobs(queues: Iterable[str] | None = None, *,
             released.append(done)
     released += _resend_lost(now, stale, chosen, dry_run)
     return released
+
+
+def recover_jobs(worker: str, queues: Iterable[str]) -> list[int]:
+    """Release the running jobs of ``queues`` whose worker died; returns the re-sent ids.
+
+    Called when a worker starts: a job still marked running on this very node name cannot be
+    running (the node was just started), and one nobody has written for JOB_STALE_S seconds has
+    lost its worker. With Redis the original message would come back only after the visibility
+    timeout (longer than the longest job); the embedded broker never brings it back. Each job
+    is released as the periodic sweep releases it (`release_orphan`): re-sent, or failed after
+    JOB_MAX_ATTEMPTS starts, or cancelled if that was asked.
+    """
+    stale = timezone.now() - timedelta(seconds=settings.REGISTRY["JOB_STALE_S"])
+    orphans = AcquisitionJob.objects.filter(state=JobState.RUNNING, queue__in=list(queues)).filter(
+        Q(worker=worker) | Q(updated_at__lt=stale)).order_by("updated_at", "id")
+    recovered = []
+    for job in orphans:
+        why = (f"its worker {worker} restarted while running it" if job.worker == worker
+               else silence_reason(job))
+        done = release_orphan(job, why)
+        if done is not None and done.action == SweepAction.REQUEUED:
+            recovered.append(job.pk)
+    return recovered

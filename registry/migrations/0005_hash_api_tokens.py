@@ -2,11 +2,12 @@
 same keys keep working, and the database no longer holds them in clear."""
 
 import hashlib
+from typing import Any
 
 from django.db import migrations
 
 
-def hash_existing_keys(apps, schema_editor):
+def hash_existing_keys(apps: Any, schema_editor: Any) -> None:
     Token = apps.get_model("authtoken", "Token")
     for token in list(Token.objects.all()):
         digest = hashlib.sha256(token.key.encode("utf-8", "surrogatepass")).hexdigest()[:40]

@@ -24,9 +24,12 @@ __all__ = [
     "backend_of",
     "jsonable",
     "measured_at_of",
+    "measured_at_of_meta",
     "measured_at_problems",
     "table_fields",
+    "table_identity",
     "vllm_version_of",
+    "vllm_version_of_meta",
 ]
 
 
@@ -67,34 +70,61 @@ def _moe_records(meta: dict[str, Any]) -> list[Any]:
     return list(legacy.values()) if isinstance(legacy, dict) else []
 
 
-def vllm_version_of(bundle: Bundle) -> str:
+def table_identity(contract: Any) -> dict[str, Any]:
+    """What executed a table's expert region, from its contract: the execution path
+    (``backend``: the adapter, e.g. vllm-modular, vllm-live, torch-reference), the kernel
+    backend vLLM resolved (``kernel``, e.g. TRITON), whether vLLM's own kernels ran
+    (``native``) and the vLLM version.
+
+    Current contracts say all of it in ``backend`` (a mapping). Historical contracts (the
+    LLMServingSim profiler's ``expert_region``) name the kernel and the vLLM version; their
+    region schema ``native-modular-expert-region-*`` is vLLM's native modular kernel, the
+    path our ``vllm-modular`` adapter measures, so they are listed under that name.
+    """
+    c = contract if isinstance(contract, dict) else {}
+    structured = c.get("backend") if isinstance(c.get("backend"), dict) else {}
+    region = c.get("expert_region") if isinstance(c.get("expert_region"), dict) else {}
+    kernel = _strings([
+        structured.get("native_backend"),
+        c.get("native_backend"),
+        _get(c, "native_backend", "name"),
+        region.get("backend"),
+        c.get("expert_backend"),
+    ])[:128]
+    backend = _strings([structured.get("name"), c.get("backend")])
+    schema = region.get("schema")
+    if not backend and isinstance(schema, str) and schema.startswith("native-modular-"):
+        backend = "vllm-modular"
+    native = structured.get("native")
+    if not isinstance(native, bool):
+        # A kernel vLLM resolved natively, without a structured record that says otherwise.
+        native = bool(kernel) or backend.startswith("vllm-")
+    vllm = _strings([
+        structured.get("vllm_version"),
+        c.get("vllm_version"),
+        _get(c, "versions", "vllm"),
+        _get(c, "observations", "vllm_version"),
+        region.get("vllm_version"),
+    ])[:64]
+    return {"backend": backend[:128], "kernel": kernel, "native": native, "vllm_version": vllm}
+
+
+def vllm_version_of_meta(meta: Any, contracts: Iterable[Any]) -> str:
     """The root's vllm_version, else the MoE index's, else the first contract's."""
-    candidates: list[Any] = [bundle.meta.get("vllm_version")]
-    candidates += [_get(r, "vllm_version") for r in _moe_records(bundle.meta)]
-    for entry in bundle.entries:
-        c = entry.contract
-        candidates += [
-            c.get("vllm_version"),
-            _get(c, "versions", "vllm"),
-            _get(c, "observations", "vllm_version"),
-            _get(c, "expert_region", "vllm_version"),
-        ]
+    meta = meta if isinstance(meta, dict) else {}
+    candidates: list[Any] = [meta.get("vllm_version")]
+    candidates += [_get(r, "vllm_version") for r in _moe_records(meta)]
+    candidates += [table_identity(c)["vllm_version"] for c in contracts]
     return _strings(candidates)[:64]
 
 
+def vllm_version_of(bundle: Bundle) -> str:
+    return vllm_version_of_meta(bundle.meta, [entry.contract for entry in bundle.entries])
+
+
 def backend_of(entry: TableEntry) -> str:
-    """The native expert backend the contract names (historical: expert_region.backend)."""
-    c = entry.contract
-    return _strings(
-        [
-            c.get("native_backend"),
-            c.get("backend"),
-            _get(c, "native_backend", "name"),
-            _get(c, "backend", "name"),
-            c.get("expert_backend"),
-            _get(c, "expert_region", "backend"),
-        ]
-    )[:128]
+    """The execution path (adapter) that measured the entry (``table_identity``)."""
+    return str(table_identity(entry.contract)["backend"])
 
 
 def _datetime(raw: Any) -> dt.datetime | None:
@@ -113,6 +143,28 @@ def _datetime(raw: Any) -> dt.datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
+def _stated_times_meta(meta: Any, coverages: Iterable[Any]) -> Iterable[tuple[str, Any]]:
+    """(where, raw value) of every measurement time stated, MoE records first."""
+    legacy = _get(meta, "moe_components", "per_tp")
+    if isinstance(legacy, dict):
+        for tp, record in legacy.items():
+            yield f"meta.yaml:moe_components.per_tp.{tp}.measured_at", _get(record, "measured_at")
+    for i, coverage in enumerate(coverages):
+        for key in ("measured_at", "completed_at"):
+            yield f"table {i} coverage:{key}", _get(coverage, key)
+
+
+def _root_times(meta: Any) -> list[tuple[str, Any]]:
+    """The root's own times, then the MoE category's provenance (current bundles state their
+    measurement time only there: ``category_provenance.moe.profiled_at``)."""
+    return [
+        ("meta.yaml:measured_at", _get(meta, "measured_at")),
+        ("meta.yaml:profiled_at", _get(meta, "profiled_at")),
+        ("meta.yaml:category_provenance.moe.profiled_at",
+         _get(meta, "category_provenance", "moe", "profiled_at")),
+    ]
+
+
 def _stated_times(bundle: Bundle) -> Iterable[tuple[str, Any]]:
     """(where, raw value) of every measurement time the bundle states, MoE records first."""
     legacy = _get(bundle.meta, "moe_components", "per_tp")
@@ -128,8 +180,7 @@ def measured_at_problems(bundle: Bundle) -> list[str]:
     """Measurement times that parse but cannot be stored (issue 17, item 3), by field."""
     from registry.checks import check_datetime
 
-    stated = [*_stated_times(bundle)]
-    stated += [(f"meta.yaml:{key}", bundle.meta.get(key)) for key in ("measured_at", "profiled_at")]
+    stated = [*_stated_times(bundle), *_root_times(bundle.meta)]
     problems = []
     for where, raw in stated:
         value = _datetime(raw)
@@ -138,8 +189,9 @@ def measured_at_problems(bundle: Bundle) -> list[str]:
     return problems
 
 
-def measured_at_of(bundle: Bundle) -> dt.datetime | None:
-    """The latest measurement time any MoE record states, else the root's."""
+def measured_at_of_meta(meta: Any, coverages: Iterable[Any]) -> dt.datetime | None:
+    """The latest measurement time any MoE record or coverage states, else the root's, else
+    the MoE category's provenance."""
     from registry.checks import check_datetime
 
     def usable(raw: Any) -> dt.datetime | None:
@@ -147,13 +199,17 @@ def measured_at_of(bundle: Bundle) -> dt.datetime | None:
         value = _datetime(raw)
         return value if value is not None and check_datetime(value) is None else None
 
-    found = [v for _, raw in _stated_times(bundle) if (v := usable(raw)) is not None]
+    found = [v for _, raw in _stated_times_meta(meta, coverages) if (v := usable(raw)) is not None]
     if found:
         return max(found)
-    for key in ("measured_at", "profiled_at"):
-        if (value := usable(bundle.meta.get(key))) is not None:
+    for _, raw in _root_times(meta):
+        if (value := usable(raw)) is not None:
             return value
     return None
+
+
+def measured_at_of(bundle: Bundle) -> dt.datetime | None:
+    return measured_at_of_meta(bundle.meta, [entry.coverage for entry in bundle.entries])
 
 
 def _range(values: np.ndarray[Any, Any]) -> tuple[int | None, int | None]:
@@ -183,7 +239,7 @@ def table_fields(entry: TableEntry, table: ComponentTable) -> dict[str, Any]:
         "coverage": jsonable(entry.coverage),
         "components": list(entry.components),
         "modes": list(entry.modes),
-        "backend": backend_of(entry),
+        **table_identity(entry.contract),
         "row_count": len(table),
         "tokens_min": tokens[0],
         "tokens_max": tokens[1],

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import shutil
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from registry.archives import iter_tar_gz
 from registry.services.checkout import checkout_bundle, checkout_file
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from registry.models import Bundle
 
-__all__ = ["bundle_archive_chunks", "export_bundle"]
+__all__ = ["bundle_archive_chunks", "export_bundle", "format_archive"]
 
 
 def bundle_archive_chunks(bundle: Bundle) -> Iterator[bytes]:
@@ -27,7 +27,11 @@ def bundle_archive_chunks(bundle: Bundle) -> Iterator[bytes]:
     # missing or drifted blob is a clean error (BlobDriftError), not a cut connection.
     paths = [checkout_file(bundle, record) for record in bundle.manifest]
     files = (
-        (record["path"], int(record["size"]), partial(path.open, "rb"))
+        (
+            str(record["path"]),
+            int(record["size"]),
+            cast("Callable[[], IO[bytes]]", partial(path.open, "rb")),
+        )
         for record, path in zip(bundle.manifest, paths, strict=True)
     )
     return iter_tar_gz(bundle.archive_stem, files)
@@ -47,3 +51,24 @@ def export_bundle(bundle: Bundle, dest: Path, *, as_folder: bool = False) -> Pat
             out.write(chunk)
     partial_path.replace(dest)
     return dest
+
+
+def format_archive(bundle: Bundle, fmt: str) -> tuple[str, bytes]:
+    """The bundle written for another simulator (``moetables.export``) as a .tar.gz: its
+    file name and bytes. Raises ``moetables.export.ExportError`` naming what the format
+    cannot express."""
+    import tempfile
+    from pathlib import Path
+
+    from moetables.export import export_bundle as write_format
+
+    with tempfile.TemporaryDirectory(prefix="format-") as work:
+        out = Path(work) / "out"
+        write_format(checkout_bundle(bundle), fmt, out)
+        files = sorted(p for p in out.rglob("*") if p.is_file())
+        stem = f"{bundle.archive_stem}_{fmt}"
+        chunks = iter_tar_gz(stem, (
+            (p.relative_to(out).as_posix(), p.stat().st_size, partial(p.open, "rb"))
+            for p in files
+        ))
+        return f"{stem}.tar.gz", b"".join(chunks)

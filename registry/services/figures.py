@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moetables.bundle import ComponentTable, load_table
-from registry.services.lookup import BundleRef, tables_for
+from registry.lookup.services import BundleRef, tables_for
 
 if TYPE_CHECKING:
     from moetables.lookup.tables import DeploymentTables

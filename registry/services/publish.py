@@ -259,6 +259,7 @@ def _rows(
         meta=jsonable(opened.meta),
         missing_files=list(opened.missing_files),
         vllm_version=vllm_version_of(opened),
+        exploratory=any(entry.exploratory for entry in opened.entries),
         measured_at=None if problems else measured_at_of(opened),
         source=source_kind,
         source_detail=source_detail[:512],
@@ -304,6 +305,11 @@ def _index(
         )
         _check_namespace(published_by, meta)
         record_change(user, "bundle.publish", bundle, sha256=bundle.sha256, source=bundle.source)
+        if bundle.source != BundleSource.ACQUISITION:
+            # A job's runner closes the requests itself, naming the job that filled them.
+            from registry.services.requests import close_filled_requests
+
+            close_filled_requests(bundle)
 
 
 def sweep_unreferenced(digests: list[str]) -> list[str]:
@@ -336,7 +342,7 @@ def _check_namespace(published_by: Any, meta: dict[str, Any]) -> None:
         )
 
 
-def publish_upload(upload: UploadedFile, *, published_by: Any = None) -> PublishResult:
+def publish_upload(upload: UploadedFile[bytes], *, published_by: Any = None) -> PublishResult:
     """Publish an archive received over HTTP: size-checked before a byte is unpacked.
 
     Raises `NotAllowed` unless ``published_by`` may upload (an HTTP upload is never the

@@ -45,6 +45,12 @@ def test_each_activity_belongs_to_the_range_of_its_launch() -> None:
 
 
 def test_activities_launched_outside_ranges_are_unattributed_and_conserved() -> None:
+    """R26: every activity of the window is counted once, owned or unattributed."""
+    activities = [
+        DeviceActivity("gemm", 130, 10, 1),
+        DeviceActivity("copy", 270, 4, 2),  # launched between the ranges
+        DeviceActivity("warmup kernel", 50, 6, 99),  # launched before the window
+    ]
     result = attribute_launches(
         window(
             ranges=RANGES[:1],
@@ -52,16 +58,13 @@ def test_activities_launched_outside_ranges_are_unattributed_and_conserved() -> 
                 HostCall("cudaLaunchKernel", 1, 110, 120, correlation=1),
                 HostCall("cudaMemcpyAsync", 1, 250, 260, correlation=2),
             ],
-            activities=[
-                DeviceActivity("gemm", 130, 10, 1),
-                DeviceActivity("copy", 270, 4, 2),
-                DeviceActivity("warmup kernel", 50, 6, 99),
-            ],  # launched before the window
+            activities=activities,
         )
     )
     assert result.per_range_ns == {"experts.f0": 10}
-    assert (result.unattributed_ns, result.unattributed_count) == (10, 2)
-    assert result.attributed_ns + result.unattributed_ns == result.total_ns
+    assert (result.attributed_ns, result.unattributed_ns, result.unattributed_count) == (10, 10, 2)
+    # The window's total is every activity given, counted from the input, not from the result.
+    assert result.total_ns == sum(a.duration_ns for a in activities) == 20
 
 
 def test_a_duplicated_activity_is_counted_once() -> None:

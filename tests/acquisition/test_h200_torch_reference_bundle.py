@@ -13,8 +13,10 @@ import yaml
 from moetables.bundle import validate_bundle
 from moetables.lookup import ComponentTables
 
-BUNDLE = (Path(__file__).resolve().parents[2]
-          / "bundles/H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16")
+BUNDLE = (
+    Path(__file__).resolve().parents[2]
+    / "bundles/H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+)
 
 
 def _entries() -> list[dict]:
@@ -49,5 +51,16 @@ def test_it_answers_inside_support_and_refuses_outside() -> None:
     rank0 = ComponentTables(BUNDLE).deployment(1, 2, 0)
     inside = rank0.time_us("experts", 512, 64, 2048)
     assert 0 < inside < 1e5
-    assert rank0.answer([{"component": "experts", "tokens": 8192, "activated_experts": 64,
-                          "local_assignments": 32768}])[0]["error"] == "out_of_support"
+    assert (
+        rank0.answer(
+            [
+                {
+                    "component": "experts",
+                    "tokens": 8192,
+                    "activated_experts": 64,
+                    "local_assignments": 32768,
+                }
+            ]
+        )[0]["error"]
+        == "out_of_support"
+    )

@@ -94,8 +94,20 @@ def test_other_semantic_conditions_need_another_out_root(tmp_path: Path) -> None
 
 
 def test_changed_observations_alone_keep_the_resume_identity(tmp_path: Path) -> None:
-    SampleLog.open(tmp_path, IDENTITY, {"torch_version": "2.11"}).close()
-    SampleLog.open(tmp_path, IDENTITY, {"torch_version": "2.13"}).close()
+    """R36: a new torch version is an observation of the new session, not another contract:
+    the log reopens and resumes what the first session measured."""
+    log = SampleLog.open(tmp_path, IDENTITY, {"torch_version": "2.11"})
+    log.append(
+        {"type": "point", "point": "gate:1", "attempt": 0, "status": "measured", "time_us": 2.5}
+    )
+    log.close()
+    again = SampleLog.open(tmp_path, IDENTITY, {"torch_version": "2.13"})
+    assert again.state("gate:1").measured and again.state("gate:1").time_us == 2.5
+    assert [s["observations"]["torch_version"] for s in again.sessions] == ["2.11", "2.13"]
+    assert {json.dumps(s["identity"], sort_keys=True) for s in again.sessions} == {
+        json.dumps(IDENTITY, sort_keys=True)
+    }
+    again.close()
 
 
 def test_one_writer_per_target(tmp_path: Path) -> None:

@@ -12,23 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_vllm_fakes as fv
 import torch
+import vllm_fakes as fv
 from tiny_moe import write_model
 
 from acquisition.adapters.base import AdapterRefusal, EngineLimits
 from acquisition.adapters.vllm_capabilities import LIVE_SYMBOLS, CapabilityError, probe_surface
-from acquisition.adapters.vllm_live import (
-    WRAPPER,
-    VllmLiveBackend,
-    VllmLiveSession,
-    configure_engine_limits,
+from acquisition.adapters.vllm_live import WRAPPER, VllmLiveSession
+from acquisition.adapters.vllm_live_backend import VllmLiveBackend
+from acquisition.adapters.vllm_live_config import (
     declared_wrapper_work,
     effective_limits,
-    find_moe_layer,
-    layer_reasons,
     smallest_moe_prefix,
 )
+from acquisition.adapters.vllm_live_layer import find_moe_layer, layer_reasons
 from acquisition.adapters.vllm_ownership import nested_ownership
 from acquisition.catalog import MoeModel, resolve_model
 from acquisition.protocol.attribution import (
@@ -73,11 +70,8 @@ def test_it_declines_other_targets_and_missing_limits(model: MoeModel) -> None:
     admission = backend.admit(model, dp2, runtime("cuda", True))
     assert any("TP1/DP1/EP1 only" in r for r in admission.reasons)
     assert any("engine limits" in r for r in admission.reasons)
-    configure_engine_limits(LIMITS)
-    try:
-        assert backend.admit(model, TP1, runtime("cuda", True)).admitted
-    finally:
-        configure_engine_limits(None)
+    # The command's limits travel on the runtime description (no process-wide setting).
+    assert backend.admit(model, TP1, runtime("cuda", True, limits=LIMITS)).admitted
 
 
 def test_it_declines_without_vllm_or_a_gpu(model: MoeModel) -> None:
@@ -285,16 +279,20 @@ def test_the_limits_come_from_the_command_and_the_engine_options(model: MoeModel
     assert effective_limits(runtime(limits=command)) == EngineLimits(
         2048, 128, kv_cache_memory_bytes=1 << 30
     )
-    configure_engine_limits(EngineLimits(1, 1, attention_backend="TRITON_ATTN"))
-    try:
-        merged = effective_limits(runtime(limits=command))
-        assert merged is not None
-        assert (merged.max_num_batched_tokens, merged.max_num_seqs) == (2048, 128)
-        assert merged.attention_backend == "TRITON_ATTN"
-        backend = VllmLiveBackend(resolve=fv.resolver(fv.live_namespace()))
-        assert backend.admit(model, TP1, runtime("cuda", True, limits=command)).admitted
-    finally:
-        configure_engine_limits(None)
+    # The engine options of the command line arrive on the same limits.
+    options = EngineLimits(
+        2048, 128, kv_cache_memory_bytes=1 << 29, attention_backend="TRITON_ATTN"
+    )
+    merged = effective_limits(runtime(limits=options))
+    assert merged == options
+    # An adapter's own limits fill only what the runtime leaves open.
+    own = EngineLimits(1, 1, attention_backend="FLASH_ATTN", max_model_len=4096)
+    merged = effective_limits(runtime(limits=options), own)
+    assert merged is not None
+    assert (merged.max_num_batched_tokens, merged.max_num_seqs) == (2048, 128)
+    assert (merged.attention_backend, merged.max_model_len) == ("TRITON_ATTN", 4096)
+    backend = VllmLiveBackend(resolve=fv.resolver(fv.live_namespace()))
+    assert backend.admit(model, TP1, runtime("cuda", True, limits=command)).admitted
     assert effective_limits(runtime()) is None
 
 
@@ -337,3 +335,49 @@ def test_the_selection_list_carries_the_vllm_adapters_first() -> None:
     assert [b.name for b in NATIVE_BACKENDS] == ["vllm-modular", "vllm-live"]
     assert backend_names()[:3] == ["auto", "vllm-modular", "vllm-live"]
     assert BACKENDS[-1].name == "torch-reference"
+
+
+def test_the_model_class_is_inspected_in_process_through_the_public_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 19: vLLM's registry gets the very class it would load, inspected here (no
+    subprocess re-importing vLLM); an unknown architecture or a registry error changes nothing."""
+    import sys
+    import types
+
+    from acquisition.adapters.vllm_live_config import register_model_classes
+
+    class Model(torch.nn.Module):
+        pass
+
+    class Lazy:
+        def load_model_cls(self) -> type:
+            return Model
+
+    class Registry:
+        def __init__(self) -> None:
+            self.models: dict[str, Any] = {"Qwen3MoeForCausalLM": Lazy(), "Broken": Lazy()}
+            self.registered: list[tuple[str, type]] = []
+
+        def register_model(self, arch: str, cls: type) -> None:
+            if arch == "Broken":
+                raise TypeError("refused")
+            self.registered.append((arch, cls))
+
+    registry = Registry()
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(ModelRegistry=registry))
+    done = register_model_classes(["Qwen3MoeForCausalLM", "Unknown", "Broken"])
+    assert done == ["Qwen3MoeForCausalLM"]
+    assert registry.registered == [("Qwen3MoeForCausalLM", Model)]
+    monkeypatch.delitem(sys.modules, "vllm")
+    monkeypatch.setattr("builtins.__import__", _refuse_vllm(__import__))
+    assert register_model_classes(["Qwen3MoeForCausalLM"]) == []
+
+
+def _refuse_vllm(original: Any) -> Any:
+    def guarded(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("no vLLM here")
+        return original(name, *args, **kwargs)
+
+    return guarded

@@ -1,6 +1,6 @@
 """The vllm-modular adapter on CPU, with fakes shaped like vLLM's modular MoE APIs (R21-R24).
 
-No vLLM and no GPU: ``test_vllm_fakes`` mirrors the classes, keyword parameters and return
+No vLLM and no GPU: ``vllm_fakes`` mirrors the classes, keyword parameters and return
 tuples the adapter calls, and counts fake "launches" where the GPU host counts CUDA activities.
 """
 
@@ -11,18 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_vllm_fakes as fv
 import torch
+import vllm_fakes as fv
 from tiny_moe import write_model
 
 from acquisition.adapters import AdmissionError, select_backend
+from acquisition.adapters.vllm_banks import clone_banks
 from acquisition.adapters.vllm_capabilities import CapabilityError
-from acquisition.adapters.vllm_modular import (
-    NAIVE_DP_EP,
-    NO_DP_EP,
-    VllmModularBackend,
-    clone_banks,
-)
+from acquisition.adapters.vllm_modular import NAIVE_DP_EP, NO_DP_EP
+from acquisition.adapters.vllm_modular_backend import VllmModularBackend
 from acquisition.catalog import MoeModel, resolve_model
 from acquisition.plan import PlanPoint
 from acquisition.protocol.measure import PointMeter, ProtocolSettings, context_order

@@ -10,7 +10,7 @@ import pytest
 
 from moetables import MoeTarget, write_bundle
 from moetables.bundle import TableSpec
-from registry.services.lookup import clear_lookup_cache
+from registry.lookup.services import clear_lookup_cache
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "bundles/llmservingsim-rtxpro6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"

@@ -27,7 +27,11 @@ ARGS = [
 ]
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS", "")
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="apt-get install -y chromium")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="apt-get install -y chromium"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +117,7 @@ def test_it_draws_the_surface_with_data_and_answers_the_playground(
     assert cells > 100
     assert _traces(page, "#fig-points") == 1
     assert _traces(page, "#fig-local") >= 2
-    assert _traces(page, "#fig-stability") == 2
+    assert _traces(page, "#fig-stability-n") >= 1
     page.fill("#q-n", "128")
     page.fill("#q-a", "30")
     page.fill("#q-m", "512")

@@ -68,7 +68,7 @@ def test_it_lists_and_filters_bundles(
     assert f"/api/v1/bundles/{shipped_bundle.pk}/download" in html
     html = client.get("/?hardware=SYNTH-GPU").content.decode()
     assert "1 of 2 bundles" in html and "<td>RTXPRO6000</td>" not in html
-    html = client.get("/?q=qwen&tp=1&dp=2&backend=TRITON").content.decode()
+    html = client.get("/?q=qwen&tp=1&dp=2&kernel=TRITON").content.decode()
     assert "1 of 2 bundles" in html and "Qwen/Qwen3-30B-A3B-Instruct-2507" in html
 
 
@@ -88,7 +88,8 @@ def test_it_draws_a_historical_table_from_its_rows(client: Client, shipped_bundl
     table = shipped_bundle.tables.first()
     html = client.get(f"/tables/{table.pk}/").content.decode()
     figures = _figures(html)
-    assert set(figures) == {"surface", "points", "local", "stability"}
+    assert set(figures) == {"surface", "points", "local", "stability_b2b", "stability_n",
+                            "stability_a"}
     surface = figures["surface"]
     assert surface["layout"]["meta"]["cells_with_data"] > 100
     z = [v for row in surface["data"][0]["z"] for v in row]
@@ -96,16 +97,17 @@ def test_it_draws_a_historical_table_from_its_rows(client: Client, shipped_bundl
     assert surface["layout"]["xaxis"]["title"]["text"].startswith("N:")
     assert figures["local"]["layout"]["xaxis"]["type"] == "log"
     assert figures["local"]["layout"]["yaxis"]["title"]["text"] == "time (µs)"
-    assert "per-point conditioning controls" in html
-    assert "samples.jsonl" in html  # conservation: says why there is nothing to show
+    assert "<code>coverage.json</code> controls" in html
+    # conservation: the historical layout publishes none, and the page says so
+    assert "the historical layout publishes no per-forward conservation" in html
 
 
 def test_it_draws_a_current_table_per_m_slice(client: Client, current_bundle: Any) -> None:
     table = current_bundle.tables.first()
     html = client.get(f"/tables/{table.pk}/?m=8").content.decode()
     figures = _figures(html)
-    assert "stability" not in figures
-    assert "conditioning_summary" in html
+    assert not any(name.startswith("stability") for name in figures)
+    assert "conditioning_summary" in html and "format version 1 bundles publish" in html
     assert 'value="8" selected' in html
     assert figures["surface"]["layout"]["meta"]["cells_with_data"] > 0
 

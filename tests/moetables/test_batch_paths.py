@@ -18,7 +18,9 @@ from moetables.errors import CoverageError, QueryError
 from moetables.geometry import ExpertGeometry
 from moetables.lookup import INVALID, OK, OUT_OF_SUPPORT, ComponentTables
 from moetables.lookup.balanced import BalancedExpertSurface
-from moetables.lookup.tables import CODE_NAMES, DeploymentTables, Query, parse_query
+from moetables.lookup.codes import CODE_NAMES
+from moetables.lookup.queries import Query, parse_query
+from moetables.lookup.tables import DeploymentTables
 
 
 def _scalar(surface: BalancedExpertSurface, n: int, a: int, m: int) -> tuple[float, int]:

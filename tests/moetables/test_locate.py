@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from moetables.geometry import ExpertGeometry, MoeTarget
 from moetables.lookup import OK
-from moetables.lookup.locate import _INSIDE_TOL, _STRICT_TOL, SimplexLocator
+from moetables.lookup.locate import INSIDE_TOL, STRICT_TOL, SimplexLocator
 from moetables.lookup.surface import ExpertSurface
 from tests.moetables.conftest import expert_points
 
@@ -132,10 +132,10 @@ def check_against_walk(locator: SimplexLocator, points: np.ndarray) -> None:
     # each holds it (the new one strictly, up to rounding, unless the exact search decided).
     clear = theirs.min(axis=1) >= 1e-9
     assert np.array_equal(found[both][clear], walked[both][clear])
-    assert (mine.min(axis=1) >= -_INSIDE_TOL).all()
-    assert (theirs.min(axis=1) >= -_INSIDE_TOL).all()
+    assert (mine.min(axis=1) >= -INSIDE_TOL).all()
+    assert (theirs.min(axis=1) >= -INSIDE_TOL).all()
     held = theirs.min(axis=1) >= 0.0
-    assert (mine.min(axis=1)[held] >= -_STRICT_TOL).all()
+    assert (mine.min(axis=1)[held] >= -STRICT_TOL).all()
     # At most d+1 vertices, nonnegative weights summing to one (R40).
     inside = found >= 0
     assert weights.shape[1] == locator.dim + 1
@@ -226,7 +226,7 @@ def test_it_answers_the_same_without_any_candidates() -> None:  # R40
     weights_again = raw_weights(locator, points[inside], again[inside])
     clear = weights_again.min(axis=1) >= 1e-9
     assert np.array_equal(again[inside][clear], found[inside][clear])
-    assert (weights_again.min(axis=1) >= -_INSIDE_TOL).all()
+    assert (weights_again.min(axis=1) >= -INSIDE_TOL).all()
     assert [locator.locate_one(tuple(p)) is None for p in points[:500]] == [
         s is None for s in scalar
     ]

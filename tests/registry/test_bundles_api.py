@@ -68,8 +68,15 @@ def test_it_lists_bundles_anonymously_newest_first(
         ("tp=2&dp=1", set()),
         ("vllm_version=0.20.0", {"old"}),
         ("vllm_version=0.28.0", {"shipped"}),
-        ("backend=DEEPGEMM", {"h100"}),
-        ("backend=TRITON", {"tp2", "old", "shipped"}),
+        # Issue 13: current-layout bundles carry their vLLM version (from their contracts),
+        # and adapters (backend) and kernels are two filters.
+        ("vllm_version=0.26.0", {"h100", "tp2"}),
+        ("kernel=DEEPGEMM", {"h100"}),
+        ("kernel=TRITON", {"tp2", "old", "shipped"}),
+        ("backend=vllm-modular", {"h100", "tp2", "old", "shipped"}),
+        ("backend=TRITON", set()),
+        ("q=deepgemm", {"h100"}),
+        ("q=vllm-modular", {"h100", "tp2", "old", "shipped"}),
         ("layout=historical", {"shipped"}),
         ("q=qwen", {"shipped"}),
         ("hardware=H100&model=synthetic/b", {"tp2"}),
@@ -132,7 +139,8 @@ def test_it_shows_a_bundle_with_its_tables_files_and_metadata(
         "tokens": [1, 4096], "activated_experts": [0, 64], "local_assignments": [0, 16384],
         "local_tokens": [1, 2048],
     }
-    assert table["contract"]["expert_region"]["backend"] == table["backend"] == "TRITON"
+    assert table["contract"]["expert_region"]["backend"] == table["kernel"] == "TRITON"
+    assert (table["backend"], table["native"], table["vllm_version"]) == ("vllm-modular", True, "0.28.0")
     assert table["coverage"]["complete"] is True
     assert table["url"].endswith(table["table_path"])
     # Without the trailing slash too, as the issue spells the routes.

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import tarfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from registry.models import Bundle
+from registry.services import publish_bundle
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -31,7 +32,7 @@ def test_it_streams_the_bundle_as_tar_gz(api: APIClient, published: Bundle, ship
     assert headers["Content-Type"] == "application/gzip"
     assert headers["ETag"] == f'"{published.sha256}"'
     assert headers["Content-Disposition"] == (
-        'attachment; filename="RTXPRO6000_Qwen--Qwen3-30B-A3B-Instruct-2507_bf16_'
+        'attachment; filename="RTXPRO6000_Qwen--Qwen3-30B-A3B-Instruct-2507_bf16_vllm-modular_'
         f'{published.sha256[:12]}.tar.gz"'
     )
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
@@ -100,3 +101,32 @@ def test_it_answers_404_for_files_and_bundles_it_does_not_have(
     assert api.get(f"/api/v1/bundles/{published.pk}/files/../meta.yaml").status_code == 404
     assert api.get(f"/api/v1/bundles/{published.pk + 1}/download").status_code == 404
     assert api.get(f"/api/v1/bundles/{published.pk + 1}/files/meta.yaml").status_code == 404
+
+
+@pytest.mark.django_db
+def test_it_exports_for_other_simulators_or_names_what_cannot_be(
+    api: APIClient, published: Bundle,
+) -> None:
+    """Issue 13.3: a download per format; a refusal names what the format cannot express."""
+    response = api.get(f"/api/v1/bundles/{published.pk}/export/llmservingsim")
+    assert response.status_code == 200
+    assert response["Content-Disposition"].endswith('_llmservingsim.tar.gz"')
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("/meta.yaml") for n in names)
+    assert any(n.endswith("/tp1/moe_components.json") for n in names)
+    response = api.get(f"/api/v1/bundles/{published.pk}/export/aiconfigurator")
+    assert response.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:gz") as tar:
+        assert any(n.endswith("moe/vllm/0.28.0/moe_perf.txt") for n in tar.getnames())
+    assert api.get(f"/api/v1/bundles/{published.pk}/export/nope").status_code == 404
+
+
+@pytest.mark.django_db
+def test_an_export_a_format_cannot_hold_is_refused_with_its_reasons(
+    api: APIClient, make_bundle: Any,
+) -> None:
+    bundle = publish_bundle(make_bundle(adapter="torch-reference")).bundle
+    response = api.get(f"/api/v1/bundles/{bundle.pk}/export/aiconfigurator")
+    assert response.status_code == 422
+    assert any("ran no vLLM" in p for p in response.json()["problems"])

@@ -16,7 +16,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from config.celery import app
-from registry.jobs.runner import claim_job, recover_jobs
+from registry.jobs.runner import claim_job
+from registry.jobs.sweep import recover_jobs
 from registry.models import AcquisitionJob
 
 pytestmark = [pytest.mark.django_db]

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from config.celery import SWEEP_TASK, app
 from registry.jobs import JobStateError, cancel_job
-from registry.jobs.runner import JobLost, _save, begin_publishing, claim_job
+from registry.jobs.runner import JobLost, begin_publishing, claim_job, record
 from registry.jobs.sweep import SweepAction, release_orphan, sweep_orphaned_jobs
 from registry.models import AcquisitionJob
 from tests.registry.test_jobs_worker import _database_url, wait_for
@@ -120,7 +120,7 @@ def test_it_leaves_a_job_to_whoever_changed_it_after_it_was_read(redis_broker: A
 
     # The runner was only slow: its heartbeat lands after both sweeps read the row.
     job.phase = "measure"
-    _save(job, ["phase"])
+    record(job, ["phase"])
     assert release_orphan(seen, "silent") is None
     assert AcquisitionJob.objects.get(pk=job.pk).state == "running"
 
@@ -144,7 +144,7 @@ def test_it_stops_a_runner_from_writing_a_job_the_sweep_took(redis_broker: Any) 
     # The old runner wakes up: neither its heartbeat nor its publishing may touch the row.
     job.phase = "measure"
     with pytest.raises(JobLost):
-        _save(job, ["phase"])
+        record(job, ["phase"])
     with pytest.raises(JobLost):
         begin_publishing(job)
     assert AcquisitionJob.objects.get(pk=job.pk).state == "queued"
@@ -210,6 +210,8 @@ def test_it_lets_an_accepted_cancel_win_over_publishing(db: None) -> None:
 
 def test_it_schedules_the_sweep_with_celery_beat(settings: Any) -> None:
     entry = app.conf.beat_schedule[SWEEP_TASK]
+    # What a starting worker does: discover the tasks modules (registry/jobs/tasks.py).
+    app.loader.import_default_modules()
     assert entry["task"] == SWEEP_TASK and SWEEP_TASK in app.tasks
     assert entry["schedule"] == settings.REGISTRY["JOB_SWEEP_S"]
     assert entry["options"]["queue"] == "default"

@@ -31,7 +31,7 @@ from moetables.bundle import validate_bundle
 from registry.models import AcquisitionJob
 from tests.registry.conftest import REDIS_URL
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "jobs-test@localhost"

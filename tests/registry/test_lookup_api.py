@@ -11,8 +11,8 @@ from django.core.cache import cache
 
 from moetables import cli
 from moetables.lookup import ComponentTables
+from registry.lookup import services as lookup_service
 from registry.services import checkout_bundle, publish_bundle
-from registry.services import lookup as lookup_service
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -57,7 +57,15 @@ def test_it_answers_like_moetables(api: APIClient, published: Bundle, shipped: P
     response = lookup(api, {"bundle": published.pk, "target": TARGET, "queries": QUERIES})
     assert response.status_code == 200, response.content
     body = response.json()
-    assert body["bundle"] == {"id": published.pk, "sha256": published.sha256}
+    assert body["bundle"] == {
+        "id": published.pk, "sha256": published.sha256, "backend": "vllm-modular",
+        "kernel": "TRITON", "native": True, "vllm_version": "0.28.0",
+    }
+    # R-issue 13: what answered is in the headers too, for a simulator to record.
+    assert response["X-Bundle-Id"] == str(published.pk)
+    assert response["X-Bundle-Sha256"] == published.sha256
+    assert response["X-Bundle-Backend"] == "vllm-modular"
+    assert response["X-Bundle-Vllm-Version"] == "0.28.0"
     assert body["target"] == {**TARGET, "ep": 2}
     assert body["answers"] == direct(shipped, TARGET, QUERIES)
     answers = body["answers"]
@@ -171,8 +179,8 @@ def test_it_says_when_the_bundle_has_no_table_for_the_target(
         ([], "JSON object"),
         ({"bundle": 1, "target": TARGET, "queries": {"a": 1}}, "queries: must be a list"),
         ({"bundle": 1}, "target"),
-        ({"target": TARGET}, "name the bundle one way"),
-        ({"bundle": 1, "sha256": "0" * 64, "target": TARGET}, "name the bundle one way"),
+        ({"target": TARGET}, "name the bundle: bundle (id or sha256)"),
+        ({"bundle": 1, "sha256": "0" * 64, "target": TARGET}, "name the bundle once"),
         ({"hardware": "x", "target": TARGET}, "go together"),
         ({"bundle": 1, "target": {**TARGET, "ep": 3}}, "ep must equal tp*dp"),
         ({"bundle": 1, "target": {**TARGET, "rank": 2}}, "rank must be below ep"),

@@ -42,7 +42,10 @@ def test_it_publishes_the_shipped_historical_bundle(shipped: Path) -> None:
         (1, 2, 2, 0, False), (1, 2, 2, 1, False),
     ]
     first = tables[0]
-    assert first.backend == "TRITON"
+    # R-issue 13: the LLMServingSim profiler's native modular region, kernel TRITON
+    assert (first.backend, first.kernel, first.native, first.vllm_version) == (
+        "vllm-modular", "TRITON", True, "0.28.0"
+    )
     assert first.components == ["gate_routing", "experts", "finalize_copy"]
     assert first.modes == ["eager", "graph"]
     assert first.row_count == 514
@@ -108,7 +111,9 @@ def test_it_indexes_a_current_layout_bundle(make_bundle: Any) -> None:
     assert bundle.missing_files == []
     tables = list(bundle.tables.all())
     assert [(t.tp, t.dp, t.ep, t.rank) for t in tables] == [(2, 2, 4, r) for r in range(4)]
-    assert {t.backend for t in tables} == {"DEEPGEMM"}
+    assert {(t.backend, t.kernel, t.vllm_version) for t in tables} == {
+        ("vllm-modular", "DEEPGEMM", "0.26.0")
+    }
     assert tables[0].table_path == "tp2/moe_components/dp2_ep4_rank0_sp0/components.csv"
     assert tables[0].tokens_max == 64 and tables[0].local_tokens_max == 32
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from registry.lookup.services import clear_lookup_cache
 from registry.services.checkout import checkout_path
-from registry.services.lookup import clear_lookup_cache
 from registry.storage import blob_name, bundle_storage
 
 if TYPE_CHECKING:

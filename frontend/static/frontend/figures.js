@@ -10,6 +10,47 @@
     lines.push(line);
     return lines.join("<br>");
   }
+  // Figures whose layout.meta.link names the same x quantity zoom together and show the
+  // hover at the same x (e.g. the surface and the stability figure over N).
+  var groups = {};
+  function link(div, key) {
+    var members = groups[key] = groups[key] || [];
+    members.push(div);
+    var busy = false;
+    div.on("plotly_relayout", function (ev) {
+      // A relayout this link made itself is not passed on again.
+      if (busy || div.dataset.linking) { return; }
+      var update = null;
+      if (ev["xaxis.range[0]"] !== undefined) {
+        update = {"xaxis.range": [ev["xaxis.range[0]"], ev["xaxis.range[1]"]]};
+      } else if (ev["xaxis.range"]) {
+        update = {"xaxis.range": ev["xaxis.range"].slice()};
+      } else if (ev["xaxis.autorange"]) {
+        update = {"xaxis.autorange": true};
+      }
+      if (!update) { return; }
+      members.forEach(function (other) {
+        if (other === div) { return; }
+        other.dataset.linking = "1";
+        Plotly.relayout(other, update).then(function () { delete other.dataset.linking; });
+      });
+    });
+    div.on("plotly_hover", function (ev) {
+      if (busy || !ev.points || !ev.points.length) { return; }
+      busy = true;
+      members.forEach(function (other) {
+        if (other !== div && other.dataset.rendered) {
+          try { Plotly.Fx.hover(other, {xval: ev.points[0].x}); } catch (e) { /* no point */ }
+        }
+      });
+      busy = false;
+    });
+    div.on("plotly_unhover", function () {
+      members.forEach(function (other) {
+        if (other !== div && other.dataset.rendered) { Plotly.Fx.unhover(other); }
+      });
+    });
+  }
   function draw() {
     document.querySelectorAll("[data-figure]").forEach(function (div) {
       var spec = document.getElementById(div.dataset.figure);
@@ -23,7 +64,11 @@
         fig.layout.margin = {l: 55, r: 10, t: 70, b: 60};
       }
       Plotly.newPlot(div, fig.data, fig.layout, {responsive: true, displaylogo: false})
-        .then(function () { div.dataset.rendered = String(fig.data.length); });
+        .then(function () {
+          var key = fig.layout.meta && fig.layout.meta.link;
+          if (key) { link(div, key); }
+          div.dataset.rendered = String(fig.data.length);
+        });
     });
   }
   if (document.readyState === "loading") {

@@ -1,0 +1,183 @@
+"""The contract's ``backend`` description of the vLLM sessions (R32).
+
+What each session is (classes, resolved backend, layouts, dtypes, boundaries, build-time
+observations, capabilities read, exclusions and the attribution method), read from the
+session; kept apart from the sessions so that each file has one owner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from acquisition.adapters.vllm_capabilities import qualified_name
+from acquisition.adapters.vllm_live_scopes import WRAPPER
+from acquisition.adapters.vllm_modular_native import NO_DP_EP
+from moetables.bundle import EXPERTS
+
+__all__ = ["describe_live", "describe_modular"]
+
+ATTRIBUTION = (
+    "launch_correlation: CUDA kernels, copies and sets attributed by the "
+    "correlation id of their host launch inside each component's range"
+)
+
+
+def _vllm_version() -> str | None:
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception:  # recorded only; never decides anything
+        return None
+
+
+def describe_modular(session: Any) -> dict[str, Any]:
+    """The ``vllm-modular`` session's contract fields."""
+    torch = session._torch
+    vllm_version = _vllm_version()
+    choice = session.choice
+    boundaries = {
+        "gate_routing": (
+            "gate projection (vLLM UnquantizedLinearMethod.apply, the method "
+            "ReplicatedLinear.forward calls) + router.select_experts"
+        ),
+        EXPERTS: (
+            "native prepare (verified input-preserving no-op) + experts.apply into the "
+            "caller's buffer + native finalize with the no-op reduction (no copy)"
+            if choice.prepare_kind == NO_DP_EP
+            else "experts.apply on the gathered rows into the caller's buffer + the "
+            "experts' no-op reduction; dispatch (all-gather) and combine (reduce-scatter) "
+            "are collectives and excluded"
+        ),
+    }
+    if "finalize_copy" in session.components:
+        boundaries["finalize_copy"] = (
+            "the native finalize's copy of the combined local rows into the layer output"
+        )
+    return {
+        "name": "vllm-modular",
+        "native": True,
+        "implementation": f"{type(session).__module__}.{type(session).__name__}",
+        "vllm_version": vllm_version,
+        "kernel_class": qualified_name(session.kernel),
+        "expert_class": qualified_name(session.experts),
+        "prepare_finalize_class": qualified_name(session.prepare_finalize),
+        "reduction_class": qualified_name(session.reduction),
+        "native_backend": choice.backend_label,
+        "backend_resolution": "select_unquantized_moe_backend(FusedMoEConfig of this rank)",
+        "prepare_finalize_kind": choice.prepare_kind,
+        "all2all_backend": choice.all2all_backend,
+        "router_class": qualified_name(session.router),
+        "gate_class": qualified_name(session.gate),
+        "expert_map_source": "vllm determine_expert_map (linear placement)",
+        "moe_parallel_config": {
+            k: getattr(choice.parallel, k)
+            for k in ("tp_size", "dp_size", "ep_size", "ep_rank", "dp_rank", "sp_size")
+            if hasattr(choice.parallel, k)
+        },
+        "expert_layout": {
+            "w13": {"shape": list(session.w13.shape), "stride": list(session.w13.stride())},
+            "w2": {"shape": list(session.w2.shape), "stride": list(session.w2.stride())},
+            "conversion": "convert_to_unquantized_kernel_format(backend)",
+        },
+        "activation": str(getattr(choice.activation, "value", choice.activation)),
+        "activation_layout": "standard",
+        "routing": {
+            "scoring": session.model.scoring,
+            "renormalize": session.model.renormalize,
+            "routing_method": str(getattr(session.router, "routing_method_type", None)),
+        },
+        "dtypes": {
+            "hidden_states": session.dtype_name,
+            "expert_weights": str(session.w13.dtype).removeprefix("torch."),
+            "gate_weight": str(session.gate.weight.dtype).removeprefix("torch."),
+            "router_logits": session.observations.get("router_logits_dtype"),
+            "topk_weights": "float32",
+            "topk_ids": str(session.topk_dtype).removeprefix("torch."),
+        },
+        "gate_weight_bytes": session.gate.weight.numel() * session.gate.weight.element_size(),
+        "boundaries": boundaries,
+        "local_execution": session.observations.get("local_execution"),
+        "experts_activities_per_forward": session.observations.get(
+            "experts_activities_per_forward"
+        ),
+        "native_kernel_apply_comparison": session.observations.get(
+            "native_kernel_apply_comparison"
+        ),
+        "capabilities": {
+            "deferred_finalization": session.deferral_readings,
+            "admission": "live API probes (imports, signatures, classes); no version checks",
+        },
+        "synthetic_weights": "seeded normal values in the native layout",
+        "excluded": ["collectives", "cpu_time", "launch_gaps", "shared_experts"],
+        "attribution": ATTRIBUTION,
+        "device_capability": (
+            list(torch.cuda.get_device_capability(session.device))
+            if session.device.type == "cuda"
+            else None
+        ),
+    }
+
+
+def describe_live(session: Any) -> dict[str, Any]:
+    """The ``vllm-live`` session's contract fields."""
+    vllm_version = _vllm_version()
+    layer = session.layer
+    experts = getattr(layer.kernel, "fused_experts", None)
+    prepare = getattr(layer.kernel, "prepare_finalize", None)
+    backend = getattr(layer.quant_method, "unquantized_backend", None)
+    return {
+        "name": "vllm-live",
+        "native": True,
+        "implementation": f"{type(session).__module__}.{type(session).__name__}",
+        "vllm_version": vllm_version,
+        "engine": session.engine_settings,
+        "layer_path": layer.path,
+        "parent_class": qualified_name(layer.parent),
+        "runner_class": qualified_name(layer.runner),
+        "router_class": qualified_name(layer.router),
+        "gate_class": qualified_name(layer.gate),
+        "quant_method_class": qualified_name(layer.quant_method),
+        "kernel_class": qualified_name(layer.kernel),
+        "expert_class": qualified_name(experts),
+        "prepare_finalize_class": qualified_name(prepare),
+        "native_backend": str(getattr(backend, "value", backend)),
+        "weights": "the engine's dummy-loaded, natively processed weights (no substitution)",
+        "expert_layout": {
+            "w13": {"shape": list(session.w13.shape), "stride": list(session.w13.stride())},
+            "w2": {"shape": list(session.w2.shape), "stride": list(session.w2.stride())},
+        },
+        "activation": str(getattr(layer.routed_experts, "activation", None)),
+        "dtypes": {
+            "hidden_states": session.dtype_name,
+            "expert_weights": str(session.w13.dtype).removeprefix("torch."),
+            "gate_weight": str(getattr(layer.gate, "weight", session.w13).dtype).removeprefix(
+                "torch."
+            ),
+            "router_logits": session.observations.get("router_logits_dtype"),
+            "topk_weights": "float32",
+            "topk_ids": str(session.topk_dtype).removeprefix("torch."),
+        },
+        "boundaries": {
+            "gate_routing": "the layer's gate projection + router.select_experts",
+            EXPERTS: "moe_kernel.apply (native prepare, experts, finalize and output "
+            "allocation) with cloned banks; reference: routed_experts.forward_modular",
+            WRAPPER: "parent forward minus the gate/router and routed-kernel scopes "
+            "(scopes elided; ownership verified on traced native forwards)"
+            + (
+                ""
+                if WRAPPER in session.components
+                else "; launches no device activity in this layer (launch_ownership), "
+                "so it has no table row"
+            ),
+        },
+        "launch_ownership": session.ownership,
+        "state_checks": "parameter bindings, layouts and version counters; effective MoE "
+        "config; callable identities; at build and before every reference comparison",
+        "capabilities": {
+            "deferred_finalization": session.deferral_readings,
+            "admission": "live API probes and the engine layer's state; no version checks",
+        },
+        "excluded": ["collectives", "cpu_time", "launch_gaps"],
+        "attribution": ATTRIBUTION,
+    }

@@ -1,0 +1,105 @@
+"""Admission and build of the ``vllm-modular`` adapter (R21-R24): which target ranks vLLM's
+modular kernel can be emulated for on one GPU, and why the others are declined."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from acquisition.adapters.base import Admission, RuntimeInfo
+from acquisition.adapters.vllm_capabilities import (
+    MODULAR_SYMBOLS,
+    ApiSurface,
+    CapabilityError,
+    Resolver,
+    import_resolver,
+    model_reasons,
+    probe_surface,
+)
+from acquisition.adapters.vllm_modular import VllmModularSession
+from acquisition.adapters.vllm_modular_native import (
+    class_reasons,
+    resolve_native,
+    torch_dtype,
+    vllm_context,
+)
+from moetables.bundle import EXPERTS
+from moetables.geometry import MoeTarget
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from acquisition.catalog import MoeModel
+
+__all__ = ["VllmModularBackend"]
+
+
+class VllmModularBackend:
+    """Admits unquantized modular expert execution of any full-EP target rank."""
+
+    name: ClassVar[str] = "vllm-modular"
+    native: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        resolve: Resolver = import_resolver,
+        activities: Callable[[Callable[[], Any]], list[str]] | None = None,
+    ) -> None:
+        self._resolve = resolve
+        self._activities = activities
+
+    def components(self, model: MoeModel, target: MoeTarget) -> tuple[str, ...]:
+        """DP+EP adds the local finalize copy; DP1's finalize is a verified no-op (R22, R23)."""
+        if target.dp > 1:
+            return ("gate_routing", EXPERTS, "finalize_copy")
+        return ("gate_routing", EXPERTS)
+
+    def surface(self) -> ApiSurface:
+        return probe_surface(MODULAR_SYMBOLS, self._resolve)
+
+    def admit(self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo) -> Admission:
+        reasons: list[str] = []
+        if runtime.device != "cuda" or not runtime.accelerator_available:
+            reasons.append(
+                "needs a CUDA device: vLLM's modular experts are GPU kernels "
+                f"(--device {runtime.device}, accelerator available: "
+                f"{runtime.accelerator_available})"
+            )
+        reasons += model_reasons(model, quantized_allowed=False)
+        if model.shared_experts:
+            reasons.append(
+                "shared experts: the modular boundaries hold routed experts only; use the live "
+                "adapter, whose wrapper keeps the shared experts"
+            )
+        try:
+            self._resolve("vllm")
+            surface = self.surface()
+        except Exception as exc:  # vLLM failing at import is a decline, not a crash
+            reasons.append(f"vLLM is not importable here: {type(exc).__name__}: {exc}")
+            return Admission.decline(self.name, *reasons)
+        if not surface.complete:
+            return Admission.decline(self.name, *reasons, *surface.missing)
+        reasons += class_reasons(surface)
+        if reasons:
+            return Admission.decline(self.name, *reasons)
+        try:
+            import torch
+
+            with vllm_context(surface) as config:
+                resolve_native(
+                    surface,
+                    model,
+                    target,
+                    device=torch.device("cuda"),
+                    dtype=torch_dtype(model.dtype or "bfloat16"),
+                    all2all_backend=config.parallel_config.all2all_backend,
+                )
+        except CapabilityError as exc:
+            return Admission.decline(self.name, *exc.reasons)
+        return Admission.accept(self.name)
+
+    def build(
+        self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo, dtype: str
+    ) -> VllmModularSession:
+        return VllmModularSession(
+            model, target, runtime, dtype, self.surface(), activities=self._activities
+        )

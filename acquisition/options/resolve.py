@@ -1,0 +1,135 @@
+"""Checked options resolved into a request and one point plan per target (pure: no torch),
+with `OptionError` naming the field at fault."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from acquisition.catalog import CatalogError, resolve_model, variant_for_dtype
+from acquisition.deployments import DegreeError, select_deployments, targets_for
+from acquisition.options.schema import NON_FIELD, AcquisitionOptions, OptionError
+from acquisition.plan import (
+    CaptureSizes,
+    CudagraphMode,
+    PointPlan,
+    build_plan,
+    derived_capture_sizes,
+)
+from acquisition.protocol.measure import ProtocolSettings
+from acquisition.request import AcquisitionRequest
+from moetables.bundle import EXPERTS
+from moetables.geometry import ExpertGeometry, MoeTarget
+
+__all__ = ["command_line", "default_components", "plan_target", "prepare"]
+
+
+def prepare(
+    options: AcquisitionOptions, command_line: str = ""
+) -> tuple[AcquisitionRequest, list[PointPlan]]:
+    """Resolve checked options into a request and one plan per target; no torch involved.
+
+    Raises `OptionError` naming the field at fault.
+    """
+    if options.force:
+        raise OptionError(
+            "force",
+            "--force is rejected: resume the original acquisition, or "
+            "choose another --out-root for a new measurement",
+        )
+    try:
+        model = resolve_model(options.model)
+    except CatalogError as exc:
+        raise OptionError("model", str(exc)) from exc
+    dtype = options.dtype if options.dtype != "auto" else model.dtype
+    if dtype is None:
+        raise OptionError("dtype", f"{model.name}: config.json names no torch_dtype; pass --dtype")
+    try:
+        variant = variant_for_dtype(dtype)
+    except CatalogError as exc:
+        raise OptionError("dtype", str(exc)) from exc
+    try:
+        deployments = select_deployments(
+            options.command, options.tp, options.tp_refresh, options.dp, options.ep
+        )
+        targets = targets_for(model, deployments)
+    except DegreeError as exc:
+        raise OptionError(exc.field, str(exc)) from exc
+    if options.max_num_seqs > options.max_num_batched_tokens:
+        raise OptionError(
+            "max_num_seqs",
+            f"--max-num-seqs {options.max_num_seqs} exceeds --max-num-batched-tokens "
+            f"{options.max_num_batched_tokens}; vLLM refuses such limits",
+        )
+    settings = ProtocolSettings(
+        rounds=options.rounds,
+        iterations=options.iterations,
+        warmup_cycles=options.warmup_cycles,
+        tolerance=options.quality_tolerance,
+        attempts=options.control_attempts,
+        batch_points=options.profile_batch,
+    )
+    if options.cudagraph_capture_sizes:
+        bad = [s for s in options.cudagraph_capture_sizes if s < 1]
+        if bad:
+            raise OptionError(
+                "cudagraph_capture_sizes", f"--cudagraph-capture-sizes must be positive, got {bad}"
+            )
+        captures = CaptureSizes(
+            tuple(sorted(set(options.cudagraph_capture_sizes))), "target_option"
+        )
+    else:
+        captures = derived_capture_sizes(options.max_num_seqs, options.max_num_batched_tokens)
+    request = AcquisitionRequest(
+        command=options.command,
+        model=model,
+        hardware=options.hardware,
+        dtype=dtype,
+        variant=variant,
+        out_root=options.out_root,
+        backend=options.backend,
+        device=options.device,
+        settings=settings,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        max_num_seqs=options.max_num_seqs,
+        grid_factor=options.grid_factor,
+        cudagraph_mode=CudagraphMode(options.cudagraph_mode),
+        captures=captures,
+        cache_bytes=options.cache_bytes,
+        command_line=command_line,
+        engine_attention_backend=options.engine_attention_backend,
+        engine_kv_cache_bytes=options.engine_kv_cache_bytes,
+    )
+    try:
+        plans = [plan_target(request, target, default_components(target)) for target in targets]
+    except ValueError as exc:
+        raise OptionError(NON_FIELD, str(exc)) from exc
+    return request, plans
+
+
+def command_line(argv: Sequence[str]) -> str:
+    return shlex.join(["python", "-m", "acquisition", *argv])
+
+
+def default_components(target: MoeTarget) -> tuple[str, ...]:
+    """The modular component set (R22, R23), until an admitted adapter names its own."""
+    if target.dp > 1:
+        return ("gate_routing", EXPERTS, "finalize_copy")
+    return ("gate_routing", EXPERTS)
+
+
+def plan_target(
+    request: AcquisitionRequest, target: MoeTarget, components: Sequence[str]
+) -> PointPlan:
+    model = request.model
+    geometry = ExpertGeometry.for_target(model.global_experts, model.top_k, target)
+    return build_plan(
+        target,
+        geometry,
+        components,
+        max_num_batched_tokens=request.max_num_batched_tokens,
+        max_num_seqs=request.max_num_seqs,
+        factor=request.grid_factor,
+        mode=request.cudagraph_mode,
+        captures=request.captures,
+    )

@@ -1,0 +1,166 @@
+"""The dashboard's estimate page: a step's token counts and a policy in, the per-rank timeline
+(compute, wait, transfer) and the numbers out. The same request and answer as
+POST /api/v1/estimate (`moetables.estimate_query`), drawn with Plotly."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from django.shortcuts import get_object_or_404, render
+
+from moetables.errors import BundleError, CoverageError, QueryError
+from moetables.estimate_query import answer_estimate, parse_estimate_request
+from moetables.routing import POLICIES
+from registry.lookup.services import BundleRef, tables_for
+from registry.models import Bundle
+from registry.profile_models import RoutingProfileRecord
+from registry.services.estimate import cluster_dir, named_cluster
+from registry.services.profiles import published_profile
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
+
+__all__ = ["estimate_page", "timeline_figure"]
+
+COLORS = {"compute": "#2b6cb0", "wait": "#d69e2e", "transfer": "#c53030"}
+
+
+def timeline_figure(answer: dict[str, Any]) -> dict[str, Any]:
+    """Horizontal bars per rank: compute segments, then each collective's wait and transfer."""
+    bars: dict[str, dict[str, list[Any]]] = {
+        kind: {"y": [], "base": [], "x": [], "text": []} for kind in COLORS
+    }
+
+    def add(kind: str, rank: int, start: float, length: float, text: str) -> None:
+        if length <= 0:
+            return
+        bar = bars[kind]
+        bar["y"].append(f"rank {rank}")
+        bar["base"].append(round(start, 4))
+        bar["x"].append(round(length, 4))
+        bar["text"].append(text)
+
+    for e in answer["events"]:
+        if e["kind"] == "compute":
+            add("compute", e["rank"], e["start_us"], e["end_us"] - e["start_us"],
+                f"{e['name']}: {e['end_us'] - e['start_us']:.2f} µs")
+            continue
+        add("wait", e["rank"], e["start_us"], e["wait_us"],
+            f"{e['name']}: wait {e['wait_us']:.2f} µs")
+        if e["transfer_us"] is not None:
+            add("transfer", e["rank"], e["start_us"] + e["wait_us"], e["transfer_us"],
+                f"{e['name']}: transfer {e['transfer_us']:.2f} µs, {e['bytes']} bytes sent")
+    data = [
+        {
+            "type": "bar", "orientation": "h", "name": kind, "marker": {"color": COLORS[kind]},
+            "hovertemplate": "%{text}<extra>%{y}</extra>", "textposition": "none", **bar,
+        }
+        for kind, bar in bars.items()
+        if bar["x"]
+    ]
+    title = "Per-rank timeline of one MoE layer"
+    if answer["layer_us"] is None:
+        title += " (no cluster: transfers unknown, left out)"
+    return {
+        "data": data,
+        "layout": {
+            "title": {"text": title},
+            "font": {"family": "system-ui, sans-serif", "size": 13},
+            "barmode": "overlay",
+            "xaxis": {"title": {"text": "µs from the layer's start"}},
+            "yaxis": {"autorange": "reversed"},
+            "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
+            "legend": {"orientation": "h", "y": -0.25},
+            "height": max(420, 160 + 50 * len(answer["ranks"])),
+        },
+    }
+
+
+def _deployments(bundle: Bundle) -> list[tuple[int, int, bool]]:
+    seen = {(t.tp, t.dp, t.sequence_parallel) for t in bundle.tables.all()}
+    return sorted(seen)
+
+
+def _value(d: tuple[int, int, bool]) -> str:
+    return f"{d[0]}/{d[1]}/{int(d[2])}"
+
+
+def _json_field(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise QueryError(f"{what}: not JSON ({exc.msg})") from None
+
+
+def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
+    bundle = get_object_or_404(Bundle, pk=pk)
+    deployments = _deployments(bundle)
+    params = request.GET
+    clusters = sorted(p.stem for p in cluster_dir().glob("*.yaml")) if cluster_dir().is_dir() \
+        else []
+    default = next((d for d in deployments if d[1] > 1), deployments[0] if deployments else None)
+    chosen = params.get("deployment") or (_value(default) if default else "")
+    form = {
+        "deployment": chosen,
+        "tokens": params.get("tokens", ",".join(["64"] * (default[1] if default else 1))),
+        "policy": params.get("policy", "balanced"),
+        "seed": params.get("seed", "0"),
+        "mode": params.get("mode", "eager"),
+        "cluster": params.get("cluster", clusters[0] if clusters else ""),
+        "expert_counts": params.get("expert_counts", ""),
+        "active_curve": params.get("active_curve", ""),
+        "load_shares": params.get("load_shares", ""),
+        "profile": params.get("profile", ""),
+        "layer": params.get("layer", ""),
+    }
+    context: dict[str, Any] = {
+        "bundle": bundle,
+        "deployments": [
+            {"value": _value(d), "label": f"TP{d[0]} · DP{d[1]}" + (" · SP" if d[2] else "")}
+            for d in deployments
+        ],
+        "policies": POLICIES,
+        "profiles": RoutingProfileRecord.objects.order_by("-published_at", "-id").values(
+            "pk", "model", "router", "global_experts", "top_k"
+        )[:100],
+        "clusters": clusters, "form": form, "answer": None, "error": None, "charts": {},
+    }
+    if "tokens" in params:
+        try:
+            tp, dp, sp = (int(v) for v in form["deployment"].split("/"))
+            raw: dict[str, Any] = {
+                "tp": tp, "dp": dp, "sequence_parallel": bool(sp),
+                "tokens": [int(n) for n in form["tokens"].replace(" ", "").split(",") if n],
+                "policy": form["policy"], "seed": int(form["seed"] or 0), "mode": form["mode"],
+            }
+            for key in ("expert_counts", "active_curve", "load_shares"):
+                if form[key].strip():
+                    raw[key] = _json_field(form[key], key)
+            if form["profile"].strip():
+                if not form["profile"].strip().isdigit():
+                    raise QueryError(f"profile: {form['profile']!r} is not a profile id")
+                found = published_profile(int(form["profile"]))
+                if isinstance(found, str):
+                    raise QueryError(found)
+                raw["profile"] = found
+            if form["layer"].strip():
+                if not form["layer"].strip().isdigit():
+                    raise QueryError(f"layer: {form['layer']!r} is not a layer index")
+                raw["layer"] = int(form["layer"])
+            cluster = named_cluster(form["cluster"]) if form["cluster"] else None
+            answer = answer_estimate(
+                tables_for(BundleRef(bundle.pk, bundle.sha256)),
+                parse_estimate_request(raw),
+                cluster,
+            )
+            assert isinstance(answer, dict)
+            context["answer"] = answer
+            context["charts"] = {"timeline": timeline_figure(answer)}
+        except ValueError as exc:  # QueryError, ClusterError, a bad number: the input
+            context["error"] = ("invalid", str(exc))
+        except CoverageError as exc:
+            context["error"] = ("out_of_support", str(exc))
+        except BundleError as exc:
+            context["error"] = ("corrupt_bundle", str(exc))
+    return render(request, "frontend/estimate.html", context)

@@ -1,0 +1,227 @@
+"""POST /api/v1/estimate: the MoE layer estimate of `python -m moetables estimate`, over REST.
+
+The serializers here document the request and answer for OpenAPI only; requests are checked
+by `moetables.estimate_query` (one definition for the CLI and REST), so the two can never
+disagree about what a well-formed estimate is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from moetables.routing import POLICIES
+from registry.api.fastjson import FastJSONRenderer, JSONOnlyNegotiation, plain_lookup_body
+from registry.api.throttles import LookupThrottle
+from registry.services.estimate import run_estimate
+from registry.tokens import HashedTokenAuthentication
+
+__all__ = ["EstimateView", "estimate"]
+
+
+class EstimateRequestSerializer(serializers.Serializer[Any]):
+    """Which bundle (as for a lookup), the deployment, one step or many, routing and links."""
+
+    bundle = serializers.IntegerField(required=False, min_value=1)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False)
+    hardware = serializers.CharField(required=False)
+    model = serializers.CharField(required=False)
+    variant = serializers.CharField(required=False)
+    tp = serializers.IntegerField(min_value=1)
+    dp = serializers.IntegerField(min_value=1)
+    sequence_parallel = serializers.BooleanField(default=False)
+    tokens = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), required=False,
+        help_text="one step: the padded token count of every DP rank (answer: one object)",
+    )
+    steps = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField(min_value=1)),
+        required=False, help_text="many steps (answer: `answers`, one per step)",
+    )
+    policy = serializers.ChoiceField(choices=list(POLICIES), default="balanced")
+    expert_counts = serializers.JSONField(
+        required=False,
+        help_text="histogram: the step's global per-expert pair counts (a list per step "
+        "with `steps`)",
+    )
+    active_curve = serializers.JSONField(required=False, help_text="custom: [[N, A], ...]")
+    load_shares = serializers.ListField(child=serializers.FloatField(), required=False)
+    seed = serializers.IntegerField(min_value=0, default=0, help_text="random, captured policies")
+    profile = serializers.JSONField(
+        required=False,
+        help_text="captured: a published routing profile's id, or a profile inline "
+        "({meta, step_tokens, counts})",
+    )
+    layer = serializers.IntegerField(
+        min_value=0, required=False, help_text="captured: the profile's layer (default: all)"
+    )
+    profile_draw = serializers.ChoiceField(
+        choices=["sample", "expectation"], default="sample",
+        help_text="captured: a seeded draw at N, or the mean per-rank (A, M)",
+    )
+    mode = serializers.ChoiceField(choices=["eager", "graph"], default="eager")
+    capture_sizes = serializers.ListField(child=serializers.IntegerField(min_value=1),
+                                          required=False)
+    events = serializers.BooleanField(
+        default=True, help_text="include the per-rank trace events; false for smaller answers")
+    rank_expert_counts = serializers.BooleanField(
+        default=False,
+        help_text="add each rank's pairs per local expert (`expert_range`, `expert_counts`); "
+        "histogram, round_robin and random policies only",
+    )
+    cluster = serializers.JSONField(
+        required=False,
+        help_text="a shipped cluster's name (clusters/<name>.yaml) or an inline moe-cluster "
+        "description; without one, collectives carry bytes but no time and layer_us is null",
+    )
+
+
+class RankSerializer(serializers.Serializer[Any]):
+    rank = serializers.IntegerField()
+    dp_rank = serializers.IntegerField()
+    tp_rank = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+    local_rows = serializers.IntegerField()
+    N = serializers.IntegerField()
+    A = serializers.IntegerField()
+    M = serializers.IntegerField()
+    components = serializers.DictField(child=serializers.FloatField())
+    compute_us = serializers.FloatField()
+    wait_us = serializers.FloatField()
+    transfer_us = serializers.FloatField(allow_null=True)
+    end_us = serializers.FloatField()
+    expert_range = serializers.ListField(
+        child=serializers.IntegerField(), required=False,
+        help_text="with rank_expert_counts: the rank's global experts [start, stop)",
+    )
+    expert_counts = serializers.ListField(
+        child=serializers.IntegerField(), required=False,
+        help_text="with rank_expert_counts: the rank's pairs per local expert",
+    )
+
+
+class CollectiveSerializer(serializers.Serializer[Any]):
+    op = serializers.CharField()
+    tensor = serializers.CharField()
+    scope = serializers.CharField()
+    ranks = serializers.ListField(child=serializers.IntegerField())
+    bytes = serializers.IntegerField(help_text="nccl-tests size S")
+    bytes_by_rank = serializers.ListField(child=serializers.IntegerField())
+    equal_counts = serializers.BooleanField()
+    vllm_call = serializers.CharField()
+    kernels = serializers.ListField(child=serializers.CharField())
+    launch = serializers.CharField(
+        help_text="collectives sharing a launch run as one NCCL kernel (one latency); "
+        "empty when launched alone",
+    )
+    start_us = serializers.FloatField()
+    transfer_us = serializers.FloatField(allow_null=True)
+    wait_us = serializers.FloatField()
+    wait_by_rank = serializers.ListField(child=serializers.FloatField())
+
+
+class EventSerializer(serializers.Serializer[Any]):
+    rank = serializers.IntegerField()
+    name = serializers.CharField()
+    kind = serializers.CharField()
+    start_us = serializers.FloatField()
+    end_us = serializers.FloatField()
+    wait_us = serializers.FloatField()
+    transfer_us = serializers.FloatField(allow_null=True)
+    bytes = serializers.IntegerField(allow_null=True)
+
+
+class EstimateAnswerSerializer(serializers.Serializer[Any]):
+    bundle = serializers.DictField()
+    deployment = serializers.DictField()
+    policy = serializers.CharField()
+    mode = serializers.CharField()
+    table_mode = serializers.CharField()
+    tokens = serializers.ListField(child=serializers.IntegerField())
+    padded_tokens = serializers.ListField(child=serializers.IntegerField())
+    cluster = serializers.CharField(allow_null=True)
+    ranks = RankSerializer(many=True)
+    collectives = CollectiveSerializer(many=True)
+    events = EventSerializer(many=True, required=False)
+    layer_us = serializers.FloatField(allow_null=True)
+    layer_compute_us = serializers.FloatField()
+    critical_rank = serializers.IntegerField()
+    notes = serializers.ListField(child=serializers.CharField())
+    answers = serializers.ListField(
+        child=serializers.DictField(), required=False,
+        help_text="with `steps`: one answer (as above, or error + message) per step",
+    )
+
+
+class EstimateErrorSerializer(serializers.Serializer[Any]):
+    error = serializers.CharField()
+    message = serializers.CharField(required=False)
+    problems = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+class EstimateView(APIView):
+    """The time of one MoE layer in one step (or many): per rank rows, N, A, M, component
+    times, compute, wait and transfer; the collectives with their bytes and NCCL kernels."""
+
+    authentication_classes = (HashedTokenAuthentication,)
+    permission_classes = (AllowAny,)
+    throttle_classes = (LookupThrottle,)
+    parser_classes = (JSONParser,)
+    renderer_classes = (FastJSONRenderer,)
+    content_negotiation_class = JSONOnlyNegotiation
+
+    def get_throttles(self) -> list[Any]:
+        from django.conf import settings
+
+        return super().get_throttles() if settings.REGISTRY.get("LOOKUP_THROTTLE") else []
+
+    @extend_schema(
+        operation_id="estimate",
+        request=EstimateRequestSerializer,
+        responses={
+            200: EstimateAnswerSerializer,
+            400: OpenApiResponse(EstimateErrorSerializer, description="malformed request"),
+            404: OpenApiResponse(EstimateErrorSerializer, description="no such bundle"),
+            409: OpenApiResponse(EstimateErrorSerializer, description="stored bundle is corrupt"),
+            422: OpenApiResponse(
+                EstimateErrorSerializer,
+                description="a rank's table is missing, or the step is outside measured "
+                "support (the message names rank and component)",
+            ),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        http_status, body = run_estimate(request.data)
+        return Response(body, status=http_status)
+
+
+_view = EstimateView.as_view()
+_RENDERER = FastJSONRenderer()
+
+
+@csrf_exempt
+def estimate(request: HttpRequest) -> HttpResponse:
+    """The common request (a plain JSON POST) answered without DRF's request cycle, as the
+    lookup does; everything else goes to `EstimateView`."""
+    data = plain_lookup_body(request)
+    if data is None:
+        return _view(request)
+    http_status, body = run_estimate(data)
+    response = HttpResponse(
+        _RENDERER.render(body), content_type="application/json", status=http_status
+    )
+    response["Allow"] = "POST, OPTIONS"
+    return response
+
+
+estimate.cls = EstimateView  # type: ignore[attr-defined]
+estimate.initkwargs = {}  # type: ignore[attr-defined]

@@ -1,0 +1,131 @@
+"""The coverage matrix: which hardware, model, variant and backend has which deployment table.
+
+Rows are (hardware, model, variant, backend); columns every deployment rank any bundle covers
+(TP, DP, EP, rank, sequence parallel), so a row's missing ranks show as gaps. A cell holds the
+latest published table of its row and column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.urls import reverse
+
+from registry.models import DeploymentTable
+from registry.services.quality import table_quality
+
+__all__ = ["Deployment", "coverage_matrix", "deployment_label"]
+
+Deployment = tuple[int, int, int, int, bool]  # tp, dp, ep, rank, sequence_parallel
+
+
+def deployment_label(d: Deployment) -> str:
+    tp, dp, ep, rank, sp = d
+    return f"tp{tp} dp{dp}_ep{ep}_rank{rank}_sp{int(sp)}"
+
+
+def coverage_matrix(
+    open_requests: dict[tuple[Any, ...], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The matrix as plain data (the page and ``GET /api/v1/coverage/`` show the same)."""
+    if open_requests is None:
+        from registry.services.requests import open_request_index
+
+        open_requests = open_request_index()
+    tables = (
+        DeploymentTable.objects.select_related("bundle")
+        .only(
+            "id",
+            "tp",
+            "dp",
+            "ep",
+            "rank",
+            "sequence_parallel",
+            "backend",
+            "row_count",
+            "contract",
+            "coverage",
+            "bundle__id",
+            "bundle__hardware",
+            "bundle__model",
+            "bundle__variant",
+            "bundle__measured_at",
+            "bundle__published_at",
+        )
+        .order_by("bundle__published_at", "bundle_id")
+    )
+    latest: dict[tuple[str, str, str, str], dict[Deployment, DeploymentTable]] = {}
+    columns: set[Deployment] = set()
+    for table in tables:
+        b = table.bundle
+        row = (b.hardware, b.model, b.variant, table.backend or "unknown")
+        d: Deployment = (table.tp, table.dp, table.ep, table.rank, table.sequence_parallel)
+        columns.add(d)
+        latest.setdefault(row, {})[d] = table  # later publications replace earlier ones
+    ordered = sorted(columns)
+    rows = []
+    gaps = 0
+    for key in sorted(latest):
+        cells = []
+        for d in ordered:
+            found = latest[key].get(d)
+            if found is None:
+                gaps += 1
+                cells.append(
+                    {
+                        "deployment": deployment_label(d),
+                        "tp": d[0],
+                        "dp": d[1],
+                        "ep": d[2],
+                        "rank": d[3],
+                        "sp": int(d[4]),
+                        "table": None,
+                        "url": None,
+                        "points": None,
+                        "measured_at": None,
+                        "quality": None,
+                        "request": open_requests.get((*key, *d)),
+                    }
+                )
+                continue
+            b = found.bundle
+            cells.append(
+                {
+                    "deployment": deployment_label(d),
+                    "tp": d[0],
+                    "dp": d[1],
+                    "ep": d[2],
+                    "rank": d[3],
+                    "sp": int(d[4]),
+                    "table": found.pk,
+                    "url": reverse("frontend:table", kwargs={"pk": found.pk}),
+                    "points": found.row_count,
+                    "measured_at": b.measured_at or b.published_at,
+                    "quality": table_quality(found),
+                    "request": None,
+                }
+            )
+        rows.append(
+            {
+                "hardware": key[0],
+                "model": key[1],
+                "variant": key[2],
+                "backend": key[3],
+                "cells": cells,
+            }
+        )
+    return {
+        "deployments": [
+            {
+                "tp": d[0],
+                "dp": d[1],
+                "ep": d[2],
+                "rank": d[3],
+                "sequence_parallel": d[4],
+                "label": deployment_label(d),
+            }
+            for d in ordered
+        ],
+        "rows": rows,
+        "gaps": gaps,
+    }

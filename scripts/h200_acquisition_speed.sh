@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 19 (and issue 20 item 1): acquisition runs on the H200, each with its phase log, for the
+# before/after tables of docs/benchmarks.md and the equivalence check.
+#
+# Run on the GPU machine with the kit staged and env.sh sourced, from the device copy's root:
+#   bash .dev/acq/scripts/h200_acquisition_speed.sh LABEL=DIR:BACKEND:FACTOR:DPS:LIMIT_S ...
+# DIR is a copy of the project (the "before" and "after" commits side by side); each run is
+# the Qwen3-30B-A3B-Instruct-2507 bf16 slice of docs/h200-runs.md (TP1, --dp DPS, 3 rounds x 3
+# iterations, 2048 tokens, 128 sequences, capture sizes 1..256 in powers of two) with
+# --moe-grid-factor FACTOR, stopped by SIGTERM after LIMIT_S seconds (samples kept: the same
+# command resumes). Every run starts from empty Triton and vLLM caches (a lent machine starts
+# empty, so compile time is part of a run). Set RESUME_FROM=TARBALL to unpack an earlier
+# runs.tar.gz into the run root first (a resumed run continues its checkpoint).
+# $OUT receives runs.tar.gz (per run: phases.jsonl, progress.jsonl, run.log, the bundle's
+# runtime files and the _acquisition checkpoint without writer locks) and speed.log.
+set -uo pipefail
+OUT_DIR=${OUT:-var/speed-out}
+ROOT=${ROOT:-/tmp/speed}
+CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
+mkdir -p "$OUT_DIR" "$ROOT"
+export PYTHONUNBUFFERED=1
+log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/speed.log"; }
+if [ -n "${RESUME_FROM:-}" ]; then
+  tar -xzf "$RESUME_FROM" -C "$ROOT" && log "resumed state from $RESUME_FROM"
+fi
+for spec in "$@"; do
+  label=${spec%%=*}
+  IFS=: read -r dir backend factor dps limit <<<"${spec#*=}"
+  run=$ROOT/$label
+  mkdir -p "$run"
+  rm -rf "$run/triton" "$run/vllm-cache"
+  extra=()
+  [ "$backend" = vllm-live ] && extra=(--engine-attention-backend TRITON_ATTN)
+  cmd=(python3 -m acquisition.adapters.vllm_cli slice Qwen/Qwen3-30B-A3B-Instruct-2507
+    --hardware H200 --tp 1 --tp-refresh 1 --group moe --max-num-batched-tokens 2048
+    --max-num-seqs 128 --moe-rounds 3 --measurement-iterations 3 --moe-grid-factor "$factor"
+    --cudagraph-capture-sizes "$CAPTURES" --no-progress-bar --dp "$dps" --backend "$backend"
+    --out-root "$run/out" --progress-json "$run/progress.jsonl" --phase-log "$run/phases.jsonl"
+    "${extra[@]}")
+  log "$label: (cd $dir && timeout $limit ${cmd[*]})"
+  start=$(date +%s)
+  (cd "$dir" && TRITON_CACHE_DIR="$run/triton" VLLM_CACHE_ROOT="$run/vllm-cache" \
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout --signal=TERM --kill-after=20 "$limit" "${cmd[@]}") >>"$run/run.log" 2>&1
+  status=$?
+  log "$label: exit $status after $(( $(date +%s) - start ))s; $(tail -n 1 "$run/run.log" | cut -c1-200)"
+done
+nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv >>"$OUT_DIR/speed.log" 2>&1
+python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" \
+  >>"$OUT_DIR/speed.log" 2>&1
+tar -czf "$OUT_DIR/runs.tar.gz" -C "$ROOT" --exclude=writer.lock --exclude=triton \
+  --exclude=vllm-cache .
+log "packed $(du -h "$OUT_DIR/runs.tar.gz" | cut -f1)"

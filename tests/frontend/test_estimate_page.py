@@ -1,0 +1,127 @@
+"""The dashboard's layer estimate page: token counts and a policy in, the per-rank timeline
+(compute, wait, transfer) and the numbers out (R44, R45). Page and real browser."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frontend.estimate import timeline_figure
+
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "tests/moetables/data/cluster-fixture.yaml"
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--no-first-run"]
+
+
+@pytest.fixture
+def clusters(settings: Any, tmp_path: Path) -> Path:
+    folder = tmp_path / "clusters"
+    folder.mkdir()
+    shutil.copy(FIXTURE, folder / "fixture-2x2.yaml")
+    settings.REGISTRY = {**settings.REGISTRY, "CLUSTER_DIR": str(folder)}
+    return folder
+
+
+def test_it_draws_wait_and_transfer_segments_where_the_answer_has_them() -> None:
+    answer = {
+        "layer_us": 30.0, "ranks": [{}, {}],
+        "events": [
+            {"rank": 0, "name": "gate_routing", "kind": "compute", "start_us": 0.0,
+             "end_us": 5.0, "wait_us": 0.0, "transfer_us": None, "bytes": None},
+            {"rank": 0, "name": "all_gather[hidden_states]", "kind": "collective",
+             "start_us": 5.0, "end_us": 20.0, "wait_us": 3.0, "transfer_us": 12.0, "bytes": 64},
+            {"rank": 1, "name": "all_gather[hidden_states]", "kind": "collective",
+             "start_us": 8.0, "end_us": 20.0, "wait_us": 0.0, "transfer_us": 12.0, "bytes": 64},
+        ],
+    }
+    fig = timeline_figure(answer)
+    by_name = {t["name"]: t for t in fig["data"]}
+    assert by_name["wait"]["base"] == [5.0] and by_name["wait"]["x"] == [3.0]
+    assert by_name["transfer"]["base"] == [8.0, 8.0] and by_name["transfer"]["x"] == [12.0, 12.0]
+    assert by_name["compute"]["y"] == ["rank 0"]
+
+
+def test_it_estimates_on_the_page_and_refuses_with_the_rank(
+    client: Any, h200_bundle: Any, clusters: Path
+) -> None:
+    url = f"/bundles/{h200_bundle.pk}/estimate"
+    page = client.get(url)
+    assert page.status_code == 200 and b"e-tokens" in page.content
+    answer = client.get(url, {"deployment": "1/2/0", "tokens": "5,300", "policy": "round_robin",
+                              "cluster": "fixture-2x2"})
+    text = answer.content.decode()
+    assert 'id="estimate-ranks"' in text and "ncclBroadcast(root=1)" in text
+    assert "layer time (rank" in text
+    refused = client.get(url, {"deployment": "1/2/0", "tokens": "3000,1", "cluster": ""})
+    assert "rank 0 gate_routing at rows=3000" in refused.content.decode()
+
+
+def test_it_answers_the_page_within_the_dashboards_200_ms(client: Any, h200_bundle: Any) -> None:
+    import time
+
+    url = f"/bundles/{h200_bundle.pk}/estimate"
+    query = {"deployment": "1/2/0", "tokens": "5,300", "policy": "random"}
+    client.get(url, query)  # checks the bundle out and loads its tables once per process
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        assert client.get(url, query).status_code == 200
+        best = min(best, time.perf_counter() - start)
+    assert best < 0.2
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    playwright_sync = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        pytest.skip("apt-get install -y chromium")
+    with playwright_sync.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield browser
+        browser.close()
+
+
+def test_it_draws_the_per_rank_timeline_in_a_browser(
+    browser: Any, live_server: Any, transactional_db: None, clusters: Path
+) -> None:
+    from registry.services import publish_bundle
+    from tests.frontend.conftest import H200
+
+    bundle = publish_bundle(H200).bundle
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    try:
+        page.goto(live_server.url + f"/bundles/{bundle.pk}/")
+        page.click("#estimate-link")
+        page.fill("#e-tokens", "5,300")
+        page.select_option("#e-cluster", "fixture-2x2")
+        page.click("#estimate-form button[type=submit]")
+        page.wait_for_selector("#fig-timeline[data-rendered]")
+        names = page.eval_on_selector("#fig-timeline", "el => el.data.map(t => t.name)")
+        assert names == ["compute", "wait", "transfer"]
+        assert page.eval_on_selector("#fig-timeline", "el => el.data[0].y.length") == 6
+        assert "µs layer time" in page.inner_text("#estimate-answer")
+        assert page.locator("#estimate-ranks tbody tr").count() == 2
+        shots = os.environ.get("DASHBOARD_SCREENSHOTS", "")
+        if shots:
+            page.screenshot(path=str(Path(shots) / "estimate.png"), full_page=True)
+        # Without a cluster: no transfer segments, and the layer time is said to be unknown.
+        page.select_option("#e-cluster", "")
+        page.click("#estimate-form button[type=submit]")
+        page.wait_for_selector("#fig-timeline[data-rendered]")
+        names = page.eval_on_selector("#fig-timeline", "el => el.data.map(t => t.name)")
+        assert "transfer" not in names
+        assert "layer time unknown" in page.inner_text("#estimate-answer")
+    finally:
+        context.close()
