@@ -61,7 +61,8 @@ class Forward:
 
     @property
     def global_counts(self) -> np.ndarray:
-        return self.counts.sum(axis=0)
+        total: np.ndarray = self.counts.sum(axis=0)
+        return total
 
     @property
     def transfer_us(self) -> float:
@@ -105,9 +106,9 @@ def load_forwards(evidence: Path, routing: str) -> tuple[list[Forward], list[dic
             raise ValidationDataError(f"{routing} forward {f}: the blocks saw {tokens} tokens, the plan says {plan[step]}")
         counts = np.array([b["expert_counts"] for b in blocks], dtype=np.int64)
         top_k = int(ranks[0]["moe"][0]["top_k"])
-        for r, n in enumerate(tokens):
-            if int(counts[r].sum()) != n * top_k:
-                raise ValidationDataError(f"{routing} forward {f} rank {r}: {counts[r].sum()} pairs for {n} tokens")
+        for i, n in enumerate(tokens):
+            if int(counts[i].sum()) != n * top_k:
+                raise ValidationDataError(f"{routing} forward {f} rank {i}: {counts[i].sum()} pairs for {n} tokens")
         out.append(Forward(routing, rep, step, tokens, counts, tuple(float(b["compute_us"]) for b in blocks),
                            tuple(tuple(float(x) for x in b["nccl_us"]) for b in blocks),
                            tuple(blocks[0]["nccl_names"])))

@@ -129,7 +129,7 @@ class PhaseClock:
         self._charge()
         ended = time.time()
         begun = process_start_time() if self.whole_process else None
-        targets = {}
+        targets: dict[str, dict[str, Any]] = {}
         for target, table in self.seconds.items():
             targets[target] = {
                 "seconds": {k: round(v, 6) for k, v in table.items() if v > 0},

@@ -17,7 +17,11 @@ urlpatterns = [
     # The split view serves Swagger UI's start-up script as a file: no inline script, so the
     # dashboard's Content-Security-Policy (config/security.py) holds on the docs page too.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path(
+        "api/redoc/",
+        SpectacularRedocView.as_view(url_name="schema", template_name="frontend/redoc.html"),
+        name="redoc",
+    ),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]

@@ -176,9 +176,17 @@ def expert_slice_figure(
         },
     ]
     title = f"Expert time over N and A, {chosen.label} ({mode}); blank = outside measured support"
+    # The x axis spans the N columns that hold data at this M (half a column either side), not
+    # every N of the table: a slice of one large M is otherwise a thin stripe at one edge.
+    filled = ns[np.isfinite(z).any(axis=0)] if z.size else ns
+    xaxis = _log(N_AXIS, filled if filled.size else ns)
+    if filled.size:
+        left, right = math.log10(float(filled.min())), math.log10(float(filled.max()))
+        pad = max(0.15, (right - left) * 0.04)
+        xaxis["range"] = [left - pad, right + pad]
     layout = _layout(
         title,
-        xaxis=_log(N_AXIS, ns),
+        xaxis=xaxis,
         yaxis={"title": {"text": A_AXIS}},
         meta={"cells_with_data": measured, "link": "tokens"},
     )
@@ -213,10 +221,15 @@ def expert_points_figure(rows: ComponentTable, mode: str = "eager") -> dict[str,
         "name": "measured rows",
         "hovertemplate": "N=%{x}<br>A=%{y}<br>M=%{customdata}<br>%{z:.2f} µs<extra></extra>",
     }
+    def axis3d(title: str, values: Any) -> dict[str, Any]:
+        axis = _log(title, values)
+        axis.pop("minor", None)  # 3-D scenes have no minor ticks
+        return axis
+
     scene = {
-        "xaxis": {"title": {"text": "N (tokens)"}, "type": "log"},
+        "xaxis": axis3d("N (tokens)", tokens),
         "yaxis": {"title": {"text": "A (experts)"}},
-        "zaxis": {"title": {"text": TIME}, "type": "log"},
+        "zaxis": axis3d(TIME, times),
     }
     return {"data": [trace], "layout": _layout(f"Measured expert rows ({mode})", scene=scene)}
 

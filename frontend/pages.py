@@ -173,6 +173,8 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
             loaded.lookups, loaded.rows, geometry, chosen, mode
         )
     evidence_error = None
+    stable: dict[str, Any] | None
+    conserved: dict[str, Any] | None
     try:
         stable = stability_payload(table)
         conserved = conservation_payload(table)
@@ -181,6 +183,9 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         stable = conserved = None
     if stable is not None:
         charts.update(figures.stability_figures(stable))
+        peak = stable["summary"]["max_relative_change"]
+        # The same rounding as the coverage card ("2.38%"), so the two never seem to disagree.
+        stable["summary"]["max_change_text"] = f"{peak:.2%}" if peak is not None else "n/a"
     if conserved is not None and (fig := figures.conservation_figure(conserved)) is not None:
         charts["conservation"] = fig
     sel = loaded.rows.select(EXPERTS, mode) & (loaded.rows.activated_experts > 0)
@@ -200,6 +205,10 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         "stability": stability,
         "evidence": {"stability": stable, "conservation": conserved, "error": evidence_error},
         "graph_missing": raw_mode == "graph" and mode != "graph",
+        "compact_change": (
+            f"{stability.max_relative_change:.2%}"
+            if stability.max_relative_change is not None else "n/a"
+        ),
         "contract": contract_summary(table.contract, table.bundle.meta),
         "coverage": coverage_summary(table),
         "example": example,
@@ -257,8 +266,9 @@ def compare_context(raw_a: str | None, raw_b: str | None,
     options = [(t.pk, table_label(t)) for t in tables]
     ids = [t.pk for t in tables]
     given = [raw for raw in (raw_a, raw_b, *(raw_also or [])) if raw not in (None, "")]
-    wanted = [_int(raw) for raw in given]
-    if any(pk is None for pk in wanted) or (
+    parsed = [_int(raw) for raw in given]
+    wanted = [pk for pk in parsed if pk is not None]
+    if len(wanted) != len(parsed) or (
         wanted and DeploymentTable.objects.filter(pk__in=wanted).count() != len(set(wanted))
     ):
         raise Http404("no such table")

@@ -109,6 +109,7 @@ def coverage(request: HttpRequest) -> HttpResponse:
 def coverage_request(request: HttpRequest) -> HttpResponse:
     """Ask for a gap of the coverage matrix (queued at once when a worker is online)."""
     from registry.jobs import BrokerUnavailable, JobParameterError
+    from registry.permissions import NotAllowed
     from registry.services.requests import request_cell
 
     data = request.POST
@@ -118,8 +119,8 @@ def coverage_request(request: HttpRequest) -> HttpResponse:
             "backend": data["backend"], "tp": int(data["tp"]), "dp": int(data["dp"]),
             "rank": int(data["rank"]), "sequence_parallel": data["sequence_parallel"] == "1",
         }
-        made = request_cell(request.user, cell)
-    except (KeyError, ValueError) as exc:
+        made, _ = request_cell(request.user, cell)
+    except (KeyError, ValueError, NotAllowed) as exc:
         messages.error(request, f"cannot request this cell: {exc}")
     except JobParameterError as exc:
         messages.error(request, f"the acquisition would refuse this cell: {exc}")

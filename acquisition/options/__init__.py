@@ -16,7 +16,7 @@ registry validates a job exactly as the CLI would, and the registry imports no o
 
 from __future__ import annotations
 
-from acquisition.options.jobs import job_argv, markdown_table, queue_for, validate_job
+from acquisition.options.jobs import job_argv, markdown_table, validate_job
 from acquisition.options.parser import add_arguments, from_namespace
 from acquisition.options.resolve import command_line, default_components, plan_target, prepare
 from acquisition.options.schema import (
@@ -49,6 +49,5 @@ __all__ = [
     "markdown_table",
     "plan_target",
     "prepare",
-    "queue_for",
     "validate_job",
 ]

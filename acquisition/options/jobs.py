@@ -20,7 +20,7 @@ from acquisition.options.schema import (
     shown,
 )
 
-__all__ = ["job_argv", "markdown_table", "queue_for", "validate_job"]
+__all__ = ["job_argv", "markdown_table", "validate_job"]
 
 
 def _model_reference(name: str, roots: Sequence[str | Path]) -> str:
@@ -96,13 +96,6 @@ def job_argv(
     if progress_json is not None:
         argv += ["--progress-json", str(progress_json)]
     return argv
-
-
-def queue_for(params: Mapping[str, Any]) -> str:
-    """CPU runs (the torch reference) go to ``cpu``; device runs to ``gpu.<hardware>``."""
-    if params.get("device") == "cpu":
-        return "cpu"
-    return f"gpu.{params['hardware']}"
 
 
 def markdown_table() -> str:

@@ -167,12 +167,14 @@ def host_ranges_only_works() -> bool:
                     torch.mm(x, x)
         window = capture.window()
         attribution = attribute_launches(window)
-        operators = sum(
-            1
-            for event in capture._profile.profiler.kineto_results.events()  # type: ignore[union-attr]
-            if str(event.device_type()).endswith("CPU")
-            and not event.is_user_annotation()
-            and (_kind(event) in _OPERATOR_KINDS or event.name().startswith("aten::"))
+        operators = len(
+            [
+                event
+                for event in capture._profile.profiler.kineto_results.events()  # type: ignore[union-attr]
+                if str(event.device_type()).endswith("CPU")
+                and not event.is_user_annotation()
+                and (_kind(event) in _OPERATOR_KINDS or event.name().startswith("aten::"))
+            ]
         )
     except (AttributionError, RuntimeError, TypeError, AttributeError):
         return False

@@ -436,16 +436,16 @@ def load_quality(
             "only the compact conditioning summary"
         )
         return QualityEvidence(None, None, reason, reason, source="none")
-    stability = read_stability(_read_checked(root, refs.stability), refs.stability.path)
+    controls = read_stability(_read_checked(root, refs.stability), refs.stability.path)
     if table is not None:
-        _check_against_table(stability, table, refs.stability.path)
+        _check_against_table(controls, table, refs.stability.path)
     conservation = None
     if refs.conservation is not None:
         conservation = tuple(
             read_conservation(_read_checked(root, refs.conservation), refs.conservation.path)
         )
     return QualityEvidence(
-        stability=tuple(stability),
+        stability=tuple(controls),
         conservation=conservation,
         conservation_absent=refs.conservation_absent,
     )

@@ -13,7 +13,6 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -24,6 +23,7 @@ from moetables.routing import POLICIES
 from registry.api.fastjson import FastJSONRenderer, JSONOnlyNegotiation, plain_lookup_body
 from registry.api.throttles import LookupThrottle
 from registry.services.estimate import run_estimate
+from registry.tokens import HashedTokenAuthentication
 
 __all__ = ["EstimateView", "estimate"]
 
@@ -143,7 +143,7 @@ class EstimateView(APIView):
     """The time of one MoE layer in one step (or many): per rank rows, N, A, M, component
     times, compute, wait and transfer; the collectives with their bytes and NCCL kernels."""
 
-    authentication_classes = (TokenAuthentication,)
+    authentication_classes = (HashedTokenAuthentication,)
     permission_classes = (AllowAny,)
     throttle_classes = (LookupThrottle,)
     parser_classes = (JSONParser,)

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.permissions import AllowAny
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import AllowAny, IsAuthenticatedOrReadOnly
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,17 +16,19 @@ from moetables.errors import BundleError
 from registry.models import DeploymentTable
 from registry.services.coverage import coverage_matrix
 from registry.services.quality import conservation_payload, stability_payload
+from registry.tokens import HashedTokenAuthentication
 
 if TYPE_CHECKING:
     from rest_framework.request import Request
 
-__all__ = ["ConservationView", "CoverageView", "StabilityView"]
+__all__ = ["ConservationView", "CoverageRequestsView", "CoverageView", "StabilityView"]
 
 
 class QualitySerializer(serializers.Serializer[Any]):
-    label = serializers.ChoiceField(choices=["method", "exploratory"])
+    label = serializers.ChoiceField(choices=["method", "exploratory"])  # type: ignore[assignment]
     tolerance = serializers.FloatField()
     max_relative_change = serializers.FloatField(allow_null=True)
+    max_change_text = serializers.CharField(allow_null=True, help_text="as a percentage")
 
 
 class StabilityPointSerializer(serializers.Serializer[Any]):
@@ -56,7 +59,7 @@ class StabilitySummarySerializer(serializers.Serializer[Any]):
 
 class StabilitySerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
-    source = serializers.CharField(
+    source = serializers.CharField(  # type: ignore[assignment]
         help_text="files: stability.csv (format 2); coverage.json: the historical layout's "
         "controls; none: the bundle publishes no per-point evidence",
     )
@@ -77,7 +80,7 @@ class ForwardSerializer(serializers.Serializer[Any]):
 
 class ConservationSerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]
     absent = serializers.CharField(allow_null=True, help_text="why no forward was traced")
     forwards = ForwardSerializer(many=True)
 
@@ -179,3 +182,97 @@ class CoverageView(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(coverage_matrix())
+
+
+class CoverageRequestBodySerializer(serializers.Serializer[Any]):
+    hardware = serializers.CharField(max_length=128)
+    model = serializers.CharField(max_length=256)
+    variant = serializers.CharField(max_length=128)
+    backend = serializers.CharField(max_length=128, help_text="the matrix row's backend")
+    tp = serializers.IntegerField(min_value=1)
+    dp = serializers.IntegerField(min_value=1)
+    rank = serializers.IntegerField(min_value=0)
+    sequence_parallel = serializers.BooleanField(default=False)
+
+
+class CoverageRequestSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=["open", "queued", "closed"])
+    hardware = serializers.CharField()
+    model = serializers.CharField()
+    variant = serializers.CharField()
+    backend = serializers.CharField()
+    deployment = serializers.CharField()
+    requested_by = serializers.CharField(allow_null=True)
+    requesters = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    closed_at = serializers.DateTimeField(allow_null=True)
+    job = serializers.IntegerField(allow_null=True)
+
+
+def _request_body(made: Any) -> dict[str, Any]:
+    return {
+        "id": made.pk,
+        "state": made.state,
+        "hardware": made.hardware,
+        "model": made.model,
+        "variant": made.variant,
+        "backend": made.backend,
+        "deployment": made.deployment,
+        "requested_by": made.requested_by.get_username() if made.requested_by else None,
+        "requesters": made.requesters.count(),
+        "created_at": made.created_at,
+        "closed_at": made.closed_at,
+        "job": made.job_id,
+    }
+
+
+class CoverageRequestsView(APIView):
+    """Requests for gaps of the coverage matrix: list them, or ask for one (token)."""
+
+    authentication_classes = (HashedTokenAuthentication, SessionAuthentication)
+    permission_classes = (IsAuthenticatedOrReadOnly,)
+
+    @extend_schema(
+        summary="Coverage requests", responses={200: CoverageRequestSerializer(many=True)}
+    )
+    def get(self, request: Request) -> Response:
+        from registry.coverage_models import CoverageRequest
+
+        found = CoverageRequest.objects.select_related("requested_by").prefetch_related(
+            "requesters"
+        )[:500]
+        return Response([_request_body(r) for r in found])
+
+    @extend_schema(
+        summary="Request a gap of the coverage matrix",
+        description="Queues an acquisition job at once when a worker of the hardware's queue is "
+        "online, else records an open request; a second ask for the same cell joins the open "
+        "request (200). 400 when the cell already has a table or the acquisition would refuse "
+        "it, 503 when the broker does not answer.",
+        request=CoverageRequestBodySerializer,
+        responses={
+            201: CoverageRequestSerializer,
+            200: CoverageRequestSerializer,
+            400: OpenApiResponse(description="{field: [message]} or {problems: [...]}"),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        from registry.jobs import BrokerUnavailable, JobParameterError
+        from registry.permissions import NotAllowed
+        from registry.services.requests import request_cell
+
+        body = CoverageRequestBodySerializer(data=request.data)
+        if not body.is_valid():
+            return Response(body.errors, status=400)
+        try:
+            made, created = request_cell(request.user, dict(body.validated_data))
+        except JobParameterError as exc:
+            return Response(exc.errors, status=400)
+        except NotAllowed as exc:
+            return Response({"error": "forbidden", "message": str(exc)}, status=403)
+        except ValueError as exc:
+            return Response({"problems": [str(exc)]}, status=400)
+        except BrokerUnavailable as exc:
+            return Response({"error": "broker_unavailable", "message": str(exc)}, status=503)
+        return Response(_request_body(made), status=201 if created else 200)

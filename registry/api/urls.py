@@ -7,7 +7,12 @@ from django.urls import re_path
 
 from registry.api.estimate import estimate
 from registry.api.jobs import JobViewSet
-from registry.api.quality import ConservationView, CoverageView, StabilityView
+from registry.api.quality import (
+    ConservationView,
+    CoverageRequestsView,
+    CoverageView,
+    StabilityView,
+)
 from registry.api.views import ApiRootView, BundleViewSet, LookupDocumentation
 from registry.lookup.http import lookup
 
@@ -51,6 +56,7 @@ urlpatterns = [
     re_path(r"^tables/(?P<pk>[0-9]+)/conservation/?$", ConservationView.as_view(),
             name="table-conservation"),
     re_path(r"^coverage/?$", CoverageView.as_view(), name="coverage"),
+    re_path(r"^coverage/requests/?$", CoverageRequestsView.as_view(), name="coverage-requests"),
     re_path(r"^jobs/?$", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
     re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}),
             name="job-detail"),

@@ -21,7 +21,6 @@ from acquisition.options import (
     OptionErrors,
     job_argv,
     job_options,
-    queue_for,
     validate_job,
 )
 
@@ -71,6 +70,13 @@ def acquisition_argv(
 ) -> list[str]:
     """``python -m acquisition`` arguments for validated parameters."""
     return job_argv(params, out_root=out_root, progress_json=progress_json)
+
+
+def queue_for(params: Mapping[str, Any]) -> str:
+    """CPU runs (the torch reference) go to ``cpu``; device runs to ``gpu.<hardware>``."""
+    if params.get("device") == "cpu":
+        return "cpu"
+    return f"gpu.{params['hardware']}"
 
 
 def _field(option: Option) -> serializers.Field[Any, Any, Any, Any]:

@@ -68,8 +68,8 @@ def coverage_matrix(
     for key in sorted(latest):
         cells = []
         for d in ordered:
-            table = latest[key].get(d)
-            if table is None:
+            found = latest[key].get(d)
+            if found is None:
                 gaps += 1
                 cells.append(
                     {
@@ -88,7 +88,7 @@ def coverage_matrix(
                     }
                 )
                 continue
-            b = table.bundle
+            b = found.bundle
             cells.append(
                 {
                     "deployment": deployment_label(d),
@@ -97,11 +97,11 @@ def coverage_matrix(
                     "ep": d[2],
                     "rank": d[3],
                     "sp": int(d[4]),
-                    "table": table.pk,
-                    "url": reverse("frontend:table", kwargs={"pk": table.pk}),
-                    "points": table.row_count,
+                    "table": found.pk,
+                    "url": reverse("frontend:table", kwargs={"pk": found.pk}),
+                    "points": found.row_count,
                     "measured_at": b.measured_at or b.published_at,
-                    "quality": table_quality(table),
+                    "quality": table_quality(found),
                     "request": None,
                 }
             )

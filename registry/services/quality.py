@@ -69,10 +69,12 @@ def table_quality(table: DeploymentTable) -> dict[str, Any]:
         ]
         change = max(changes, default=None)
     exploratory = table.contract.get("quality") == "exploratory" or tolerance > METHOD_TOLERANCE
+    change = change if isinstance(change, int | float) else None
     return {
         "label": "exploratory" if exploratory else "method",
         "tolerance": tolerance,
-        "max_relative_change": change if isinstance(change, int | float) else None,
+        "max_relative_change": change,
+        "max_change_text": f"{change:.2%}" if change is not None else None,
     }
 
 

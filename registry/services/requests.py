@@ -21,8 +21,6 @@ from registry.coverage_models import CoverageRequest, WorkerPresence
 from registry.models import DeploymentTable
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
-
     from registry.models import AcquisitionJob, Bundle
 
 __all__ = [
@@ -110,15 +108,23 @@ def _job_parameters(cell: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageRequest:
+def request_cell(user: Any, cell: dict[str, Any]) -> tuple[CoverageRequest, bool]:
     """Record (or join) the request for ``cell``; queue a job when its queue is online.
 
+    Returns the request and whether this call created it (False: joined an open one).
+
     ``cell`` has hardware, model, variant, backend, tp, dp, rank, sequence_parallel. Raises
-    ValueError for a cell that already has a table, and the job service's errors when the
+    ValueError for a cell that already has a table, NotAllowed for a user who may not queue
+    jobs (registry.permissions.can_queue_job), and the job service's errors when the
     acquisition would refuse the parameters.
     """
     from registry.jobs.parameters import queue_for, validate_parameters
     from registry.jobs.services import queue_job
+    from registry.permissions import NotAllowed, can_queue_job
+
+    # A request may become a job at once: the same rule as queueing one.
+    if not can_queue_job(user):
+        raise NotAllowed("sign in (or use an API token) to request coverage")
 
     keys = ("hardware", "model", "variant", "backend", "tp", "dp", "rank", "sequence_parallel")
     cell = {k: cell[k] for k in keys}
@@ -146,11 +152,13 @@ def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageReques
         )
         if existing is not None:
             existing.requesters.add(user)
-            return existing
+            return existing, False
+        created = True
         try:
             with transaction.atomic():
                 request = CoverageRequest.objects.create(**cell, requested_by=user)
         except IntegrityError:  # someone asked at the same moment: join theirs
+            created = False
             request = CoverageRequest.objects.exclude(state="closed").get(
                 **{k: cell[k] for k in keys}
             )
@@ -161,7 +169,7 @@ def request_cell(user: AbstractBaseUser, cell: dict[str, Any]) -> CoverageReques
             state=CoverageRequest.State.QUEUED, job=job
         )
         request.refresh_from_db()
-    return request
+    return request, created
 
 
 def close_filled_requests(bundle: Bundle, job: AcquisitionJob | None = None) -> int:

@@ -195,8 +195,9 @@ def test_it_points_imports_one_way(
 
 def test_it_keeps_the_apps_off_the_project_celery_module() -> None:
     """Tasks are sent by name through ``celery.current_app``; only config makes the app."""
-    assert _violations("registry", (), ("config",)) == []
-    assert _violations("frontend", (), ("config",)) == []
+    for package in ("registry", "frontend"):
+        bad = [v for v in _violations(package, (), ("config",)) if "config.celery" in v]
+        assert bad == []
 
 
 def test_it_imports_no_private_name_across_modules() -> None:

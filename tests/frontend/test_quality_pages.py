@@ -92,7 +92,7 @@ def test_a_job_page_offers_retry_and_says_when_no_worker_exists(client: Client) 
     assert 'id="job-retry"' not in client.get(f"/jobs/{job.pk}/").content.decode()
     response = client.post(f"/jobs/{job.pk}/retry")
     job.refresh_from_db()
-    assert response.status_code == 302 and job.state == "failed"  # not bob's to retry
+    assert response.status_code == 403 and job.state == "failed"  # not bob's to retry (registry.permissions)
     client.login(username="ann", password="x")
     assert 'id="job-retry"' in client.get(f"/jobs/{job.pk}/").content.decode()
     queued = AcquisitionJob.objects.create(queue="gpu.H200",
@@ -113,3 +113,14 @@ def test_an_exploratory_bundle_is_labelled(client: Client, current_bundle: Any) 
     type(current_bundle).objects.filter(pk=current_bundle.pk).update(exploratory=True)
     html = client.get(f"/bundles/{current_bundle.pk}/").content.decode()
     assert 'id="bundle-exploratory"' in html and "above the method's 3 %" in html
+
+
+def test_the_stability_sentence_and_the_coverage_card_agree(
+    client: Client, h200_bundle: Any
+) -> None:
+    """Issue 14: one number, rounded once ("2.38%" in both places, not "2 %" beside it)."""
+    table = h200_bundle.tables.get(dp=2, rank=1)
+    html = client.get(f"/tables/{table.pk}/").content.decode()
+    peak = table.coverage["conditioning_summary"]["max_relative_change"]
+    text = f"{peak:.2%}"
+    assert f"largest published change {text}" in html and f"max change {text}" in html

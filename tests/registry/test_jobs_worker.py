@@ -170,7 +170,9 @@ def test_it_runs_a_queued_job_and_publishes_its_bundle(
     done = wait_for(lambda: job_state(pk, "succeeded", "failed"), 90, "the job to end")
     assert done.state == "succeeded", _explain(worker, pk)
 
-    body = api.get(f"/api/v1/jobs/{pk}/").json()
+    # The creator sees the server-side work_dir; anonymous readers do not (issue 17, item 9).
+    body = uploader.get(f"/api/v1/jobs/{pk}/").json()
+    assert api.get(f"/api/v1/jobs/{pk}/").json()["work_dir"] is None
     assert body["phase"] == "done"
     assert body["points_done"] == body["points_total"] > 0
     assert body["eta_seconds"] == 0.0

@@ -108,6 +108,14 @@ def test_the_coverage_matrix_links_tables_and_shows_gaps(
     table = DeploymentTable.objects.get(pk=covered["table"])
     assert covered["points"] == table.row_count and covered["url"] == f"/tables/{table.pk}/"
     assert covered["quality"]["label"] == "method"
+    # every covered cell names its own table, in its own row and column
+    ids = [c["table"] for r in body["rows"] for c in r["cells"] if c["table"]]
+    assert len(ids) == len(set(ids)) == 7
+    for r in body["rows"]:
+        for c in r["cells"]:
+            if c["table"]:
+                t = DeploymentTable.objects.select_related("bundle").get(pk=c["table"])
+                assert (t.backend, t.dp, t.rank) == (r["backend"], c["dp"], c["rank"])
 
 
 def _user(name: str) -> Any:
@@ -131,9 +139,9 @@ def _live_gap(h200: dict[str, Any]) -> dict[str, Any]:
 def test_a_request_without_a_worker_stays_open_and_is_deduplicated(
     api: APIClient, h200: dict[str, Any]
 ) -> None:
-    first = request_cell(_user("ann"), _live_gap(h200))
-    again = request_cell(_user("bob"), _live_gap(h200))
-    assert first.pk == again.pk and first.state == "open" and first.job is None
+    first, created = request_cell(_user("ann"), _live_gap(h200))
+    again, joined = request_cell(_user("bob"), _live_gap(h200))
+    assert created and not joined and first.pk == again.pk and first.state == "open" and first.job is None
     assert first.requesters.count() == 2
     body = api.get("/api/v1/coverage/").json()
     gaps = [c for r in body["rows"] for c in r["cells"] if c["request"]]
@@ -146,7 +154,7 @@ def test_a_request_queues_a_job_when_a_worker_is_online(
     h200: dict[str, Any], redis_broker: Any
 ) -> None:
     WorkerPresence.objects.create(node="gpu@h200", queues=["gpu.H200"], last_seen=timezone.now())
-    made = request_cell(_user("ann"), _live_gap(h200))
+    made, _ = request_cell(_user("ann"), _live_gap(h200))
     assert made.state == "queued" and made.job is not None
     assert made.job.queue == "gpu.H200" and made.job.parameters["dp"] == [2]
 
@@ -199,3 +207,58 @@ def test_name_lookups_skip_exploratory_bundles_unless_asked(
     assert api.post("/api/v1/lookup", asked, format="json").json()["bundle"]["id"] == newer.pk
     listed = api.get(f"/api/v1/bundles/{newer.pk}").json()
     assert listed["exploratory"] is True
+
+
+def test_the_api_records_a_request_with_a_token(
+    api: APIClient, uploader: APIClient, h200: dict[str, Any]
+) -> None:
+    body = {**_live_gap(h200), "sequence_parallel": False}
+    assert api.post("/api/v1/coverage/requests", body, format="json").status_code == 401
+    first = uploader.post("/api/v1/coverage/requests", body, format="json")
+    assert first.status_code == 201 and first.json()["state"] == "open"
+    again = uploader.post("/api/v1/coverage/requests", body, format="json")
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    filled = uploader.post("/api/v1/coverage/requests", {**body, "dp": 1}, format="json")
+    assert filled.status_code == 400 and "already has a published table" in filled.json()[
+        "problems"][0]
+    listed = api.get("/api/v1/coverage/requests").json()
+    assert [r["deployment"] for r in listed] == ["tp1 dp2_ep2_rank0_sp0"]
+
+
+def test_publication_refuses_evidence_that_does_not_match(db: None, tmp_path: Path) -> None:
+    """The registry validates the evidence like the reader: a changed stability.csv is refused."""
+    import shutil
+
+    from registry.services import PublishError
+
+    copy = tmp_path / "bf16"
+    shutil.copytree(H200["H200-vllm-live"], copy)
+    path = next(copy.rglob("stability.csv"))
+    path.write_bytes(path.read_bytes().replace(b",0.03,1,1\n", b",0.03,1,0\n", 1))
+    with pytest.raises(PublishError) as caught:
+        publish_bundle(copy)
+    assert "stability.csv" in " ".join(caught.value.problems)
+
+
+def test_a_queue_is_online_only_while_its_workers_stamp_it(db: None) -> None:
+    from datetime import timedelta
+
+    from registry.services.requests import queue_online, record_presence
+
+    assert not queue_online("gpu.H200")
+    record_presence("gpu0@host", ["gpu.H200"])
+    assert queue_online("gpu.H200") and not queue_online("gpu.B200")
+    WorkerPresence.objects.update(last_seen=timezone.now() - timedelta(minutes=5))
+    assert not queue_online("gpu.H200")
+
+
+def test_a_user_who_may_not_queue_jobs_may_not_request(h200: dict[str, Any]) -> None:
+    """registry.permissions.can_queue_job decides, as for a job (an inactive account may not)."""
+    from registry.permissions import NotAllowed
+
+    user = _user("gone")
+    user.is_active = False
+    user.save()
+    with pytest.raises(NotAllowed):
+        request_cell(user, _live_gap(h200))
+    assert not CoverageRequest.objects.exists()

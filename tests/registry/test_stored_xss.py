@@ -100,7 +100,7 @@ def _inline_scripts(html: bytes) -> list[bytes]:
 
 @pytest.mark.parametrize(
     "path", ["/", "/jobs/", "/compare/", "/api/v1/", "/api/v1/bundles/", "/api/docs/",
-             "/api/docs/?script=", "/api/schema/", "/accounts/login/", "/admin/login/",
+             "/api/docs/?script=", "/api/redoc/", "/api/schema/", "/accounts/login/", "/admin/login/",
              "/no/such/page"],
 )
 def test_it_sends_a_strict_policy_on_every_response(client: Client, path: str) -> None:
