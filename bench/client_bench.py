@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -71,8 +72,10 @@ def main() -> None:
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="client-bench-"))
+    # DJANGO_DEBUG=0 is production: it needs its own key; plain HTTP on loopback.
     env = {**os.environ, "REGISTRY_VAR_DIR": str(scratch), "DJANGO_DEBUG": "0",
-           "DJANGO_LOG_LEVEL": "WARNING"}
+           "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+           "DJANGO_HTTPS": "0"}
     env.pop("DATABASE_URL", None)
     server = None
     try:
