@@ -50,7 +50,7 @@ from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.lookup.queries import RequestError, local_coordinates_problem, parse_request
 from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables
 
-__all__ = ["RegistryError", "RemoteDeployment", "RemoteTables"]
+__all__ = ["RegistryError", "RemoteDeployment", "RemoteTables", "manifest_sha256"]
 
 LOOKUP_PATH = "/api/v1/lookup"
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -70,7 +70,7 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def _manifest_sha256(root: Path) -> str:
+def manifest_sha256(root: Path) -> str:
     """The registry's bundle identity: sha256 over ``<sha256> <size> <path>\\n`` per file,
     sorted by the UTF-8 bytes of the path (docs/registry.md)."""
     lines = []
@@ -508,7 +508,7 @@ class RemoteTables:
                 tar.extractall(unpacked, filter="data")
             tops = list(unpacked.iterdir())
             root = tops[0] if len(tops) == 1 and tops[0].is_dir() else unpacked
-            actual = _manifest_sha256(root)
+            actual = manifest_sha256(root)
             if actual != sha256:
                 raise BundleError(path, f"downloaded files hash to {actual}, not {sha256}")
             if final.is_dir():  # checked content under the same name: keep the first
