@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 from django.http import FileResponse, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -179,7 +180,7 @@ class BundleViewSet(
         },
     )
     @action(detail=True, methods=["get"], url_path="download")
-    def download(self, request: Request, pk: str | None = None) -> HttpResponse:
+    def download(self, request: Request, pk: str | None = None) -> HttpResponseBase:
         """The bundle as .tar.gz; ETag is the bundle's sha256, so the download is cacheable."""
         bundle = self.get_object()
         etag = f'"{bundle.sha256}"'
@@ -234,7 +235,7 @@ class BundleViewSet(
         },
     )
     @action(detail=True, methods=["get"], url_path=r"files/(?P<path>.+)")
-    def files(self, request: Request, pk: str | None = None, path: str = "") -> HttpResponse:
+    def files(self, request: Request, pk: str | None = None, path: str = "") -> HttpResponseBase:
         """One file of the bundle, byte for byte as published; ETag is its sha256."""
         bundle = self.get_object()
         record = bundle.file_record(path)
