@@ -12,14 +12,14 @@ few batch lookups; a single estimate is a batch of one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from moetables.bundle.model import EXPERTS
+from moetables.bundle.model import EXPERTS, TableEntry
 from moetables.comm import (
     Cluster,
     CollectiveStep,
@@ -36,8 +36,44 @@ from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
 
-if TYPE_CHECKING:
-    from moetables.lookup.tables import ComponentTables, DeploymentTables
+
+# What the estimate reads of the lookup tables, as protocols: `moetables.lookup.tables` calls
+# into this module for its `estimate` methods, so naming its classes here would close a circle.
+class _Answers(Protocol):
+    @property
+    def time_us(self) -> npt.NDArray[np.float64]: ...
+
+    @property
+    def code(self) -> npt.NDArray[Any]: ...
+
+
+class DeploymentTables(Protocol):
+    """One rank's tables (`moetables.lookup.DeploymentTables`)."""
+
+    @property
+    def entry(self) -> TableEntry: ...
+
+    @property
+    def time_us(self) -> Callable[..., float]: ...
+
+    def batch(
+        self,
+        component: str,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike | None = None,
+        local_assignments: npt.ArrayLike | None = None,
+        mode: str = "eager",
+    ) -> _Answers: ...
+
+    def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]: ...
+
+
+class ComponentTables(Protocol):
+    """A bundle's tables (`moetables.lookup.ComponentTables`)."""
+
+    def deployment(
+        self, tp: int, dp: int, rank: int, sequence_parallel: bool = False
+    ) -> DeploymentTables: ...
 
 __all__ = [
     "MODES",
