@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from acquisition.engine_trace import last_arriver_transfer_us
+from moetables.calibration import GroupedLaunch
 
 ROUTINGS = ("simulator", "native")
 # Which policy each routing mode is compared under (issue 11 part 5): the captured histogram
@@ -113,6 +114,25 @@ def load_forwards(evidence: Path, routing: str) -> tuple[list[Forward], list[dic
                            tuple(tuple(float(x) for x in b["nccl_us"]) for b in blocks),
                            tuple(blocks[0]["nccl_names"])))
     return out, ranks
+
+
+def dispatch_launches(evidence: Path, routing: str, row_bytes: Sequence[int]) -> list[GroupedLaunch]:
+    """The engine's grouped dispatch kernels at equal counts, one launch per step: the median over
+    the step's repetitions of the last-arriving rank's first NCCL kernel (one AllGather kernel for
+    hidden states, top-k weights and ids), each operation sized from the contract's row widths."""
+    forwards, _ = load_forwards(evidence, routing)
+    by_step: dict[int, list[Forward]] = {}
+    for f in forwards:
+        if len(set(f.tokens)) == 1:
+            by_step.setdefault(f.step, []).append(f)
+    out = []
+    for step, fs in sorted(by_step.items()):
+        if not all("AllGather" in f.nccl_names[0] for f in fs):
+            raise ValidationDataError(f"{routing} step {step}: the first NCCL kernel is not the grouped AllGather")
+        ranks, rows = len(fs[0].tokens), fs[0].tokens[0]
+        measured = float(statistics.median(min(r[0] for r in f.nccl_us) for f in fs))
+        out.append(GroupedLaunch("all_gather", ranks, tuple(ranks * rows * int(w) for w in row_bytes), measured))
+    return out
 
 
 def local_load(counts: np.ndarray, expert_map: Sequence[int]) -> tuple[int, int]:

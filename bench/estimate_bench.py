@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -183,6 +184,7 @@ def cli(scratch: Path, count: int) -> list[dict[str, Any]]:
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import urllib.error
     import urllib.request
 
     for _ in range(300):
@@ -191,6 +193,8 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
         try:
             urllib.request.urlopen(url, timeout=1).read()
             return
+        except urllib.error.HTTPError:
+            return  # it answered (the API root may ask for credentials)
         except OSError:
             time.sleep(0.1)
     raise SystemExit("gunicorn did not answer")
@@ -205,8 +209,11 @@ def load(url: str, body: Path, requests: int) -> dict[str, Any]:
 
 
 def rest(scratch: Path, port: int) -> list[dict[str, Any]]:
+    # A production-mode (DEBUG off) scratch server needs its own secret key and, on plain HTTP,
+    # DJANGO_HTTPS=0 (config/settings.py).
     env = {**os.environ, "REGISTRY_VAR_DIR": str(scratch / "var"), "DJANGO_DEBUG": "0",
-           "DJANGO_LOG_LEVEL": "WARNING"}
+           "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+           "DJANGO_HTTPS": "0"}  # plain HTTP on loopback: no redirect to TLS
     env.pop("DATABASE_URL", None)
     for args in (["migrate", "--noinput"], ["import_bundle", "bundles/H200"]):
         subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True,

@@ -12,9 +12,17 @@ nccl-tests' bus-bandwidth factor. The fit is deliberately two-ended: the bandwid
 straight-line least-squares fit on the large messages (where alpha is negligible and the slope is
 the link's bus bandwidth), alpha from the small messages with that slope held fixed (where the
 transfer term is negligible and the latency dominates). A single least-squares fit over all sizes
-would let the microsecond-scale latency be decided by the millisecond-scale points. What the
-two-ended line misses in between (NCCL's protocol changes, LL -> LL128 -> Simple) is reported per
-point, never hidden.
+would let the microsecond-scale latency be decided by the millisecond-scale points.
+
+The straight line misses the middle sizes: on two H200s it is 20-50 % fast between 256 KiB and
+16 MiB per rank, where NCCL changes protocol and channel count (the MoE block's hidden states
+live exactly there). So the fit also gives each op a bandwidth-by-size table (cluster format
+version 2): at every measured size from the first whose bandwidth term is at least
+``table_min_share`` of its time (below that, t - alpha is latency noise), the effective bus
+bandwidth ``factor x S / (t - alpha)``. The model reads it linearly in log2(S) between sizes and
+at the nearest size outside them (``moetables.comm.LinkParameters``), so it reproduces every
+tabled median; how well it predicts a size it has not seen is the leave-one-out error
+(``CollectiveFit.loo_residuals``), reported with the line's residuals, never hidden.
 
 Pure numpy and pyyaml: the device-side timing lives in the script, not here.
 """
@@ -156,14 +164,35 @@ class CollectiveFit:
     bus_bandwidth_GBps: float  # noqa: N815 - the cluster file's own key
     large_bytes_per_rank: tuple[int, ...]
     small_bytes_per_rank: tuple[int, ...]
-    residuals: tuple[tuple[int, float, float], ...]  # (bytes_per_rank, measured_us, model_us)
+    residuals: tuple[tuple[int, float, float], ...]  # (bytes_per_rank, measured_us, line_us)
+    # (S bytes, effective bus GB/s) per tabled size; () when the table is not fitted.
+    bandwidth_by_size: tuple[tuple[int, float], ...] = ()
+    # (bytes_per_rank, measured_us, model_us with that size left out of the table)
+    loo_residuals: tuple[tuple[int, float, float], ...] = ()
+
+    def line_us(self, size_bytes: float) -> float:
+        """The straight line: alpha + factor x S / the large-size bandwidth."""
+        return self.alpha_us + bus_factor(self.op, self.ranks) * size_bytes / (self.bus_bandwidth_GBps * 1e3)
 
     def model_us(self, size_bytes: float) -> float:
-        return self.alpha_us + bus_factor(self.op, self.ranks) * size_bytes / (self.bus_bandwidth_GBps * 1e3)
+        """The shipped model: the line's alpha, the bandwidth from the table (if any)."""
+        return _table_time(self.alpha_us, bus_factor(self.op, self.ranks), self.bus_bandwidth_GBps,
+                           self.bandwidth_by_size, size_bytes)
 
     @property
     def max_relative_error(self) -> float:
         return max(abs(m - t) / t for _, t, m in self.residuals)
+
+
+def _table_time(
+    alpha: float, factor: float, bus_gbps: float, table: Sequence[tuple[int, float]], size: float
+) -> float:
+    """The cluster model's time (moetables.comm.LinkParameters, kept equal by a test)."""
+    if not table:
+        return alpha + factor * size / (bus_gbps * 1e3)
+    sizes = np.log2([float(s) for s, _ in table])
+    bw = float(np.interp(np.log2(max(size, 1.0)), sizes, [b for _, b in table]))
+    return alpha + factor * size / (bw * 1e3)
 
 
 def fit_collective(
@@ -171,6 +200,7 @@ def fit_collective(
     *,
     large_min_bytes_per_rank: int = 32 << 20,
     small_max_bytes_per_rank: int = 64 << 10,
+    table_min_share: float | None = 0.2,
 ) -> CollectiveFit:
     """Two-ended alpha-beta fit of one collective (see the module docstring)."""
     if not points:
@@ -197,13 +227,69 @@ def fit_collective(
         raise CalibrationError(f"{op}: the small messages give a negative latency ({alpha:.3f} us)")
     fit = CollectiveFit(op, ranks, alpha, bus_gbps, tuple(p.bytes_per_rank for p in large),
                         tuple(p.bytes_per_rank for p in small), ())
-    residuals = tuple((p.bytes_per_rank, p.time_us, fit.model_us(p.size_bytes)) for p in points)
-    return CollectiveFit(op, ranks, alpha, bus_gbps, fit.large_bytes_per_rank, fit.small_bytes_per_rank, residuals)
+    residuals = tuple((p.bytes_per_rank, p.time_us, fit.line_us(p.size_bytes)) for p in points)
+    table: tuple[tuple[int, float], ...] = ()
+    loo: tuple[tuple[int, float, float], ...] = ()
+    if table_min_share is not None:
+        if not 0 < table_min_share < 1:
+            raise CalibrationError(f"table_min_share must be in (0, 1), got {table_min_share}")
+        factor = bus_factor(op, ranks)
+        first = next((i for i, p in enumerate(points) if p.time_us - alpha >= table_min_share * p.time_us), None)
+        tabled = list(points[first:]) if first is not None else []
+        if len(tabled) < 2:
+            raise CalibrationError(
+                f"{op}: fewer than 2 sizes whose bandwidth term is >= {table_min_share:.0%} of the time; "
+                "no bandwidth table can be fitted")
+        if any(p.time_us <= alpha for p in tabled):
+            raise CalibrationError(f"{op}: a tabled size is not slower than the latency; the sweep is not usable")
+        table = tuple((p.size_bytes, factor * p.size_bytes / ((p.time_us - alpha) * 1e3)) for p in tabled)
+        loo = tuple(
+            (p.bytes_per_rank, p.time_us,
+             _table_time(alpha, factor, bus_gbps, table[:i] + table[i + 1:], p.size_bytes))
+            for i, p in enumerate(tabled))
+    return CollectiveFit(op, ranks, alpha, bus_gbps, fit.large_bytes_per_rank, fit.small_bytes_per_rank, residuals,
+                         table, loo)
 
 
-def fit_sweep(sweep: Sweep, **kwargs: int) -> dict[str, CollectiveFit]:
+def fit_sweep(sweep: Sweep, **kwargs: Any) -> dict[str, CollectiveFit]:
     """Fit every op the sweep measured, in the cluster file's order."""
     return {op: fit_collective(sweep.of(op), **kwargs) for op in OPS if any(p.op == op for p in sweep.points)}
+
+
+@dataclass(frozen=True)
+class GroupedLaunch:
+    """One measured NCCL kernel that ran several operations of one op launched as a group."""
+
+    op: str
+    ranks: int
+    sizes_bytes: tuple[int, ...]  # nccl-tests S of each operation in the group
+    measured_us: float  # the last-arriving rank's kernel
+
+    def model_us(self, fit: CollectiveFit) -> float:
+        """One latency and every operation's bandwidth term, no per-operation cost."""
+        return fit.alpha_us + sum(fit.model_us(s) - fit.alpha_us for s in self.sizes_bytes)
+
+
+def fit_group_op_us(fits: Mapping[str, CollectiveFit], launches: Sequence[GroupedLaunch]) -> float:
+    """The cost of each operation beyond the first in one grouped NCCL launch.
+
+    The sweep times one operation per kernel; vLLM groups several (its dispatch of hidden states,
+    top-k weights and ids is one kernel of three all-gathers; an unequal-count gather one of a
+    broadcast per root). A grouped kernel measured on the engine minus the sweep's model of its
+    operations (one latency, each operation's bytes) is what grouping adds; the median over the
+    launches, per operation beyond the first, is ``group_op_us`` (never below zero).
+    """
+    if len(launches) < 3:
+        raise CalibrationError(f"the per-operation cost needs at least 3 grouped launches, got {len(launches)}")
+    excess = []
+    for launch in launches:
+        if len(launch.sizes_bytes) < 2:
+            raise CalibrationError(f"a grouped launch needs at least 2 operations, got {launch.sizes_bytes}")
+        fit = fits.get(launch.op)
+        if fit is None or fit.ranks != launch.ranks:
+            raise CalibrationError(f"no {launch.op} fit over {launch.ranks} ranks for a grouped launch")
+        excess.append((launch.measured_us - launch.model_us(fit)) / (len(launch.sizes_bytes) - 1))
+    return max(0.0, float(statistics.median(excess)))
 
 
 def cluster_document(
@@ -214,23 +300,31 @@ def cluster_document(
     link: str,
     fits: Mapping[str, CollectiveFit],
     ranks: Sequence[int],
+    group_op_us: float | None = None,
 ) -> dict[str, Any]:
-    """The cluster description (schema ``moe-cluster`` version 1) of one link class and one group."""
+    """The cluster description (schema ``moe-cluster``) of one link class and one group: version 2
+    when some op carries a bandwidth-by-size table, else version 1."""
     missing = [op for op in OPS if op not in fits]
     if missing:
         raise CalibrationError(f"the cluster description needs all five collectives; missing {', '.join(missing)}")
     for key in ("hardware", "software", "command", "measured_at"):
         if not provenance.get(key):
             raise CalibrationError(f"provenance needs {key!r}")
-    collectives = {op: {"alpha_us": round(fits[op].alpha_us, 3),
-                        "bus_bandwidth_GBps": round(fits[op].bus_bandwidth_GBps, 2)} for op in OPS}
+    collectives: dict[str, dict[str, Any]] = {}
+    for op in OPS:
+        entry: dict[str, Any] = {"alpha_us": round(fits[op].alpha_us, 3),
+                                 "bus_bandwidth_GBps": round(fits[op].bus_bandwidth_GBps, 2)}
+        if fits[op].bandwidth_by_size:
+            entry["bandwidth_by_size"] = [[int(size), round(bw, 2)] for size, bw in fits[op].bandwidth_by_size]
+        collectives[op] = entry
     return {
         "schema": "moe-cluster",
-        "version": 1,
+        "version": 2 if group_op_us is not None or any(f.bandwidth_by_size for f in fits.values()) else 1,
         "name": name,
         "description": description,
         "provenance": dict(provenance),
-        "link_classes": {link: {"collectives": collectives}},
+        "link_classes": {link: {"collectives": collectives,
+                                **({"group_op_us": round(group_op_us, 3)} if group_op_us is not None else {})}},
         "groups": [{"link": link, "ranks": [int(r) for r in ranks]}],
     }
 
@@ -246,5 +340,11 @@ def dump_cluster(document: Mapping[str, Any]) -> str:
         flow = set(data) <= {"alpha_us", "bus_bandwidth_GBps"} or "ranks" in data
         return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=flow)
 
+    def _pair(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+        # A table's [size, GBps] point inline, the table itself one point per line.
+        flow = len(data) == 2 and all(isinstance(v, (int, float)) for v in data)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
     _Dumper.add_representer(dict, _leaf)
+    _Dumper.add_representer(list, _pair)
     return yaml.dump(dict(document), Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)

@@ -16,6 +16,13 @@ Which kernels a logical collective becomes follows vLLM 0.26.0's ``all_gatherv``
 ncclReduceScatter; unequal counts run a group of ncclBroadcast (one per root) or ncclReduce
 (one per root) calls.
 
+Transfers follow what vLLM 0.26.0 launches, measured on two H200s: the three dispatched
+tensors are one NCCL group (one kernel), and so is every unequal-count gather or scatter (one
+operation per root). Collectives sharing a ``launch`` are charged once: one latency, a cluster's
+``group_op_us`` per further operation, and every operation's bytes at the bandwidth of its size
+(``launch_transfer_us``); the roots of an unequal-count collective are charged one after the
+other, as the engine's kernels show (docs/cluster-format.md).
+
 Timing: a collective starts when its last participant arrives. Each rank's time therefore
 splits into compute (its components), wait (arrived early, waiting for the last rank) and
 transfer (the collective itself, the same for all participants): the worst-rank envelope of
@@ -53,12 +60,17 @@ __all__ = [
     "build_trace",
     "deployment_kind",
     "dtype_bytes",
+    "launch_runs",
+    "launch_transfer_us",
     "load_cluster",
     "parse_cluster",
     "tensor_widths",
 ]
 
 COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce")
+# Version 2 adds the optional per-op ``bandwidth_by_size`` and per-class ``group_op_us``;
+# version 1 files load unchanged.
+VERSIONS = (1, 2)
 # NCCL's bus-bandwidth factors (nccl-tests PERFORMANCE.md): busBw = algBw * factor.
 def _bus_factor(op: str, n: int) -> float:
     if op in ("all_gather", "reduce_scatter"):
@@ -112,23 +124,49 @@ class ClusterError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class LinkParameters:
-    """Alpha-beta of one collective on one link class."""
+    """Alpha-beta of one collective on one link class, with an optional bandwidth-by-size table.
+
+    ``bandwidth_by_size`` (cluster format version 2) holds (S bytes, bus GB/s) points, S
+    increasing: NCCL changes protocol and channel count with the message size, and one straight
+    line misses the middle sizes by 20-50 % on two H200s (docs/benchmarks.md). Between points
+    the bandwidth is linear in log2(S); outside them it is the nearest point's. Without a table
+    it is ``bus_bandwidth_GBps`` at every size.
+    """
 
     alpha_us: float
     bus_bandwidth_GBps: float  # noqa: N815 (the file's field name)
+    bandwidth_by_size: tuple[tuple[float, float], ...] = ()
+
+    def bandwidth_GBps(self, size_bytes: npt.ArrayLike) -> FloatArray:  # noqa: N802 (unit)
+        """The bus bandwidth at nccl-tests size ``size_bytes``."""
+        s = np.asarray(size_bytes, dtype=np.float64)
+        if not self.bandwidth_by_size:
+            return np.full(s.shape, self.bus_bandwidth_GBps)
+        table = np.asarray(self.bandwidth_by_size, dtype=np.float64)
+        out: FloatArray = np.interp(np.log2(np.maximum(s, 1.0)), np.log2(table[:, 0]), table[:, 1])
+        return out
+
+    def bytes_us(self, link_bytes: npt.ArrayLike, size_bytes: npt.ArrayLike) -> FloatArray:
+        """The bandwidth term: ``link_bytes`` (factor x S, or the busiest link's bytes) at the
+        bus bandwidth of an operation of nccl-tests size ``size_bytes``."""
+        out: FloatArray = np.asarray(link_bytes, dtype=np.float64) / (
+            self.bandwidth_GBps(size_bytes) * 1e3
+        )
+        return out
 
     def time_us(self, op: str, ranks: int, size_bytes: npt.ArrayLike) -> Any:
-        """t = alpha + factor(op, n) * S / bandwidth, S as nccl-tests counts it."""
-        factor = _bus_factor(op, ranks)
-        return self.alpha_us + factor * np.asarray(size_bytes, dtype=np.float64) / (
-            self.bus_bandwidth_GBps * 1e3
-        )
+        """t = alpha + factor(op, n) * S / bandwidth(S), S as nccl-tests counts it."""
+        s = np.asarray(size_bytes, dtype=np.float64)
+        return self.alpha_us + self.bytes_us(_bus_factor(op, ranks) * s, s)
 
 
 @dataclass(frozen=True, slots=True)
 class LinkClass:
     name: str
     collectives: Mapping[str, LinkParameters]
+    # Each NCCL operation beyond the first in one grouped launch (one kernel) adds this much
+    # (format version 2; 0 in version 1 files). See ``launch_transfer_us``.
+    group_op_us: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +177,7 @@ class LinkGroup:
 
 @dataclass(frozen=True)
 class Cluster:
-    """A validated cluster description (``schema: moe-cluster``, version 1)."""
+    """A validated cluster description (``schema: moe-cluster``, version 1 or 2)."""
 
     name: str
     description: str
@@ -215,6 +253,22 @@ def _exact_keys(raw: Any, where: str, required: set[str], optional: set[str] = f
         raise ClusterError(where, f"unknown field(s) {sorted(map(str, extra))}")
 
 
+def _bandwidth_table(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """[[S bytes, bus GB/s], ...]: two or more points, sizes strictly increasing."""
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise ClusterError(where, "must be a list of at least two [size_bytes, GBps] points")
+    points = []
+    for i, point in enumerate(raw):
+        if not isinstance(point, list) or len(point) != 2:
+            raise ClusterError(f"{where}[{i}]", f"must be [size_bytes, GBps], got {point!r}")
+        points.append((_number(point[0], f"{where}[{i}] size", positive=True),
+                       _number(point[1], f"{where}[{i}] GBps", positive=True)))
+    for i in range(1, len(points)):
+        if points[i][0] <= points[i - 1][0]:
+            raise ClusterError(f"{where}[{i}]", "sizes must increase strictly")
+    return tuple(points)
+
+
 def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
     """Validate a loaded cluster description; every problem names its field."""
     _exact_keys(
@@ -225,8 +279,11 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
     )
     if raw["schema"] != "moe-cluster":
         raise ClusterError(f"{source}: schema", f"must be 'moe-cluster', got {raw['schema']!r}")
-    if raw["version"] != 1 or isinstance(raw["version"], bool):
-        raise ClusterError(f"{source}: version", f"only version 1 is known, got {raw['version']!r}")
+    version = raw["version"]
+    if version not in VERSIONS or isinstance(version, bool):
+        raise ClusterError(
+            f"{source}: version", f"only versions {list(VERSIONS)} are known, got {version!r}"
+        )
     name = raw["name"]
     if not isinstance(name, str) or not name.strip():
         raise ClusterError(f"{source}: name", "must be a non-empty string")
@@ -258,20 +315,35 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
         where = f"{source}: link_classes.{cname}"
         if not isinstance(cname, str):
             raise ClusterError(where, "a link class name must be a string")
-        _exact_keys(body, where, {"collectives"})
+        _exact_keys(body, where, {"collectives"}, {"group_op_us"})
+        group_op = 0.0
+        if "group_op_us" in body:
+            if version < 2:
+                raise ClusterError(f"{where}.group_op_us", "needs version 2 (version 1 has none)")
+            group_op = _number(body["group_op_us"], f"{where}.group_op_us", positive=False)
         colls = body["collectives"]
         _exact_keys(colls, f"{where}.collectives", set(COLLECTIVE_OPS))
         params = {}
         for op in COLLECTIVE_OPS:
             at = f"{where}.collectives.{op}"
-            _exact_keys(colls[op], at, {"alpha_us", "bus_bandwidth_GBps"})
+            _exact_keys(colls[op], at, {"alpha_us", "bus_bandwidth_GBps"},
+                        {"bandwidth_by_size"})
+            table: tuple[tuple[float, float], ...] = ()
+            if "bandwidth_by_size" in colls[op]:
+                if version < 2:
+                    raise ClusterError(
+                        f"{at}.bandwidth_by_size", "needs version 2 (version 1 has none)"
+                    )
+                table = _bandwidth_table(colls[op]["bandwidth_by_size"],
+                                         f"{at}.bandwidth_by_size")
             params[op] = LinkParameters(
                 alpha_us=_number(colls[op]["alpha_us"], f"{at}.alpha_us", positive=False),
                 bus_bandwidth_GBps=_number(
                     colls[op]["bus_bandwidth_GBps"], f"{at}.bus_bandwidth_GBps", positive=True
                 ),
+                bandwidth_by_size=table,
             )
-        classes[cname] = LinkClass(cname, params)
+        classes[cname] = LinkClass(cname, params, group_op)
     groups_raw = raw["groups"]
     if not isinstance(groups_raw, list) or not groups_raw:
         raise ClusterError(f"{source}: groups", "must be a non-empty list")
@@ -395,6 +467,10 @@ class CollectiveStep:
     scope: Literal["dp", "ep", "tp"]
     groups: tuple[tuple[int, ...], ...]
     row_bytes: int
+    # Collectives sharing a non-empty ``launch`` (consecutive, same groups) run as one NCCL
+    # group, one kernel: the trace names each logical collective, the time model charges the
+    # launch once (``launch_transfer_us``).
+    launch: str = ""
 
     @property
     def name(self) -> str:
@@ -488,7 +564,10 @@ def build_trace(
             ("topk_weights", widths.topk_weights),
             ("topk_ids", widths.topk_ids),
         ):
-            steps.append(CollectiveStep("all_gather", tensor, scope, groups, width))
+            # vLLM 0.26.0 dispatches the three in one NCCL group: one kernel (two H200s).
+            steps.append(
+                CollectiveStep("all_gather", tensor, scope, groups, width, launch="dispatch")
+            )
         steps.append(ComputeStep(EXPERTS, "expert"))
         steps.append(
             CollectiveStep("reduce_scatter", "expert_output", scope, groups, widths.hidden_states)
@@ -540,6 +619,79 @@ def collective_bytes(
     return size, shares, equal
 
 
+def _link_terms(
+    step: CollectiveStep, n: int, size: IntArray, shares: IntArray
+) -> tuple[tuple[str, FloatArray, FloatArray], tuple[str, list[tuple[FloatArray, FloatArray]]] | None]:
+    """The NCCL operations of one collective: for equal counts (op, link bytes, size), for
+    unequal counts (single-root op, [(link bytes, size) per root]); None for all_reduce.
+
+    Equal counts: one AllGather/ReduceScatter/AllReduce, factor(op, n) x S per link.
+    Unequal counts (vLLM's all_gatherv/reduce_scatterv): one Broadcast/Reduce per root in one
+    NCCL group. Each root's operation moves its share over the ring at the single-root op's
+    bus bandwidth (factor 1), and the roots' operations are charged one after the other:
+    on two H200s the engine's grouped broadcasts took at least the sum of the separate
+    broadcasts' times, not the largest one's (docs/benchmarks.md, "grouped launches").
+    """
+    s = size.astype(np.float64)
+    equal = (step.op, _bus_factor(step.op, n) * s, s)
+    if step.op == "all_reduce":
+        return equal, None
+    sh = shares.astype(np.float64)
+    single = "broadcast" if step.op == "all_gather" else "reduce"
+    return equal, (single, [(sh[:, r], sh[:, r]) for r in range(sh.shape[1])])
+
+
+def launch_transfer_us(
+    cluster: Cluster,
+    members: Sequence[tuple[CollectiveStep, IntArray, IntArray, npt.NDArray[np.bool_]]],
+    group: tuple[int, ...],
+) -> list[FloatArray]:
+    """Modelled transfer of collectives launched together as one NCCL kernel, per member.
+
+    ``members``: (step, S, shares, equal) of each logical collective of the launch over the
+    same ranks (one member for a collective launched alone). vLLM 0.26.0 dispatches hidden
+    states, top-k weights and top-k ids in one NCCL group: one kernel (measured on two H200s),
+    and an unequal-count gather or reduce is itself a group of one operation per root. The
+    launch pays one latency (the largest alpha of its operations), ``group_op_us`` for every
+    operation beyond the first, and the bytes of every operation, each at the bandwidth of its
+    own size (NCCL picks a protocol per operation). The latency and the per-operation costs
+    are charged to the first member, each member carries its own bytes, so the members add up
+    to the launch's time. With several candidate link classes the slowest (the largest launch
+    time) times the launch, per step.
+    """
+    n = len(group)
+    terms = [_link_terms(step, n, size, shares) for step, size, shares, _ in members]
+    per_class: list[list[FloatArray]] = []
+    for link in cluster.classes_for(group):
+        alpha: FloatArray | None = None
+        ops: FloatArray | None = None
+        parts: list[FloatArray] = []
+        for (_, _, _, equal), ((eop, elink, esize), unequal) in zip(members, terms, strict=True):
+            p_eq = link.collectives[eop]
+            a = np.full(equal.shape, p_eq.alpha_us)
+            b = p_eq.bytes_us(elink, esize)
+            count = np.ones(equal.shape)
+            if unequal is not None and not equal.all():
+                uop, roots = unequal
+                p_un = link.collectives[uop]
+                a = np.where(equal, a, p_un.alpha_us)
+                b = np.where(equal, b, np.sum([p_un.bytes_us(lb, sz) for lb, sz in roots], axis=0))
+                count = np.where(equal, 1.0, float(len(roots)))
+            alpha = a if alpha is None else np.maximum(alpha, a)
+            ops = count if ops is None else ops + count
+            parts.append(b)
+        assert alpha is not None and ops is not None
+        parts[0] = parts[0] + alpha + link.group_op_us * (ops - 1.0)
+        per_class.append(parts)
+    if len(per_class) == 1:
+        return per_class[0]
+    totals = np.stack([np.sum(parts, axis=0) for parts in per_class])
+    pick = np.argmax(totals, axis=0)
+    return [
+        np.choose(pick, [parts[j] for parts in per_class]) for j in range(len(members))
+    ]
+
+
 def transfer_us(
     cluster: Cluster,
     step: CollectiveStep,
@@ -548,16 +700,35 @@ def transfer_us(
     shares: IntArray,
     equal: npt.NDArray[np.bool_],
 ) -> FloatArray:
-    """Modelled transfer of one collective group for a batch of steps.
+    """Modelled transfer of one collective launched alone, for a batch of steps.
 
     Equal counts: one AllGather/ReduceScatter/AllReduce of S bytes. Unequal counts: vLLM's
-    all_gatherv/reduce_scatterv issue one Broadcast/Reduce per root in an NCCL group; each
-    is charged alpha + its share / bandwidth and they add up (one ring after another).
+    all_gatherv/reduce_scatterv, one Broadcast/Reduce per root in one NCCL group: one
+    latency, ``group_op_us`` per further root, every root's share (``launch_transfer_us``).
     """
-    whole = np.asarray(cluster.time_us(step.op, group, size), dtype=np.float64)
-    if step.op == "all_reduce" or equal.all():
-        return whole
-    single = "broadcast" if step.op == "all_gather" else "reduce"
-    per_root = np.asarray(cluster.time_us(single, group, shares), dtype=np.float64)
-    grouped = per_root.sum(axis=1)
-    return np.where(equal, whole, grouped)
+    return launch_transfer_us(cluster, [(step, size, shares, equal)], group)[0]
+
+
+def launch_runs(steps: Sequence[Step]) -> list[tuple[int, ...]]:
+    """Per trace step, the indices of the steps launched with it (itself alone if none).
+
+    Consecutive collectives with the same non-empty ``launch`` over the same groups form one
+    launch; a compute step is its own.
+    """
+    out: list[tuple[int, ...]] = []
+    i = 0
+    while i < len(steps):
+        j = i + 1
+        first = steps[i]
+        if isinstance(first, CollectiveStep) and first.launch:
+            while (
+                j < len(steps)
+                and isinstance(steps[j], CollectiveStep)
+                and steps[j].launch == first.launch  # type: ignore[union-attr]
+                and steps[j].groups == first.groups  # type: ignore[union-attr]
+            ):
+                j += 1
+        run = tuple(range(i, j))
+        out += [run] * len(run)
+        i = j
+    return out

@@ -12,14 +12,14 @@ few batch lookups; a single estimate is a batch of one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from moetables.bundle.model import EXPERTS
+from moetables.bundle.model import EXPERTS, TableEntry
 from moetables.comm import (
     Cluster,
     CollectiveStep,
@@ -27,15 +27,53 @@ from moetables.comm import (
     Trace,
     build_trace,
     collective_bytes,
+    launch_runs,
+    launch_transfer_us,
     tensor_widths,
-    transfer_us,
 )
 from moetables.errors import CoverageError, QueryError
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
+from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
 
-if TYPE_CHECKING:
-    from moetables.lookup.tables import ComponentTables, DeploymentTables
+
+# What the estimate reads of the lookup tables, as protocols: `moetables.lookup.tables` calls
+# into this module for its `estimate` methods, so naming its classes here would close a circle.
+class _Answers(Protocol):
+    @property
+    def time_us(self) -> npt.NDArray[np.float64]: ...
+
+    @property
+    def code(self) -> npt.NDArray[Any]: ...
+
+
+class DeploymentTables(Protocol):
+    """One rank's tables (`moetables.lookup.DeploymentTables`)."""
+
+    @property
+    def entry(self) -> TableEntry: ...
+
+    @property
+    def time_us(self) -> Callable[..., float]: ...
+
+    def batch(
+        self,
+        component: str,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike | None = None,
+        local_assignments: npt.ArrayLike | None = None,
+        mode: str = "eager",
+    ) -> _Answers: ...
+
+    def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]: ...
+
+
+class ComponentTables(Protocol):
+    """A bundle's tables (`moetables.lookup.ComponentTables`)."""
+
+    def deployment(
+        self, tp: int, dp: int, rank: int, sequence_parallel: bool = False
+    ) -> DeploymentTables: ...
 
 __all__ = [
     "MODES",
@@ -115,6 +153,7 @@ class CollectiveEstimate:
     equal_counts: bool
     vllm_call: str
     kernels: tuple[str, ...]
+    launch: str  # collectives of one launch run as one NCCL kernel ("" when launched alone)
     start_us: float
     transfer_us: float | None
     wait_us: float  # the earliest participant's wait (the worst-rank envelope)
@@ -136,7 +175,10 @@ class RankEstimate:
     wait_us: float
     transfer_us: float | None
     end_us: float | None
+    # Counting policies (histogram, round_robin, random): the rank's pairs per local expert,
+    # global experts [expert_range[0], expert_range[1]) in its linear expert map's order.
     expert_counts: tuple[int, ...] | None = None
+    expert_range: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +201,12 @@ class LayerEstimate:
     cluster: str | None
     notes: tuple[str, ...] = field(default=())
 
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON answer of the CLI and REST API."""
-        return {
+    def as_dict(self, *, expert_counts: bool = False) -> dict[str, Any]:
+        """The JSON answer of the CLI and REST API; ``expert_counts`` adds each rank's pairs
+        per local expert (counting policies only: an error otherwise)."""
+        if expert_counts and any(r.expert_counts is None for r in self.ranks):
+            raise QueryError(_NO_COUNTS.format(policy=self.policy))
+        answer: dict[str, Any] = {
             "deployment": {
                 "tp": self.tp,
                 "dp": self.dp,
@@ -190,6 +235,11 @@ class LayerEstimate:
                     "wait_us": r.wait_us,
                     "transfer_us": r.transfer_us,
                     "end_us": r.end_us,
+                    **(
+                        {"expert_range": list(r.expert_range or ()),
+                         "expert_counts": list(r.expert_counts or ())}
+                        if expert_counts else {}
+                    ),
                 }
                 for r in self.ranks
             ],
@@ -204,6 +254,7 @@ class LayerEstimate:
                     "equal_counts": c.equal_counts,
                     "vllm_call": c.vllm_call,
                     "kernels": list(c.kernels),
+                    "launch": c.launch,
                     "start_us": c.start_us,
                     "transfer_us": c.transfer_us,
                     "wait_us": c.wait_us,
@@ -229,6 +280,7 @@ class LayerEstimate:
             "critical_rank": self.critical_rank,
             "notes": list(self.notes),
         }
+        return answer
 
 
 @dataclass(slots=True)
@@ -279,9 +331,11 @@ class BatchEstimate:
         ranks = []
         for rank in range(ep):
             counts = None
+            expert_range = None
             if r.expert_counts is not None:
                 start, stop = _ranges(trace, r)[rank]
                 counts = tuple(int(c) for c in r.expert_counts[i, start:stop])
+                expert_range = (start, stop)
             end = float(self._steps[-1].end[i, rank]) if self._steps is not None else None
             ranks.append(
                 RankEstimate(
@@ -301,6 +355,7 @@ class BatchEstimate:
                     ),
                     end_us=end,
                     expert_counts=counts,
+                    expert_range=expert_range,
                 )
             )
         collectives: list[CollectiveEstimate] = []
@@ -330,6 +385,7 @@ class BatchEstimate:
                         equal_counts=eq,
                         vllm_call=_vllm_call(tstep.op, eq),
                         kernels=tuple(tstep.kernels(eq, len(group))),
+                        launch=tstep.launch,
                         start_us=float(start[i]),
                         transfer_us=tr,
                         wait_us=float(wait[i].max()),
@@ -374,11 +430,21 @@ class BatchEstimate:
             return "eager"
         return self.table_mode
 
-    def as_dicts(self, *, events: bool = True) -> list[dict[str, Any]]:
-        """One JSON answer per step (`LayerEstimate.as_dict`, without ``events`` when asked),
-        refusals as ``{"error", "message"}``. Built from the arrays converted once, not step
-        by step: this is what a request of many steps costs."""
+    def as_dicts(
+        self, *, events: bool = True, expert_counts: bool = False
+    ) -> list[dict[str, Any]]:
+        """One JSON answer per step (`LayerEstimate.as_dict`, without ``events`` when asked,
+        with each rank's per-expert counts when asked), refusals as ``{"error", "message"}``.
+        Built from the arrays converted once, not step by step: this is what a request of
+        many steps costs."""
         trace, r = self.trace, self.routing
+        if expert_counts and r.expert_counts is None:
+            raise QueryError(_NO_COUNTS.format(policy=self.policy))
+        by_expert = tolist_counts = None
+        if expert_counts:
+            assert r.expert_counts is not None
+            by_expert = _ranges(trace, r)
+            tolist_counts = r.expert_counts.tolist()
         ep, steps_ = trace.ep, len(self)
         assert self._steps is not None
         tolist = np.ndarray.tolist
@@ -426,6 +492,11 @@ class BatchEstimate:
                 }
                 for k in range(ep)
             ]
+            if by_expert is not None and tolist_counts is not None:
+                for k, rank in enumerate(ranks):
+                    start, stop = by_expert[k]
+                    rank["expert_range"] = [start, stop]
+                    rank["expert_counts"] = tolist_counts[i][start:stop]
             collectives = []
             event_list: list[dict[str, Any]] = []
             for tstep, first, last, groups in walked:
@@ -445,7 +516,8 @@ class BatchEstimate:
                         "op": tstep.op, "tensor": tstep.tensor, "scope": tstep.scope,
                         "ranks": list(group), "bytes": size[i], "bytes_by_rank": shares[i],
                         "equal_counts": eq, "vllm_call": _vllm_call(tstep.op, eq),
-                        "kernels": tstep.kernels(eq, len(group)), "start_us": start[i],
+                        "kernels": tstep.kernels(eq, len(group)), "launch": tstep.launch,
+                        "start_us": start[i],
                         "transfer_us": t, "wait_us": max(w[i]), "wait_by_rank": w[i],
                     })
                     if events:
@@ -486,6 +558,12 @@ def _ranges(trace: Trace, routing: BatchRouting) -> list[tuple[int, int]]:
     return out
 
 
+
+
+_NO_COUNTS = (
+    "per-expert counts per rank: the {policy} policy gives none; histogram, round_robin and "
+    "random do"
+)
 
 
 def _vllm_call(op: str, equal: bool) -> str:
@@ -544,6 +622,9 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
+        profile: RoutingProfile | None = None,
+        layer: int | None = None,
+        captured_expectation: bool = False,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
         if isinstance(tokens_per_rank, (str, bytes)) or not isinstance(tokens_per_rank, Sequence):
@@ -558,6 +639,9 @@ class LayerEstimator:
             load_shares=load_shares,
             seed=seed,
             capture_sizes=capture_sizes,
+            profile=profile,
+            layer=layer,
+            captured_expectation=captured_expectation,
         )
         return batch.step(0)
 
@@ -573,6 +657,9 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
+        profile: RoutingProfile | None = None,
+        layer: int | None = None,
+        captured_expectation: bool = False,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
@@ -618,6 +705,9 @@ class LayerEstimator:
             active_curve=active_curve,
             load_shares=load_shares,
             seed=seed,
+            profile=profile,
+            layer=layer,
+            captured_expectation=captured_expectation,
         )
         steps, ep = routing.local_rows.shape
         code = np.full(steps, OK, dtype=np.int8)
@@ -765,7 +855,11 @@ class LayerEstimator:
         wait = np.zeros((steps, ep))
         transfer = np.zeros((steps, ep)) if cluster is not None else None
         kept: list[_StepArrays] = []
-        for tstep in self.trace.steps:
+        runs = launch_runs(self.trace.steps)
+        # Transfers of every member of a launch, computed at its first member (R44: one NCCL
+        # kernel for collectives launched together; each member keeps its own name and bytes).
+        launched: dict[tuple[int, tuple[int, ...]], FloatArray] = {}
+        for index, tstep in enumerate(self.trace.steps):
             arrive = clock
             if isinstance(tstep, ComputeStep):
                 t = components[tstep.component]
@@ -788,7 +882,20 @@ class LayerEstimator:
                 tr = None
                 if cluster is not None:
                     assert transfer is not None
-                    tr = transfer_us(cluster, tstep, group, size, shares, equal)
+                    run = runs[index]
+                    if index == run[0]:
+                        members = []
+                        for k in run:
+                            member = self.trace.steps[k]
+                            assert isinstance(member, CollectiveStep)
+                            members.append(
+                                (member, *collective_bytes(member, group, routing.local_rows))
+                            )
+                        for k, times in zip(
+                            run, launch_transfer_us(cluster, members, group), strict=True
+                        ):
+                            launched[(k, group)] = times
+                    tr = launched.pop((index, group))
                     transfer[:, g] += tr[:, None]
                     end = begin + tr
                 else:

@@ -187,18 +187,37 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
-    from moetables.calibration import cluster_document, dump_cluster, fit_sweep, load_sweep
+    from moetables.calibration import (
+        GroupedLaunch,
+        cluster_document,
+        dump_cluster,
+        fit_group_op_us,
+        fit_sweep,
+        load_sweep,
+    )
 
     sweep = load_sweep(args.sweep)
-    fits = fit_sweep(sweep, large_min_bytes_per_rank=args.large_min, small_max_bytes_per_rank=args.small_max)
+    fits = fit_sweep(sweep, large_min_bytes_per_rank=args.large_min, small_max_bytes_per_rank=args.small_max,
+                     table_min_share=args.table_min_share)
     meta = sweep.meta
+    group_op = None
+    launches: list[GroupedLaunch] = []
+    if args.group_evidence:
+        from acquisition.estimate_validation import dispatch_launches
+
+        launches = dispatch_launches(Path(args.group_evidence), args.group_routing,
+                                     [int(w) for w in args.group_row_bytes.split(",")])
+        group_op = fit_group_op_us(fits, launches)
     provenance = {
         "hardware": f"{sweep.ranks} x {meta.get('gpu', '?')} of one host, NVLink"
                     + (f" (GPU UUIDs {', '.join(u[:13] for u in meta.get('uuids', []))})" if meta.get("uuids") else ""),
         "software": f"torch {meta.get('torch')}, CUDA {meta.get('cuda')}, NCCL {meta.get('nccl')}, "
                     f"Python {meta.get('python')}; env {json.dumps(meta.get('env', {}), sort_keys=True)}",
         "command": f"{meta.get('command')} ; then: python scripts/h200x2_nccl_sweep.py fit {args.sweep} "
-                   f"--name {args.name} --large-min {args.large_min} --small-max {args.small_max}",
+                   f"--name {args.name} --large-min {args.large_min} --small-max {args.small_max} "
+                   f"--table-min-share {args.table_min_share}"
+                   + (f" --group-evidence {args.group_evidence} --group-routing {args.group_routing} "
+                      f"--group-row-bytes {args.group_row_bytes}" if args.group_evidence else ""),
         "measured_at": str(meta.get("measured_at", ""))[:10],
     }
     doc = cluster_document(
@@ -208,12 +227,25 @@ def cmd_fit(args: argparse.Namespace) -> int:
                      f"{max(p.bytes_per_rank for p in sweep.points)} B per rank, {meta.get('iters')} back-to-back "
                      f"operations per size, profiler kernel times, per iteration the last-arriving rank's kernel, "
                      f"median). Bandwidth: least squares on sizes >= {args.large_min} B per rank; alpha: the "
-                     f"mean of t - x/bandwidth on sizes <= {args.small_max} B per rank."))
+                     f"mean of t - x/bandwidth on sizes <= {args.small_max} B per rank. bandwidth_by_size: the "
+                     f"effective bus bandwidth x/(t - alpha) at every measured size S from the first whose "
+                     f"bandwidth term is >= {args.table_min_share:.0%} of t (where the line misses NCCL's "
+                     f"protocol changes), read linearly in log2(S)."
+                     + (f" group_op_us: the median, per operation beyond the first, of what the engine's "
+                        f"grouped dispatch kernel (all_gather of hidden states, top-k weights and ids; "
+                        f"{len(launches)} equal-count steps of the {args.group_routing} run in "
+                        f"{args.group_evidence}) took beyond this model of its operations."
+                        if args.group_evidence else "")),
+        group_op_us=group_op)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(dump_cluster(doc), encoding="utf-8")
     for op, fit in fits.items():
+        loo = max((abs(m - t) / t for _, t, m in fit.loo_residuals), default=float("nan"))
         print(f"{op:15s} alpha {fit.alpha_us:8.2f} us  bus {fit.bus_bandwidth_GBps:8.1f} GB/s  "
-              f"max |err| {fit.max_relative_error * 100:5.1f} %")
+              f"line max |err| {fit.max_relative_error * 100:5.1f} %  table leave-one-out max |err| {loo * 100:5.1f} %")
+    if group_op is not None:
+        print(f"group_op_us {group_op:.3f} from {len(launches)} grouped dispatch kernels: "
+              + ", ".join(f"{g.sizes_bytes[0] // (g.ranks * int(args.group_row_bytes.split(',')[0]))} rows {g.measured_us:.1f} us" for g in launches))
     print(f"wrote {args.out}")
     return 0
 
@@ -239,6 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", required=True)
     f.add_argument("--large-min", type=int, default=32 << 20)
     f.add_argument("--small-max", type=int, default=64 << 10)
+    f.add_argument("--table-min-share", type=float, default=0.2,
+                   help="bandwidth_by_size from the first size whose bandwidth term is at least this share of t")
+    f.add_argument("--group-evidence", help="an engine evidence directory (with validation/<routing>/rank*.json): "
+                   "group_op_us from its equal-count grouped dispatch kernels")
+    f.add_argument("--group-routing", default="native",
+                   help="which routing run (native: top-k ids int32, as the contract records)")
+    f.add_argument("--group-row-bytes", default="4096,32,32",
+                   help="bytes per row of the dispatched tensors (the contract's hidden states, top-k weights, ids)")
     args = p.parse_args(argv)
     return cmd_run(args) if args.cmd == "run" else cmd_fit(args)
 

@@ -55,12 +55,29 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
     )
     active_curve = serializers.JSONField(required=False, help_text="custom: [[N, A], ...]")
     load_shares = serializers.ListField(child=serializers.FloatField(), required=False)
-    seed = serializers.IntegerField(min_value=0, default=0, help_text="random policy")
+    seed = serializers.IntegerField(min_value=0, default=0, help_text="random, captured policies")
+    profile = serializers.JSONField(
+        required=False,
+        help_text="captured: a published routing profile's id, or a profile inline "
+        "({meta, step_tokens, counts})",
+    )
+    layer = serializers.IntegerField(
+        min_value=0, required=False, help_text="captured: the profile's layer (default: all)"
+    )
+    profile_draw = serializers.ChoiceField(
+        choices=["sample", "expectation"], default="sample",
+        help_text="captured: a seeded draw at N, or the mean per-rank (A, M)",
+    )
     mode = serializers.ChoiceField(choices=["eager", "graph"], default="eager")
     capture_sizes = serializers.ListField(child=serializers.IntegerField(min_value=1),
                                           required=False)
     events = serializers.BooleanField(
         default=True, help_text="include the per-rank trace events; false for smaller answers")
+    rank_expert_counts = serializers.BooleanField(
+        default=False,
+        help_text="add each rank's pairs per local expert (`expert_range`, `expert_counts`); "
+        "histogram, round_robin and random policies only",
+    )
     cluster = serializers.JSONField(
         required=False,
         help_text="a shipped cluster's name (clusters/<name>.yaml) or an inline moe-cluster "
@@ -82,6 +99,14 @@ class RankSerializer(serializers.Serializer[Any]):
     wait_us = serializers.FloatField()
     transfer_us = serializers.FloatField(allow_null=True)
     end_us = serializers.FloatField()
+    expert_range = serializers.ListField(
+        child=serializers.IntegerField(), required=False,
+        help_text="with rank_expert_counts: the rank's global experts [start, stop)",
+    )
+    expert_counts = serializers.ListField(
+        child=serializers.IntegerField(), required=False,
+        help_text="with rank_expert_counts: the rank's pairs per local expert",
+    )
 
 
 class CollectiveSerializer(serializers.Serializer[Any]):
@@ -94,6 +119,10 @@ class CollectiveSerializer(serializers.Serializer[Any]):
     equal_counts = serializers.BooleanField()
     vllm_call = serializers.CharField()
     kernels = serializers.ListField(child=serializers.CharField())
+    launch = serializers.CharField(
+        help_text="collectives sharing a launch run as one NCCL kernel (one latency); "
+        "empty when launched alone",
+    )
     start_us = serializers.FloatField()
     transfer_us = serializers.FloatField(allow_null=True)
     wait_us = serializers.FloatField()

@@ -17,20 +17,24 @@ import yaml
 from acquisition.estimate_validation import (
     COMPUTE_MAX_GOAL,
     TRANSFER_GOAL,
+    dispatch_launches,
     load_forwards,
     run,
 )
-from moetables.calibration import OPS, fit_sweep, load_sweep
+from moetables.calibration import OPS, fit_group_op_us, fit_sweep, load_sweep
 from moetables.comm import load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "docs/evidence/h200x2-estimate"
 CLUSTER = ROOT / "clusters/h200x2-nvlink.yaml"
 BUNDLE = ROOT / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+F2 = ROOT / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 
 
 def test_it_recomputes_the_shipped_cluster_description_from_the_sweep() -> None:
-    """R45: clusters/h200x2-nvlink.yaml is the two-ended fit of the committed sweep, with provenance."""
+    """R45: clusters/h200x2-nvlink.yaml (version 2) is the fit of the committed raw files: the
+    two-ended line and the bandwidth-by-size table from the sweep, group_op_us from the engine's
+    equal-count grouped dispatch kernels (native run), with provenance."""
     sweep = load_sweep(EVIDENCE / "nccl_sweep.json")
     assert sweep.ranks == 2 and sweep.meta["gpu"] == "NVIDIA H200" and sweep.meta["nccl"] == "2.28.9"
     assert sweep.meta["env"]["NCCL_NVLS_ENABLE"] == "0"
@@ -44,6 +48,14 @@ def test_it_recomputes_the_shipped_cluster_description_from_the_sweep() -> None:
     for op in OPS:
         assert shipped[op]["alpha_us"] == round(fits[op].alpha_us, 3)
         assert shipped[op]["bus_bandwidth_GBps"] == round(fits[op].bus_bandwidth_GBps, 2)
+        assert shipped[op]["bandwidth_by_size"] == [
+            [size, round(bw, 2)] for size, bw in fits[op].bandwidth_by_size]
+    launches = dispatch_launches(EVIDENCE, "native", [4096, 32, 32])
+    assert [g.sizes_bytes[0] // (2 * 4096) for g in launches] == [4, 64, 256, 1024, 2048]
+    group_op = fit_group_op_us(fits, launches)
+    assert raw["version"] == 2 and raw["link_classes"]["nvlink"]["group_op_us"] == round(group_op, 3)
+    assert 0.5 < group_op < 3.0
+    assert "--group-evidence docs/evidence/h200x2-estimate" in raw["provenance"]["command"]
     assert raw["provenance"]["measured_at"] == "2026-11-30"
     assert "scripts/h200x2_nccl_sweep.py run --nproc 2" in raw["provenance"]["command"]
     assert "NCCL 2.28.9" in raw["provenance"]["software"] and "torch 2.11.0+cu130" in raw["provenance"]["software"]
@@ -54,6 +66,10 @@ def test_it_recomputes_the_shipped_cluster_description_from_the_sweep() -> None:
         ends = [abs(m - t) / t for b, t, m in fits[op].residuals if b <= 64 << 10 or b >= 128 << 20]
         assert max(ends) < 0.10
     assert fits["all_gather"].max_relative_error > 0.4
+    # The table's leave-one-out error: within 11 % for the gathers and scatters the MoE block runs
+    # at equal counts; the broadcast/reduce dip at 4 MiB per rank is the documented exception.
+    for op in ("all_gather", "reduce_scatter"):
+        assert max(abs(m - t) / t for _, t, m in fits[op].loo_residuals) < 0.11
 
 
 @pytest.mark.parametrize("routing,router", [("simulator", "RoutingSimulatorRouter"), ("native", "FusedTopKRouter")])
@@ -93,10 +109,12 @@ def test_it_recomputes_the_committed_comparison_with_the_estimate() -> None:
     # at the smallest step, whose A the coarse A-grid interpolates (docs/benchmarks.md explains).
     near = [s for s in steps if 8 < sum(s["tokens"]) <= 514]
     assert near and all(abs(s["compute_error"]) <= COMPUTE_MAX_GOAL for s in near)
-    # Transfers: most steps within the 25 % goal; the misses are the documented ones.
+    # Transfers (R44/R45: grouped launches, unequal roots one after the other, bandwidth by
+    # size): 29 of 30 step-modes within the 25 % goal, the one miss at 25.4 % (docs/benchmarks.md).
     r0 = [s for s in steps if s["rank"] == 0 and s["policy"] == "histogram"]
-    within = sum(abs(s["transfer_error"]) <= TRANSFER_GOAL for s in r0)
-    assert within >= 20 and len(r0) == 30
+    errors = [abs(s["transfer_error"]) for s in r0]
+    assert len(r0) == 30 and sum(e <= TRANSFER_GOAL for e in errors) >= 29
+    assert max(errors) < 0.26 and sorted(errors)[15] < 0.1
 
 
 def test_it_shows_that_the_compute_miss_at_n4096_is_neither_the_table_nor_the_host(tmp_path: Path) -> None:
@@ -127,3 +145,21 @@ def test_it_shows_that_the_compute_miss_at_n4096_is_neither_the_table_nor_the_ho
     big = [f for f in first + second if f.tokens == (2048, 2048)]
     assert all(f.compute_us[0] > 1.08 * shipped.deployment(1, 2, 0).time_us("experts", 4096, 64, 16384)
                for f in big)
+
+
+def test_it_recomputes_the_comparison_with_the_factor_2_tables() -> None:
+    """R44 compute against the factor-2 DP2 tables (points at N = 1024, 2048): the interpolation
+    miss is gone where the routing is not the cause (N = 1,110-1,600 within 3 %), and from
+    N = 2,048 up the tables read 6-20 % low, the acquisition stimulus' routing (the expert A/B)."""
+    result = run(EVIDENCE, str(F2.relative_to(ROOT)), str(CLUSTER.relative_to(ROOT)))
+    committed = json.loads((EVIDENCE / "comparison-f2.json").read_text())
+    for key, s in result["summary"].items():
+        for field, value in s.items():
+            assert value == pytest.approx(committed["summary"][key][field], rel=1e-9), (key, field)
+    hist = [s for s in result["steps"] if s["policy"] == "histogram"]
+    mid = [s for s in hist if 1100 <= sum(s["tokens"]) <= 1600]
+    assert len(mid) == 12 and all(abs(s["compute_error"]) <= 0.03 for s in mid)
+    small = [s for s in hist if 8 < sum(s["tokens"]) <= 528]
+    assert small and all(abs(s["compute_error"]) <= 0.035 for s in small)
+    large = [s for s in hist if sum(s["tokens"]) >= 2037]
+    assert large and all(-0.21 < s["compute_error"] < -0.05 for s in large)

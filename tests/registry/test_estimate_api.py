@@ -124,3 +124,24 @@ def test_it_is_in_the_openapi_schema(client: Client) -> None:
     operation = response.json()["paths"]["/api/v1/estimate/"]["post"]
     assert operation["operationId"] == "estimate"
     assert set(operation["responses"]) >= {"200", "400", "404", "422"}
+
+
+def test_it_adds_each_ranks_expert_counts_when_asked(api: APIClient, h200: Any) -> None:
+    """R41/R44: `rank_expert_counts` adds each rank's histogram slice (opt-in), as the CLI does;
+    a policy without counts is a 400 naming the field."""
+    counts = [0] * 128
+    for e in (1, 2, 3, 4, 70, 90, 91, 92):
+        counts[e] = 5
+    body = {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [2, 3], "policy": "histogram",
+            "expert_counts": counts, "rank_expert_counts": True, "events": False}
+    response = post(api, body)
+    assert response.status_code == 200, response.content
+    ranks = response.json()["ranks"]
+    assert ranks[0]["expert_counts"] == counts[:64] and ranks[1]["expert_range"] == [64, 128]
+    assert ranks[1]["expert_counts"] == counts[64:]
+    assert "expert_counts" not in post(api, {**body, "rank_expert_counts": False}).json()[
+        "ranks"][0]
+    bad = post(api, {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [2, 3],
+                     "rank_expert_counts": True})
+    assert bad.status_code == 400
+    assert any("rank_expert_counts" in p for p in bad.json()["problems"])
