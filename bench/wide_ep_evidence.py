@@ -11,7 +11,14 @@ Per bundle and rank, from the shipped files only (no device):
 - whether ranks with identical local geometry agree: every rank of a linear placement holds
   E/EP experts of the same shapes, so its tables are, by the contract, the same function of
   (N, A, M); the ranks were all measured (none shares another's rows), and this compares them
-  point by point, each rank against rank 0, per component (median and max relative difference).
+  point by point, each rank against rank 0, per component (median and max relative difference);
+- the signed expert difference of each rank against rank 0 by band of N (``order``), and, for
+  DP8, the points the resumed process measured (a fresh process, seconds after the first was
+  stopped) against the same rank's points of the first process (``resumed``), from the samples
+  archive beside the bundle: whether a difference follows the rank or the measurement order.
+
+``--skip-loo`` keeps the leave-one-out numbers of an existing ``--json`` file (they take about
+ten minutes on two shared cores) and recomputes the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import csv
 import json
 import statistics
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +127,72 @@ def agreement(bundle: Path, dp: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def evidence() -> dict[str, Any]:
+BANDS = ((1, 64), (65, 512), (513, 1 << 20))
+
+
+def order(bundle: Path, dp: int) -> dict[str, dict[str, float]]:
+    """Signed median of (rank / rank 0 - 1) over expert rows with A > 0, per band of N."""
+    base = rank_rows(bundle, dp, 0)
+    out: dict[str, dict[str, float]] = {}
+    for rank in range(1, dp):
+        other = rank_rows(bundle, dp, rank)
+        out[f"rank{rank}"] = {
+            f"N{lo}-{hi}": statistics.median(
+                other[k] / base[k] - 1
+                for k in base
+                if k[0] == "experts" and k[3] > 0 and lo <= k[2] <= hi
+            )
+            for lo, hi in BANDS
+        }
+    return out
+
+
+def resumed(bundle: Path, dp: int) -> dict[str, Any]:
+    """Rows measured by the resumed process against rank 0, and the same rank's rows of the
+    first process in the same N range (the resumed process starts at the last phase record's
+    ``process_started_at``)."""
+    archive = bundle.parent / "bf16.acquisition-samples.tar.gz"
+    late: dict[int, set[Key]] = {}
+    with tarfile.open(archive) as tar:
+        phases = tar.extractfile("phases.jsonl")
+        assert phases is not None
+        started = json.loads(phases.read().splitlines()[-1])["process_started_at"]
+        for member in tar.getmembers():
+            if not member.name.endswith("samples.jsonl"):
+                continue
+            rank = int(member.name.split("_rank")[1].split("_")[0])
+            f = tar.extractfile(member)
+            assert f is not None
+            for line in f:
+                if b'"type": "point"' not in line:
+                    continue
+                record = json.loads(line)
+                if record["at"] > started and record["status"] == "measured":
+                    c, n, a, m = record["point"].split(":")
+                    late.setdefault(rank, set()).add((c, "eager", int(n), int(a), int(m)))
+    base = rank_rows(bundle, dp, 0)
+    out: dict[str, Any] = {"process_started_at": started}
+    for rank, keys in sorted(late.items()):
+        other = rank_rows(bundle, dp, rank)
+        lo, hi = min(k[2] for k in keys), max(k[2] for k in keys)
+        earlier = [
+            k
+            for k in other
+            if k not in keys and k[0] == "experts" and k[3] > 0 and lo <= k[2] <= hi
+        ]
+        out[f"rank{rank}"] = {
+            "resumed_points": len(keys),
+            "N_range": [lo, hi],
+            "resumed_median_vs_rank0": statistics.median(other[k] / base[k] - 1 for k in keys),
+            "first_process_points": len(earlier),
+            "first_process_median_vs_rank0": (
+                statistics.median(other[k] / base[k] - 1 for k in earlier) if earlier else None
+            ),
+        }
+    return out
+
+
+def evidence(previous: dict[str, Any] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for dp, bundle in BUNDLES.items():
         tables = ComponentTables(bundle)
@@ -134,17 +207,29 @@ def evidence() -> dict[str, Any]:
                 "per_component": per_component,
                 "local_experts": tables.deployment(1, dp, rank).entry.geometry.local_experts,
                 "stability": stability(bundle, dp, rank),
-                "loo": loo_bundle(bundle, 1, dp, rank),
+                "loo": (
+                    previous[f"dp{dp}"]["ranks"][f"rank{rank}"]["loo"]
+                    if previous
+                    else loo_bundle(bundle, 1, dp, rank)
+                ),
             }
-        results[f"dp{dp}"] = {"ranks": ranks, "agreement": agreement(bundle, dp)}
+        results[f"dp{dp}"] = {
+            "ranks": ranks,
+            "agreement": agreement(bundle, dp),
+            "order": order(bundle, dp),
+        }
+        if dp == 8:
+            results[f"dp{dp}"]["resumed"] = resumed(bundle, dp)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--skip-loo", action="store_true")
     args = parser.parse_args()
-    results = evidence()
+    previous = json.loads(args.json.read_text()) if args.skip_loo and args.json else None
+    results = evidence(previous)
     text = json.dumps(results, indent=1, sort_keys=True)
     if args.json:
         args.json.write_text(text + "\n")
