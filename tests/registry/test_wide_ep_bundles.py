@@ -71,3 +71,15 @@ def test_the_estimate_api_answers_at_dp4_and_dp8(api: APIClient, wide: dict[int,
             assert answer == json.loads(json.dumps(expected.as_dict()))
             assert answer["layer_us"] is None and len(answer["ranks"]) == dp
             assert all(c["bytes"] > 0 for c in answer["collectives"])
+
+
+def test_the_dashboard_shows_every_rank(client: Any, wide: dict[int, Any]) -> None:
+    """The bundle page lists the DP8 bundle's eight rank tables; a rank's table page draws."""
+    bundle = wide[8]
+    html = client.get(f"/bundles/{bundle.pk}/").content.decode()
+    for table in bundle.tables.all():
+        assert f"/tables/{table.pk}/" in html
+    last = bundle.tables.get(rank=7)
+    response = client.get(f"/tables/{last.pk}/")
+    assert response.status_code == 200
+    assert "stability" in response.content.decode().lower()
