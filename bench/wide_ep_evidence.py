@@ -147,16 +147,15 @@ def order(bundle: Path, dp: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def resumed(bundle: Path, dp: int) -> dict[str, Any]:
-    """Rows measured by the resumed process against rank 0, and the same rank's rows of the
-    first process in the same N range (the resumed process starts at the last phase record's
-    ``process_started_at``)."""
+def _resumed_process(bundle: Path) -> tuple[float, dict[int, set[Key]]]:
+    """When the last process started (the last phase record's ``process_started_at``), and the
+    rows each rank measured after that, from the samples archive beside the bundle."""
     archive = bundle.parent / "bf16.acquisition-samples.tar.gz"
     late: dict[int, set[Key]] = {}
     with tarfile.open(archive) as tar:
         phases = tar.extractfile("phases.jsonl")
         assert phases is not None
-        started = json.loads(phases.read().splitlines()[-1])["process_started_at"]
+        started = float(json.loads(phases.read().splitlines()[-1])["process_started_at"])
         for member in tar.getmembers():
             if not member.name.endswith("samples.jsonl"):
                 continue
@@ -170,6 +169,18 @@ def resumed(bundle: Path, dp: int) -> dict[str, Any]:
                 if record["at"] > started and record["status"] == "measured":
                     c, n, a, m = record["point"].split(":")
                     late.setdefault(rank, set()).add((c, "eager", int(n), int(a), int(m)))
+    return started, late
+
+
+def resumed_keys(bundle: Path) -> dict[int, set[Key]]:
+    """Per rank, the rows measured by the resumed (last) process."""
+    return _resumed_process(bundle)[1]
+
+
+def resumed(bundle: Path, dp: int) -> dict[str, Any]:
+    """Rows measured by the resumed process against rank 0, and the same rank's rows of the
+    first process in the same N range."""
+    started, late = _resumed_process(bundle)
     base = rank_rows(bundle, dp, 0)
     out: dict[str, Any] = {"process_started_at": started}
     for rank, keys in sorted(late.items()):
