@@ -6,7 +6,7 @@ ComponentTables on the same queries (issue 13.5).
 Starts from an empty scratch folder as ``bash scripts/run.sh`` does (migrate, import the shipped
 bundles, gunicorn with 2 workers, gthread, keep-alive), then measures on the H200 Qwen3-30B-A3B
 bf16 bundles named by hardware + model + variant, target TP1/DP2 rank 0 (the registry picks
-the vllm-modular bundle):
+the best vLLM-native bundle for it, whose shipped folder is opened in process):
   - 1 query per call: ``time_us`` over 3,000 distinct queries (in process: the same calls,
     the scalar cache cleared first);
   - 10,000 queries per call: ``answer`` and ``batch`` (experts), 30 calls each;
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -38,10 +39,9 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from registry_bench import load, lookup_queries, manage, wait_ready
 
 from moetables import ComponentTables
-from moetables.client import RemoteTables
+from moetables.client import RemoteTables, manifest_sha256
 
 NAME = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16"}
-BUNDLE = REPO / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 TARGET = (1, 2, 0)
 
 
@@ -71,8 +71,10 @@ def main() -> None:
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="client-bench-"))
+    # DJANGO_DEBUG=0 is production: it needs its own key; plain HTTP on loopback.
     env = {**os.environ, "REGISTRY_VAR_DIR": str(scratch), "DJANGO_DEBUG": "0",
-           "DJANGO_LOG_LEVEL": "WARNING"}
+           "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+           "DJANGO_HTTPS": "0"}
     env.pop("DATABASE_URL", None)
     server = None
     try:
@@ -93,10 +95,13 @@ def main() -> None:
         cols = [[q[k] for q in experts]
                 for k in ("tokens", "activated_experts", "local_assignments")]
 
-        local = ComponentTables(BUNDLE).deployment(*TARGET)
         remote_tables = RemoteTables(url, **NAME)
         remote = remote_tables.deployment(*TARGET)
-        assert remote.answerer["backend"] == "vllm-modular", remote.answerer
+        # in process: the shipped folder of the bundle the registry chose
+        folder = next(m.parent for m in sorted((REPO / "bundles").glob("*/**/meta.yaml"))
+                      if manifest_sha256(m.parent) == remote.answerer["sha256"])
+        print(f"answered by {folder.relative_to(REPO)}: {remote.answerer}")
+        local = ComponentTables(folder).deployment(*TARGET)
         assert remote.answer(batch) == local.answer(batch)  # the same answers, bit for bit
 
         def scalars(deployment: Any) -> None:

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import shutil
 import subprocess
 import sys
@@ -127,8 +128,10 @@ def main() -> None:
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="registry-bench-"))
+    # DJANGO_DEBUG=0 is production: it needs its own key; plain HTTP on loopback.
     env = {**os.environ, "REGISTRY_VAR_DIR": str(scratch), "DJANGO_DEBUG": "0",
-           "DJANGO_LOG_LEVEL": "WARNING"}
+           "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+           "DJANGO_HTTPS": "0"}
     env.pop("DATABASE_URL", None)
     if args.postgres:
         env["DATABASE_URL"] = scratch_postgres()

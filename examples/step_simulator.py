@@ -12,9 +12,10 @@ token-expert pairs and the expected number of distinct local experts for that ma
 choices), and finalize_copy over its own rows; the step's MoE time is its slower rank's. The
 logical collectives between them are left out (they are not measured components).
 
-In process the tables come from ``bundles/H200/...``; remotely ``RemoteTables`` asks the
-registry that ``bash scripts/run.sh`` serves for the best H200 bundle of that model for each
-target, which is the same bundle, so the totals are identical to the last bit.
+Remotely ``RemoteTables`` asks the registry that ``bash scripts/run.sh`` serves for the best
+H200 bundle of that model for the target (covering it, native vLLM first, newest vLLM, newest
+measurement); in process the same bundle is opened from ``bundles/`` (found by its sha256), so
+the totals are identical to the last bit.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from moetables import ComponentTables, MoeTarget
-from moetables.client import RemoteTables
+from moetables.client import RemoteTables, manifest_sha256
 
-BUNDLE = Path(__file__).resolve().parents[1] / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
+BUNDLE = BUNDLES / "H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"  # in process without a registry
 NAME = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16"}
 TP, DP = 1, 2
 EXPERTS, TOP_K = 128, 8  # Qwen3-30B-A3B
@@ -89,6 +91,14 @@ def simulate(tables: Any, steps: int = 1000, seed: int = 0) -> Totals:
     return Totals(float(np.nansum(decode)), float(np.nansum(prefill)), refused_d + refused_p)
 
 
+def shipped_folder(sha256: str) -> Path | None:
+    """The shipped bundle folder whose content is the registry's bundle ``sha256``."""
+    for meta in sorted(BUNDLES.glob("*/**/meta.yaml")):
+        if manifest_sha256(meta.parent) == sha256:
+            return meta.parent
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the registry")
@@ -97,19 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local-only", action="store_true")
     args = parser.parse_args(argv)
 
-    local = simulate(ComponentTables(BUNDLE), args.steps, args.seed)
-    print(f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
-          f"over {args.steps} steps each ({local.refused} refused)")
     if args.local_only:
+        local = simulate(ComponentTables(BUNDLE), args.steps, args.seed)
+        print(f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
+              f"over {args.steps} steps each ({local.refused} refused)")
         return 0
     try:
         remote_tables = RemoteTables(args.url, **NAME, retries=1)
+        answerer = remote_tables.deployment(TP, DP, 0).answerer
         remote = simulate(remote_tables, args.steps, args.seed)
     except OSError as exc:
         print(f"no registry at {args.url} ({exc}); start it with: bash scripts/run.sh",
               file=sys.stderr)
         return 1
-    answerer = remote_tables.deployment(TP, DP, 0).answerer
+    folder = shipped_folder(answerer["sha256"])
+    if folder is None:
+        print(f"bundle {answerer['sha256']} is not among the shipped folders", file=sys.stderr)
+        return 1
+    local = simulate(ComponentTables(folder), args.steps, args.seed)
+    print(f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
+          f"over {args.steps} steps each ({local.refused} refused), {folder.relative_to(BUNDLES)}")
     print(f"registry   : decode {remote.decode_us:.3f} us, prefill {remote.prefill_us:.3f} us "
           f"(bundle {answerer['id']}, {answerer['backend']}, vLLM {answerer['vllm_version']})")
     same = remote == local and not math.isnan(local.decode_us)

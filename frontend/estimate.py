@@ -14,7 +14,9 @@ from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.routing import POLICIES
 from registry.lookup.services import BundleRef, tables_for
 from registry.models import Bundle
+from registry.profile_models import RoutingProfileRecord
 from registry.services.estimate import cluster_dir, named_cluster
+from registry.services.profiles import published_profile
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
@@ -109,6 +111,8 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
         "expert_counts": params.get("expert_counts", ""),
         "active_curve": params.get("active_curve", ""),
         "load_shares": params.get("load_shares", ""),
+        "profile": params.get("profile", ""),
+        "layer": params.get("layer", ""),
     }
     context: dict[str, Any] = {
         "bundle": bundle,
@@ -117,6 +121,9 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
             for d in deployments
         ],
         "policies": POLICIES,
+        "profiles": RoutingProfileRecord.objects.order_by("-published_at", "-id").values(
+            "pk", "model", "router", "global_experts", "top_k"
+        )[:100],
         "clusters": clusters, "form": form, "answer": None, "error": None, "charts": {},
     }
     if "tokens" in params:
@@ -130,6 +137,17 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
             for key in ("expert_counts", "active_curve", "load_shares"):
                 if form[key].strip():
                     raw[key] = _json_field(form[key], key)
+            if form["profile"].strip():
+                if not form["profile"].strip().isdigit():
+                    raise QueryError(f"profile: {form['profile']!r} is not a profile id")
+                found = published_profile(int(form["profile"]))
+                if isinstance(found, str):
+                    raise QueryError(found)
+                raw["profile"] = found
+            if form["layer"].strip():
+                if not form["layer"].strip().isdigit():
+                    raise QueryError(f"layer: {form['layer']!r} is not a layer index")
+                raw["layer"] = int(form["layer"])
             cluster = named_cluster(form["cluster"]) if form["cluster"] else None
             answer = answer_estimate(
                 tables_for(BundleRef(bundle.pk, bundle.sha256)),

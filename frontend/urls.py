@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from frontend import estimate, jobs, views
+from frontend import estimate, jobs, profiles, views
 
 app_name = "frontend"
 
@@ -20,5 +20,7 @@ urlpatterns = [
     path("jobs/<int:pk>/cancel", jobs.job_cancel, name="job-cancel"),
     path("jobs/<int:pk>/retry", jobs.job_retry, name="job-retry"),
     path("coverage/", views.coverage, name="coverage"),
+    path("routing-profiles/", profiles.profile_list, name="routing-profiles"),
+    path("routing-profiles/<int:pk>/", profiles.profile_detail, name="routing-profile"),
     path("coverage/request", views.coverage_request, name="coverage-request"),
 ]

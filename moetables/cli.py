@@ -16,6 +16,7 @@ from moetables.comm import ClusterError, load_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.lookup import ComponentTables
+from moetables.profiles import read_profile
 from moetables.routing import POLICIES
 
 __all__ = ["main"]
@@ -175,6 +176,9 @@ def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dic
         ("active_curve", args.active_curve),
         ("load_shares", args.load_shares),
         ("capture_sizes", args.capture_sizes),
+        ("profile", args.profile),
+        ("layer", args.layer),
+        ("profile_draw", "expectation" if args.profile_expectation else None),
     ):
         if value is not None:
             raw[key] = value
@@ -200,6 +204,8 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
         args.active_curve = _json_arg(args.active_curve, "--active-curve")
         args.load_shares = _json_arg(args.load_shares, "--load-shares")
         counts = _json_arg(args.expert_counts, "--expert-counts")
+        if args.profile is not None:
+            args.profile = read_profile(args.profile)
         if args.capture_sizes is not None:
             args.capture_sizes = [int(s) for s in args.capture_sizes.split(",")]
     except (BundleError, ClusterError, QueryError, OSError, ValueError) as exc:
@@ -339,7 +345,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     )
     p.add_argument("--active-curve", help="custom policy: JSON [[N, A], ...] (file or inline)")
     p.add_argument("--load-shares", help="custom policy: JSON list, one share per EP rank")
-    p.add_argument("--seed", type=int, default=0, help="random policy's seed")
+    p.add_argument("--seed", type=int, default=0, help="random and captured policies' seed")
+    p.add_argument("--profile", help="captured policy: a routing profile file (.routing.npz)")
+    p.add_argument("--layer", type=int, help="captured policy: the profile's layer (default all)")
+    p.add_argument(
+        "--profile-expectation",
+        action="store_true",
+        help="captured policy: the mean per-rank (A, M) at N instead of a seeded draw",
+    )
     p.add_argument("--cluster", help="cluster description YAML (schema moe-cluster)")
     p.add_argument("--mode", default="eager", choices=["eager", "graph"])
     p.add_argument("--no-events", action="store_true",

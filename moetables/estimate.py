@@ -12,14 +12,14 @@ few batch lookups; a single estimate is a batch of one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from moetables.bundle.model import EXPERTS
+from moetables.bundle.model import EXPERTS, TableEntry
 from moetables.comm import (
     Cluster,
     CollectiveStep,
@@ -33,10 +33,47 @@ from moetables.comm import (
 )
 from moetables.errors import CoverageError, QueryError
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
+from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
 
-if TYPE_CHECKING:
-    from moetables.lookup.tables import ComponentTables, DeploymentTables
+
+# What the estimate reads of the lookup tables, as protocols: `moetables.lookup.tables` calls
+# into this module for its `estimate` methods, so naming its classes here would close a circle.
+class _Answers(Protocol):
+    @property
+    def time_us(self) -> npt.NDArray[np.float64]: ...
+
+    @property
+    def code(self) -> npt.NDArray[Any]: ...
+
+
+class DeploymentTables(Protocol):
+    """One rank's tables (`moetables.lookup.DeploymentTables`)."""
+
+    @property
+    def entry(self) -> TableEntry: ...
+
+    @property
+    def time_us(self) -> Callable[..., float]: ...
+
+    def batch(
+        self,
+        component: str,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike | None = None,
+        local_assignments: npt.ArrayLike | None = None,
+        mode: str = "eager",
+    ) -> _Answers: ...
+
+    def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]: ...
+
+
+class ComponentTables(Protocol):
+    """A bundle's tables (`moetables.lookup.ComponentTables`)."""
+
+    def deployment(
+        self, tp: int, dp: int, rank: int, sequence_parallel: bool = False
+    ) -> DeploymentTables: ...
 
 __all__ = [
     "MODES",
@@ -585,6 +622,9 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
+        profile: RoutingProfile | None = None,
+        layer: int | None = None,
+        captured_expectation: bool = False,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
         if isinstance(tokens_per_rank, (str, bytes)) or not isinstance(tokens_per_rank, Sequence):
@@ -599,6 +639,9 @@ class LayerEstimator:
             load_shares=load_shares,
             seed=seed,
             capture_sizes=capture_sizes,
+            profile=profile,
+            layer=layer,
+            captured_expectation=captured_expectation,
         )
         return batch.step(0)
 
@@ -614,6 +657,9 @@ class LayerEstimator:
         load_shares: Sequence[float] | None = None,
         seed: int = 0,
         capture_sizes: Sequence[int] | None = None,
+        profile: RoutingProfile | None = None,
+        layer: int | None = None,
+        captured_expectation: bool = False,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
@@ -659,6 +705,9 @@ class LayerEstimator:
             active_curve=active_curve,
             load_shares=load_shares,
             seed=seed,
+            profile=profile,
+            layer=layer,
+            captured_expectation=captured_expectation,
         )
         steps, ep = routing.local_rows.shape
         code = np.full(steps, OK, dtype=np.int8)

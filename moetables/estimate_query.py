@@ -17,6 +17,7 @@ import numpy as np
 from moetables.comm import Cluster
 from moetables.errors import QueryError
 from moetables.estimate import MODES, estimator_for
+from moetables.profiles import ProfileError, RoutingProfile, profile_from_json
 from moetables.routing import POLICIES, ActiveCurve
 
 __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
@@ -24,9 +25,12 @@ __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
 _FIELDS = {
     "tp", "dp", "sequence_parallel", "tokens", "steps", "policy", "expert_counts", "seed",
     "active_curve", "load_shares", "mode", "capture_sizes", "events", "rank_expert_counts",
+    "profile", "layer", "profile_draw",
 }
-# Policies that count pairs per expert, so that each rank's per-expert counts exist.
-COUNTING_POLICIES = ("histogram", "round_robin", "random")
+PROFILE_DRAWS = ("sample", "expectation")
+# Policies that count pairs per expert, so that each rank's per-expert counts exist
+# (captured: when drawn, not as its expectation).
+COUNTING_POLICIES = ("histogram", "round_robin", "random", "captured")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,9 @@ class EstimateRequest:
     events: bool = True  # the per-rank trace events (a timeline); false for smaller answers
     # Each rank's pairs per local expert in its answer (opt-in: E numbers per step).
     rank_expert_counts: bool = False
+    profile: RoutingProfile | None = None  # the captured policy's routing profile
+    layer: int | None = None  # its layer (None: every layer)
+    captured_expectation: bool = False  # the mean (A, M) rather than a seeded draw
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], default: int) -> int:
@@ -65,6 +72,23 @@ def _int_list(value: Any, what: str, problems: list[str]) -> list[int] | None:
         problems.append(f"{what}: must be a non-empty list of integers, got {value!r}")
         return None
     return value
+
+
+def _profile(value: Any, problems: list[str]) -> RoutingProfile | None:
+    """A loaded profile (the CLI's --profile, the registry's id resolved), or one inline."""
+    if value is None or isinstance(value, RoutingProfile):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return profile_from_json(value)
+        except ProfileError as exc:
+            problems.append(f"profile: {exc}")
+            return None
+    problems.append(
+        "profile: give a routing profile inline ({meta, step_tokens, counts}); a profile id is "
+        f"resolved by the registry, got {value!r}"
+    )
+    return None
 
 
 def parse_estimate_request(
@@ -153,6 +177,19 @@ def parse_estimate_request(
     events = raw.get("events", True)
     if not isinstance(events, bool):
         problems.append(f"events: must be true or false, got {events!r}")
+    profile = _profile(raw.get("profile"), problems)
+    layer = raw.get("layer")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
+        problems.append(f"layer: must be a non-negative integer, got {layer!r}")
+    draw = raw.get("profile_draw", "sample")
+    if draw not in PROFILE_DRAWS:
+        problems.append(f"profile_draw: must be one of {list(PROFILE_DRAWS)}, got {draw!r}")
+    if policy == "captured" and profile is None and "profile" not in raw:
+        problems.append("profile: the captured policy needs a routing profile")
+    if policy != "captured":
+        for key in ("profile", "layer", "profile_draw"):
+            if raw.get(key) is not None:
+                problems.append(f"{key}: belongs to the captured policy, not {policy!r}")
     per_expert = raw.get("rank_expert_counts", False)
     if not isinstance(per_expert, bool):
         problems.append(f"rank_expert_counts: must be true or false, got {per_expert!r}")
@@ -161,6 +198,11 @@ def parse_estimate_request(
         problems.append(
             f"rank_expert_counts: the {policy} policy gives no per-expert counts; "
             f"{', '.join(COUNTING_POLICIES)} do"
+        )
+    if per_expert and policy == "captured" and draw == "expectation":
+        problems.append(
+            "rank_expert_counts: the captured policy's expectation gives no per-expert counts; "
+            "its draws do"
         )
     if problems:
         raise QueryError("; ".join(problems))
@@ -179,6 +221,9 @@ def parse_estimate_request(
         capture_sizes=sizes,
         events=events,
         rank_expert_counts=per_expert,
+        profile=profile,
+        layer=layer,
+        captured_expectation=draw == "expectation",
     )
 
 
@@ -202,6 +247,9 @@ def answer_estimate(
         load_shares=request.load_shares,
         seed=request.seed,
         capture_sizes=request.capture_sizes,
+        profile=request.profile,
+        layer=request.layer,
+        captured_expectation=request.captured_expectation,
     )
     if request.single:
         # A refusal raises, naming rank and component.

@@ -11,7 +11,14 @@ experts get how many token-expert pairs (R41):
 - ``round_robin``: the step's N*k pairs dealt to experts in turn, then counted per rank;
 - ``random``: every token picks k distinct experts uniformly (seeded, reproducible), counted;
 - ``histogram``: the step's global per-expert pair counts (what a router chose, as vLLM's
-  router capture gives them) mapped through each rank's linear expert map: exact A and M.
+  router capture gives them) mapped through each rank's linear expert map: exact A and M;
+- ``captured``: drawn from a routing profile (`moetables.profiles`) at the step's N (seeded):
+  a captured step with exactly N rows is taken as it was; otherwise a captured step with more
+  rows (or, above every captured step, the layer's whole-run shares) gives each expert's chance
+  of being picked by a token, and N tokens pick k distinct experts with exactly those chances
+  (systematic sampling in a random expert order); ``captured_expectation=True``
+  gives the mean per-rank (A, M) instead (over the captured steps at N, else from the shares
+  assuming independent tokens), rounded to a feasible point.
 
 The counting policies conserve pairs: the ranks' M add up to N*k. The expected-load policies
 round each rank's share up (the balanced total of R41), so their sum can exceed N*k by less than
@@ -29,12 +36,14 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from moetables.errors import QueryError
 from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map
+from moetables.profiles import RoutingProfile
 
 __all__ = [
     "POLICIES",
@@ -47,7 +56,7 @@ __all__ = [
     "route_batch",
 ]
 
-POLICIES = ("balanced", "custom", "round_robin", "random", "histogram")
+POLICIES = ("balanced", "custom", "round_robin", "random", "histogram", "captured")
 
 IntArray = npt.NDArray[np.int64]
 
@@ -302,6 +311,130 @@ def _random_counts(deployment: Deployment, tokens: IntArray, seed: int) -> IntAr
     return out
 
 
+def _check_seed(policy: str, seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise QueryError(f"{policy} policy: seed must be a non-negative integer, got {seed!r}")
+
+
+def _profile_layer(profile: RoutingProfile, layer: object) -> int | None:
+    """The layer's position in the profile's arrays, or None for all layers."""
+    if layer is None:
+        return None
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise QueryError(f"captured policy: layer must be an integer, got {layer!r}")
+    if layer not in profile.layers:
+        raise QueryError(
+            f"captured policy: layer {layer} is not in the profile; it has {profile.layers}"
+        )
+    return profile.layers.index(layer)
+
+
+def _pick_k(
+    rng: np.random.Generator, chances: npt.NDArray[np.float64], tokens: int, k: int
+) -> IntArray:
+    """N tokens, each picking k distinct experts, expert e with probability ``chances[e]``
+    (each in [0, 1], adding up to k); the counts of each expert over the tokens.
+
+    Systematic sampling: the experts laid out in a random order as intervals of their
+    chances on [0, k), and token t takes the experts under u_t, u_t + 1, ..., u_t + k - 1
+    (u_t uniform in [0, 1)); an interval is at most 1 long, so no expert twice. One order per
+    step, shared by its tokens: each expert's count is Binomial(N, chance) as with an order per
+    token, and so are the mean and variance of any rank's pairs (the conditional mean given
+    the order does not depend on it), at N k log E instead of N E log E work.
+    """
+    e = chances.shape[0]
+    order = rng.permutation(e)
+    cumulative = np.cumsum(chances[order])
+    cumulative *= k / cumulative[-1]
+    cumulative[-1] = k  # float rounding must not leave the last point past the end
+    points = rng.random(tokens)[:, None] + np.arange(k)[None, :]
+    slot = np.minimum(np.searchsorted(cumulative, points, side="right"), e - 1)
+    return np.bincount(order[slot].ravel(), minlength=e).astype(np.int64)
+
+
+def _chances(counts: npt.NDArray[Any], rows: float, k: int) -> npt.NDArray[np.float64]:
+    """Per-token pick chances from pair counts over ``rows`` tokens, renormalised to add up to
+    exactly k (float rounding) and kept in [0, 1]."""
+    chances = np.clip(counts.astype(np.float64) / rows, 0.0, 1.0)
+    total = chances.sum()
+    return chances * (k / total) if total > 0 else np.full(chances.shape, k / chances.size)
+
+
+def captured_counts(
+    profile: RoutingProfile, position: int | None, tokens: IntArray, seed: int
+) -> IntArray:
+    """Per step a global per-expert histogram of N = ``tokens[i]`` rows drawn from the profile
+    (see the module's ``captured``); step i uses the stream (seed, i); ``position`` is the
+    layer's index in the profile, or None to draw the layer too."""
+    e, k = profile.global_experts, profile.top_k
+    captured = profile.step_tokens
+    by_size = np.argsort(captured, kind="stable")
+    sizes = captured[by_size]
+    layer_count = profile.counts.shape[1]
+    pooled: dict[int, npt.NDArray[np.float64]] = {}
+    out = np.zeros((tokens.shape[0], e), dtype=np.int64)
+    for i, n in enumerate(tokens.tolist()):
+        rng = np.random.default_rng([seed, i])
+        lay = int(rng.integers(layer_count)) if position is None else position
+        low = int(np.searchsorted(sizes, n, side="left"))
+        high = int(np.searchsorted(sizes, n, side="right"))
+        if high > low:  # steps of exactly N rows: one of them, as it was
+            out[i] = profile.counts[int(by_size[low + rng.integers(high - low)]), lay]
+            continue
+        if high < sizes.size:  # a larger step's per-token chances
+            s = int(by_size[high + rng.integers(sizes.size - high)])
+            chances = _chances(profile.counts[s, lay], float(captured[s]), k)
+        else:  # above every captured step: the layer's whole-run chances
+            if lay not in pooled:
+                pooled[lay] = _chances(profile.totals[lay], float(captured.sum()), k)
+            chances = pooled[lay]
+        out[i] = _pick_k(rng, chances, n, k)
+    return out
+
+
+def _captured_expectation(
+    deployment: Deployment, profile: RoutingProfile, position: int | None, tokens: IntArray
+) -> tuple[IntArray, IntArray]:
+    """Mean per-rank (A, M) at each step's N, rounded to a feasible point: the mean over the
+    captured steps of exactly N rows, else from the whole-run shares with independent tokens
+    (A = sum over local experts of 1 - (1 - p_e)^N, M = N x sum of p_e)."""
+    ep, k = deployment.ep, deployment.top_k
+    layer = None if position is None else profile.layers[position]
+    stats = profile.rank_statistics(ep, layer)
+    captured_n, group = np.unique(stats.tokens, return_inverse=True)
+    size = np.bincount(group)[:, None].astype(np.float64)
+    sum_a = np.zeros((captured_n.size, ep))
+    sum_m = np.zeros((captured_n.size, ep))
+    np.add.at(sum_a, group, stats.activated_experts)
+    np.add.at(sum_m, group, stats.local_assignments)
+    shares = np.clip(profile.load_shares(layer), 0.0, 1.0)
+    starts = np.array([s for s, _ in deployment.expert_ranges()], dtype=np.intp)
+    local = np.array(deployment.local_experts(), dtype=np.int64)
+    where = np.minimum(np.searchsorted(captured_n, tokens), captured_n.size - 1)
+    hit = captured_n[where] == tokens
+    mean_a = np.where(hit[:, None], (sum_a / size)[where], 0.0)
+    mean_m = np.where(hit[:, None], (sum_m / size)[where], 0.0)
+    miss = np.flatnonzero(~hit)
+    if miss.size:
+        n = tokens[miss].astype(np.float64)[:, None]
+        mean_a[miss] = np.add.reduceat(1.0 - (1.0 - shares[None, :]) ** n, starts, axis=1)
+        mean_m[miss] = n * np.add.reduceat(shares, starts)[None, :]
+    # M: largest remainders so that the ranks still add up to N x k.
+    exact = mean_m * ((tokens * k)[:, None] / np.maximum(mean_m.sum(axis=1), 1e-300)[:, None])
+    floor = np.floor(exact).astype(np.int64)
+    short = tokens * k - floor.sum(axis=1)
+    order = np.argsort(-(exact - floor), axis=1, kind="stable")
+    bump = np.zeros_like(floor)
+    np.put_along_axis(
+        bump, order, (np.arange(ep)[None, :] < short[:, None]).astype(np.int64), axis=1
+    )
+    pairs = floor + bump
+    # A: rounded, inside what M allows on the rank (R5).
+    low = np.where(pairs > 0, np.maximum(1, -(-pairs // tokens[:, None])), 0)
+    active = np.clip(np.floor(mean_a + 0.5).astype(np.int64), low, np.minimum(local, pairs))
+    return active, pairs
+
+
 def _expected_loads(
     deployment: Deployment, tokens: IntArray, shares: Sequence[float] | None
 ) -> IntArray:
@@ -361,6 +494,9 @@ def route_batch(
     active_curve: ActiveCurve | object = None,
     load_shares: Sequence[float] | None = None,
     seed: int = 0,
+    profile: RoutingProfile | None = None,
+    layer: int | None = None,
+    captured_expectation: bool = False,
 ) -> BatchRouting:
     """Route many steps at once; ``tokens_per_rank`` is (steps, dp) or one step (dp,)."""
     if policy not in POLICIES:
@@ -372,8 +508,31 @@ def route_batch(
     if policy != "custom" and (active_curve is not None or load_shares is not None):
         raise QueryError(f"an active-expert curve and load shares belong to the custom policy, "
                          f"not {policy!r}")
+    if policy != "captured" and (profile is not None or layer is not None):
+        raise QueryError(f"a routing profile and layer belong to the captured policy, not {policy!r}")
     histogram: IntArray | None = None
-    if policy == "histogram":
+    captured_loads: tuple[IntArray, IntArray] | None = None
+    if policy == "captured":
+        if profile is None:
+            raise QueryError("captured policy needs a routing profile")
+        if not isinstance(profile, RoutingProfile):
+            raise QueryError("captured policy: profile must be a RoutingProfile "
+                             "(moetables.profiles.read_profile)")
+        _check_seed(policy, seed)
+        position = _profile_layer(profile, layer)
+        if (profile.global_experts, profile.top_k) != (
+            deployment.global_experts, deployment.top_k
+        ):
+            raise QueryError(
+                f"captured policy: the profile routes E={profile.global_experts} top-"
+                f"{profile.top_k}, the deployment has E={deployment.global_experts} top-"
+                f"{deployment.top_k}"
+            )
+        if captured_expectation:
+            captured_loads = _captured_expectation(deployment, profile, position, tokens)
+        else:
+            histogram = captured_counts(profile, position, tokens, seed)
+    elif policy == "histogram":
         if expert_counts is None:
             raise QueryError("histogram policy needs the step's global per-expert pair counts")
         try:
@@ -394,10 +553,11 @@ def route_batch(
     elif policy == "round_robin":
         histogram = _round_robin_counts(deployment, tokens)
     elif policy == "random":
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise QueryError(f"random policy: seed must be a non-negative integer, got {seed!r}")
+        _check_seed(policy, seed)
         histogram = _random_counts(deployment, tokens, seed)
-    if histogram is not None:
+    if captured_loads is not None:
+        active, pairs = captured_loads
+    elif histogram is not None:
         active, pairs = _from_histogram(deployment, histogram, tokens)
     else:
         local = np.array(deployment.local_experts(), dtype=np.int64)
@@ -440,6 +600,9 @@ def route(
     active_curve: ActiveCurve | object = None,
     load_shares: Sequence[float] | None = None,
     seed: int = 0,
+    profile: RoutingProfile | None = None,
+    layer: int | None = None,
+    captured_expectation: bool = False,
 ) -> StepRouting:
     """Route one step: every EP rank's (local rows, N, A, M)."""
     batch = route_batch(
@@ -450,5 +613,8 @@ def route(
         active_curve=active_curve,
         load_shares=load_shares,
         seed=seed,
+        profile=profile,
+        layer=layer,
+        captured_expectation=captured_expectation,
     )
     return batch.step(0, deployment)

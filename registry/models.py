@@ -195,3 +195,8 @@ __all__ += ["AcquisitionJob", "Namespace", "NamespaceGrant", "StateChange"]
 from registry.coverage_models import CoverageRequest, WorkerPresence  # noqa: E402
 
 __all__ += ["CoverageRequest", "WorkerPresence"]
+
+# Routing profiles (registry/profile_models.py).
+from registry.profile_models import RoutingProfileRecord  # noqa: E402
+
+__all__ += ["RoutingProfileRecord"]

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from registry.jobs.models import AcquisitionJob
     from registry.models import Bundle
+    from registry.profile_models import RoutingProfileRecord
 
 __all__ = [
     "NotAllowed",
     "can_cancel_job",
     "can_delete_bundle",
+    "can_delete_routing_profile",
     "can_grant_namespace",
     "can_publish_under",
     "can_queue_job",
@@ -72,6 +74,15 @@ def can_view_job_details(user: Any, job: AcquisitionJob) -> bool:
 def can_upload(user: Any) -> bool:
     """Any active user with a token; where, is `can_publish_under`'s question."""
     return _active(user)
+
+
+def can_delete_routing_profile(user: Any, profile: RoutingProfileRecord) -> bool:
+    """Its publisher or staff: a profile is an input to estimates, not a measurement others
+    build tables on, so its owner may withdraw it."""
+    return is_staff(user) or (
+        _active(user) and profile.published_by_id is not None
+        and profile.published_by_id == user.pk
+    )
 
 
 def can_delete_bundle(user: Any, bundle: Bundle | None = None) -> bool:

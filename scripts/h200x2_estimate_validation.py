@@ -182,7 +182,7 @@ def stop_profile(model: Any, trace_path: str) -> dict[str, Any]:
 def rank_main(rank: int, dp: int, port: int, args: argparse.Namespace, model_dir: str, barrier: Any) -> None:
     os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank), VLLM_DP_SIZE=str(dp),
                       VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT=str(port))
-    out_dir = Path(args.out) / args.routing
+    out_dir = Path(args.out) / _subdir(args)
     log: dict[str, Any] = {"rank": rank, "dp": dp, "routing": args.routing, "ok": False}
     try:
         import torch
@@ -243,6 +243,12 @@ def rank_main(rank: int, dp: int, port: int, args: argparse.Namespace, model_dir
           f"{log.get('tb', '')[-1500:]}", flush=True)
 
 
+def _subdir(args: argparse.Namespace) -> str:
+    """``simulator`` for the uniform strategy (as before); the strategy's name for another."""
+    strategy = getattr(args, "strategy", "uniform_random")
+    return args.routing if args.routing == "native" or strategy == "uniform_random" else strategy
+
+
 def _stop(trace: str) -> Any:
     import functools
 
@@ -258,7 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ.setdefault(k, v)
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_ALLOW_INSECURE_SERIALIZATION="1")
     if args.routing == "simulator":
-        os.environ["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = "uniform_random"
+        os.environ["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = args.strategy
     else:
         os.environ.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
     # The engine's worker processes import this module (and acquisition.engine_trace) by name.
@@ -267,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.path[:0] = extra
     model_dir = tempfile.mkdtemp(prefix="gpuest-qwen3-")
     shutil.copy(ROOT / "acquisition/catalog/Qwen/Qwen3-30B-A3B-Instruct-2507/config.json", model_dir)
-    (Path(args.out) / args.routing).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / _subdir(args)).mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(args.dp)
     t0 = time.time()
@@ -293,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dp", type=int, default=2)
     r.add_argument("--routing", choices=("simulator", "native"), required=True)
     r.add_argument("--out", required=True)
+    r.add_argument("--strategy", default="uniform_random",
+                   help="simulator: VLLM_MOE_ROUTING_SIMULATION_STRATEGY (e.g. normal_routing; "
+                   "written under <out>/<strategy> unless uniform_random)")
     r.add_argument("--reps", type=int, default=3)
     r.add_argument("--port", type=int, default=29571)
     r.add_argument("--timeout", type=float, default=420.0)

@@ -36,11 +36,11 @@ class LiveScopes:
     ownership: list[dict[str, Any]]
     _torch: Any
 
-    def random(self, shape: tuple[int, ...], *, seed: int, scale: float = 1.0) -> Any:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # implemented by the session class this mixin is part of
 
-    def native_forward(self, hidden: Any) -> Any:
-        raise NotImplementedError
+        def random(self, shape: tuple[int, ...], *, seed: int, scale: float = 1.0) -> Any: ...
+
+        def native_forward(self, hidden: Any) -> Any: ...
 
     def scope_outputs(self, hidden: Any) -> dict[str, Any]:
         """What the gate/router and routed-kernel scopes return inside one native forward."""

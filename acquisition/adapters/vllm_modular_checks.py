@@ -49,14 +49,13 @@ class ModularObservations:
     observations: dict[str, Any]
     _activities: Callable[[Callable[[], Any]], list[str]]
 
-    def prepare_experts(self, stimulus: RoutingStimulus) -> Any:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # implemented by the session class this mixin is part of
 
-    def _prepare(self, prepared: Any) -> tuple[Any, ...]:
-        raise NotImplementedError
+        def prepare_experts(self, stimulus: RoutingStimulus) -> Any: ...
 
-    def _experts(self, prepared: Any, w13: Any, w2: Any, output: Any) -> Any:
-        raise NotImplementedError
+        def _prepare(self, prepared: Any) -> tuple[Any, ...]: ...
+
+        def _experts(self, prepared: Any, w13: Any, w2: Any, output: Any) -> Any: ...
 
     def _probe_stimulus(self) -> RoutingStimulus:
         from acquisition.protocol.stimulus import routing_stimulus

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from moetables.geometry import ExpertGeometry, MoeTarget
-
-if TYPE_CHECKING:
-    from moetables.bundle.quality import QualityRefs
 
 __all__ = [
     "COLUMNS",
@@ -28,6 +25,8 @@ __all__ = [
     "Bundle",
     "ComponentTable",
     "Layout",
+    "QualityFile",
+    "QualityRefs",
     "TableEntry",
 ]
 
@@ -52,6 +51,23 @@ Layout = Literal["current", "historical"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class QualityFile:
+    """A quality evidence file an entry names (format 2): bundle-relative path and digest."""
+
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class QualityRefs:
+    """What an entry's ``quality`` mapping names (format 2), read by `moetables.bundle.quality`."""
+
+    stability: QualityFile
+    conservation: QualityFile | None
+    conservation_absent: str | None
 
 
 @dataclass(frozen=True, slots=True)

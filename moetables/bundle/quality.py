@@ -31,6 +31,8 @@ from moetables.bundle.model import (
     EXPERTS,
     METHOD_TOLERANCE,
     ComponentTable,
+    QualityFile,
+    QualityRefs,
     TableEntry,
 )
 from moetables.bundle.paths import resolve_inside
@@ -119,21 +121,6 @@ class ConservationRow:
     @property
     def attributed_us(self) -> float:
         return math.fsum(self.components_us.values())
-
-
-@dataclass(frozen=True, slots=True)
-class QualityFile:
-    path: str  # bundle-relative
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True)
-class QualityRefs:
-    """What an entry's ``quality`` mapping names (format 2)."""
-
-    stability: QualityFile
-    conservation: QualityFile | None
-    conservation_absent: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,16 +74,19 @@ def _referenced_files(meta: Any) -> set[str]:
     return found
 
 
-def open_bundle(path: str | Path) -> Bundle:
+def open_bundle(path: str | Path, *, meta: dict[str, Any] | None = None) -> Bundle:
     """Read root metadata and every entry's contract and coverage (tables load lazily).
 
     The current owner ``per_tp[tp].moe_components`` is authoritative; the historical index is
-    consulted only for a TP that has no current owner.
+    consulted only for a TP that has no current owner. ``meta``: the root metadata already
+    parsed from this bundle's meta.yaml (a cache of a verified copy, as RemoteTables keeps);
+    everything else is read and checked as always.
     """
     root = Path(path)
     if not root.is_dir():
         raise BundleError(str(root), "is not a bundle directory")
-    meta = read_meta(root)
+    if meta is None:
+        meta = read_meta(root)
     entries: list[TableEntry] = []
     current_tps: set[int] = set()
     per_tp = meta.get("per_tp")

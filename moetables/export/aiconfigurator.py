@@ -109,8 +109,8 @@ def balanced_load(tokens: int, entry: TableEntry) -> tuple[int, int]:
 def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> bool:
     """The rows as AIConfigurator's own parquet tables type them; False without pyarrow."""
     try:
-        import pyarrow as pa  # type: ignore[import-untyped]
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        import pyarrow as pa
+        import pyarrow.parquet as pq
     except ImportError:
         return False
     text = {"framework", "version", "device", "op_name", "kernel_source", "moe_dtype",

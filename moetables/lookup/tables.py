@@ -402,7 +402,8 @@ class ComponentTables:
         component times, compute, wait and transfer; the collectives; the layer time.
 
         ``options``: ``expert_counts`` (histogram), ``active_curve`` and ``load_shares``
-        (custom), ``seed`` (random), ``capture_sizes`` (graph mode).
+        (custom), ``seed`` (random, captured), ``capture_sizes`` (graph mode), ``profile``, ``layer``
+        and ``captured_expectation`` (captured: a `moetables.profiles.RoutingProfile`).
         """
         from moetables.estimate import estimator_for
 

@@ -55,7 +55,19 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
     )
     active_curve = serializers.JSONField(required=False, help_text="custom: [[N, A], ...]")
     load_shares = serializers.ListField(child=serializers.FloatField(), required=False)
-    seed = serializers.IntegerField(min_value=0, default=0, help_text="random policy")
+    seed = serializers.IntegerField(min_value=0, default=0, help_text="random, captured policies")
+    profile = serializers.JSONField(
+        required=False,
+        help_text="captured: a published routing profile's id, or a profile inline "
+        "({meta, step_tokens, counts})",
+    )
+    layer = serializers.IntegerField(
+        min_value=0, required=False, help_text="captured: the profile's layer (default: all)"
+    )
+    profile_draw = serializers.ChoiceField(
+        choices=["sample", "expectation"], default="sample",
+        help_text="captured: a seeded draw at N, or the mean per-rank (A, M)",
+    )
     mode = serializers.ChoiceField(choices=["eager", "graph"], default="eager")
     capture_sizes = serializers.ListField(child=serializers.IntegerField(min_value=1),
                                           required=False)

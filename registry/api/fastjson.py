@@ -67,7 +67,7 @@ def plain_lookup_body(request: HttpRequest) -> Any:
         request.method != "POST"
         or "HTTP_AUTHORIZATION" in meta
         or settings.REGISTRY.get("LOOKUP_THROTTLE")
-        or request.content_params.get("charset", settings.DEFAULT_CHARSET).lower() not in _UTF8
+        or (request.content_params or {}).get("charset", settings.DEFAULT_CHARSET).lower() not in _UTF8
     ):
         return None
     try:

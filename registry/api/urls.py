@@ -7,6 +7,7 @@ from django.urls import re_path
 
 from registry.api.estimate import estimate
 from registry.api.jobs import JobViewSet
+from registry.api.profiles import RoutingProfileViewSet
 from registry.api.quality import (
     ConservationView,
     CoverageRequestsView,
@@ -48,6 +49,21 @@ urlpatterns = [
         r"^bundles/(?P<pk>[0-9]+)/files/(?P<path>.+)$",
         BundleViewSet.as_view({"get": "files"}),
         name="bundle-files",
+    ),
+    re_path(
+        r"^routing-profiles/?$",
+        RoutingProfileViewSet.as_view({"get": "list", "post": "create"}),
+        name="routing-profile-list",
+    ),
+    re_path(
+        r"^routing-profiles/(?P<pk>[0-9]+)/?$",
+        RoutingProfileViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+        name="routing-profile-detail",
+    ),
+    re_path(
+        r"^routing-profiles/(?P<pk>[0-9]+)/download/?$",
+        RoutingProfileViewSet.as_view({"get": "download"}),
+        name="routing-profile-download",
     ),
     re_path(r"^lookup/?$", lookup, name="lookup"),
     re_path(r"^estimate/?$", estimate, name="estimate"),

@@ -80,7 +80,7 @@ def read_body(request: HttpRequest) -> Any:
         raise RequestError([
             f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"
         ]) from None
-    charset = request.content_params.get("charset", "utf-8").lower()
+    charset = (request.content_params or {}).get("charset", "utf-8").lower()
     if charset in ("utf-8", "utf8") and _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO):
         try:
             return orjson.loads(body)
@@ -127,7 +127,7 @@ def _credentials(request: HttpRequest) -> HttpResponse | None:
         except AuthenticationFailed as exc:
             return _json(
                 {"detail": str(exc.detail)}, 401,
-                {"WWW-Authenticate": auth.authenticate_header(request)},  # type: ignore[arg-type]
+                {"WWW-Authenticate": auth.authenticate_header(request) or "Token"},  # type: ignore[arg-type]
             )
         user = found[0] if found else None
     if settings.REGISTRY.get("LOOKUP_THROTTLE"):

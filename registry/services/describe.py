@@ -81,9 +81,10 @@ def table_identity(contract: Any) -> dict[str, Any]:
     region schema ``native-modular-expert-region-*`` is vLLM's native modular kernel, the
     path our ``vllm-modular`` adapter measures, so they are listed under that name.
     """
-    c = contract if isinstance(contract, dict) else {}
-    structured = c.get("backend") if isinstance(c.get("backend"), dict) else {}
-    region = c.get("expert_region") if isinstance(c.get("expert_region"), dict) else {}
+    c: dict[str, Any] = contract if isinstance(contract, dict) else {}
+    raw_backend, raw_region = c.get("backend"), c.get("expert_region")
+    structured: dict[str, Any] = raw_backend if isinstance(raw_backend, dict) else {}
+    region: dict[str, Any] = raw_region if isinstance(raw_region, dict) else {}
     kernel = _strings([
         structured.get("native_backend"),
         c.get("native_backend"),

@@ -21,6 +21,7 @@ from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.lookup import LookupRequest, RequestError, parse_request
 from registry.lookup.services import LookupFailure, NoCoverage, choose_bundle, tables_for
 from registry.services.checkout import BlobDriftError
+from registry.services.profiles import published_profile
 
 __all__ = ["cluster_dir", "named_cluster", "run_estimate"]
 
@@ -86,6 +87,14 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
     except RequestError as exc:
         problems += exc.problems
     body = {k: v for k, v in data.items() if k not in _BUNDLE_FIELDS}
+    profile_id = body.get("profile")
+    if isinstance(profile_id, int) and not isinstance(profile_id, bool):
+        found = published_profile(profile_id)
+        if isinstance(found, str):
+            problems.append(found)
+            del body["profile"]
+        else:
+            body["profile"] = found
     request = None
     try:
         request = parse_estimate_request(

@@ -53,6 +53,10 @@ def export_bundle(bundle: Bundle, dest: Path, *, as_folder: bool = False) -> Pat
     return dest
 
 
+def _opener(path: Path) -> Callable[[], IO[bytes]]:
+    return lambda: path.open("rb")
+
+
 def format_archive(bundle: Bundle, fmt: str) -> tuple[str, bytes]:
     """The bundle written for another simulator (``moetables.export``) as a .tar.gz: its
     file name and bytes. Raises ``moetables.export.ExportError`` naming what the format
@@ -68,7 +72,6 @@ def format_archive(bundle: Bundle, fmt: str) -> tuple[str, bytes]:
         files = sorted(p for p in out.rglob("*") if p.is_file())
         stem = f"{bundle.archive_stem}_{fmt}"
         chunks = iter_tar_gz(stem, (
-            (p.relative_to(out).as_posix(), p.stat().st_size, partial(p.open, "rb"))
-            for p in files
+            (p.relative_to(out).as_posix(), p.stat().st_size, _opener(p)) for p in files
         ))
         return f"{stem}.tar.gz", b"".join(chunks)

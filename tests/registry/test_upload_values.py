@@ -71,7 +71,6 @@ def test_it_keeps_a_bad_time_out_of_the_database_itself(published: Bundle) -> No
     ("meta", "words"),
     [
         ({"hardware": "GPU\x00X"}, "meta.yaml:hardware contains a NUL"),
-        ({"model": "m\ud800x"}, "meta.yaml:model contains a lone surrogate"),
         ({"notes": "a\x00b"}, "meta.yaml.notes: contains a NUL"),
         ({"notes": {"k\x00": 1}}, "meta.yaml.notes: a key contains a NUL"),
         ({"vllm_version": "0.26\x00"}, "vllm_version"),
@@ -85,6 +84,19 @@ def test_it_refuses_text_that_cannot_be_stored(
     """Issue 17 item 5: NUL and lone surrogates answered 500 on PostgreSQL and left blobs."""
     folder = make_bundle(meta=meta)
     refused(upload(uploader, tar_gz_of(folder)), words, stored_files, registry_dirs)
+
+
+def test_it_refuses_a_lone_surrogate_in_meta_yaml(
+    uploader: APIClient, make_bundle: Any, tar_gz_of: Any, stored_files: Any,
+    registry_dirs: Path,
+) -> None:
+    """Issue 17 item 5: a YAML escape of a lone surrogate (libyaml refuses it as YAML)."""
+    folder = make_bundle()
+    meta = folder / "meta.yaml"
+    text = meta.read_text()
+    assert "model: synthetic/moe-8e" in text
+    meta.write_text(text.replace("model: synthetic/moe-8e", 'model: "m\\ud800x"'))
+    refused(upload(uploader, tar_gz_of(folder)), "invalid Unicode", stored_files, registry_dirs)
 
 
 def test_it_refuses_counts_beyond_their_columns(
