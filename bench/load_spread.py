@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"median {100 * b0:.1f}% -> {100 * a0:.1f}%, max {100 * b1:.1f}% -> {100 * a1:.1f}%"
             )
         steps = sorted({r["step"] for r in rows})
-        loo = []
+        loo: list[dict[str, Any]] = []
         for s in steps:
             c = fit_c([r for r in rows if r["step"] != s])
             loo.extend(

@@ -175,7 +175,7 @@ def expected_row_tiles(pairs: int, shares: Sequence[float] | npt.ArrayLike, bloc
         raise TileError("shares must be a non-empty one-dimensional distribution summing to 1")
     jmax = pairs // block_m + 1
     thresholds = np.arange(jmax, dtype=np.float64) * block_m  # P(X > j b), j = 0 .. pairs // b
-    sf = stats.binom.sf(thresholds[None, :], pairs, p[:, None])
+    sf = np.asarray(stats.binom.sf(thresholds[None, :], pairs, p[:, None]), dtype=np.float64)
     return float(sf.sum())
 
 
