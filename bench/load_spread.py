@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from acquisition.estimate_validation import load_forwards
-from moetables.tiles import balanced_counts, block_size_m, row_tiles
+from moetables.tiles import block_size_m, row_tiles, table_row_tiles
 
 WIDTH = 768  # Qwen3-30B-A3B expert width (w2's last dimension at TP1)
 COMPARISONS = {"factor 8": "comparison.json", "factor 2": "comparison-f2.json"}
@@ -44,24 +44,6 @@ def grid_rows(bundle: str, rank: int) -> list[int]:
     """The gathered rows N at which the rank's expert table was measured."""
     with open(Path(bundle) / TARGET.format(rank=rank)) as fh:
         return sorted({int(r["tokens"]) for r in csv.DictReader(fh) if r["component"] == "experts"})
-
-
-def table_tiles(n: int, grid: list[int], local: int, top_k: int = 8, experts: int = 128) -> float:
-    """The balanced tiles the table embodies at N rows: the stimulus' tiles at the two measured N
-    around it (every local expert active, M = N*k*L/E), interpolated linearly in N."""
-
-    def at(g: int) -> int:
-        pairs = -(-g * top_k * local // experts)
-        return row_tiles(balanced_counts(pairs, min(local, pairs)), block_size_m(g, local, WIDTH))
-
-    if n <= grid[0]:
-        return float(at(grid[0]))
-    if n >= grid[-1]:
-        return at(grid[-1]) * n / grid[-1]
-    hi = next(i for i, g in enumerate(grid) if g >= n)
-    g0, g1 = grid[hi - 1], grid[hi]
-    w = (n - g0) / (g1 - g0)
-    return (1 - w) * at(g0) + w * at(g1)
 
 
 def rows_of(evidence: Path, comparison: str, bundle: str) -> list[dict[str, Any]]:
@@ -95,7 +77,12 @@ def rows_of(evidence: Path, comparison: str, bundle: str) -> list[dict[str, Any]
                         "A": int((local > 0).sum()),
                         "M": pairs,
                         "tiles": row_tiles(local, bm),
-                        "extra_tiles": (row_tiles(local, bm) - table_tiles(n, grids[r], len(local)))
+                        "extra_tiles": (
+                            row_tiles(local, bm)
+                            - table_row_tiles(
+                                n, grids[r], len(local), WIDTH, top_k=8, global_experts=128
+                            )
+                        )
                         if bm >= MODEL_BLOCK_M
                         else 0.0,
                         "measured_us": f.compute_us[r],

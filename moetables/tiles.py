@@ -190,3 +190,44 @@ class TileCount:
     @property
     def extra_tiles(self) -> float:
         return self.tiles - self.balanced_tiles
+
+
+def table_row_tiles(
+    rows: int,
+    grid: Sequence[int],
+    local_experts: int,
+    width: int,
+    *,
+    top_k: int,
+    global_experts: int,
+    device: str = "NVIDIA_H200",
+) -> float:
+    """The balanced tiles a balanced table embodies at ``rows`` gathered rows.
+
+    At each measured N of the table (``grid``) the stimulus ran M = ceil(N*k*L/E) pairs on
+    min(L, M) experts, evenly: its tiles at that N's block size. A lookup between two measured N
+    interpolates time linearly in N, so it carries the two points' tiles interpolated the same way;
+    above the last N, time is extrapolated in proportion to N and so are the tiles. Subtracting
+    this from a step's actual tiles gives the tiles the table does not account for (issue 18).
+    """
+    g = sorted(set(int(x) for x in grid))
+    if not g or g[0] < 1:
+        raise TileError(f"grid must hold measured rows >= 1, got {list(grid)}")
+    if rows < 1:
+        raise TileError(f"rows must be >= 1, got {rows}")
+
+    def at(n: int) -> int:
+        pairs = -(-n * top_k * local_experts // global_experts)
+        return row_tiles(
+            balanced_counts(pairs, min(local_experts, pairs)),
+            block_size_m(n, local_experts, width, device=device),
+        )
+
+    if rows <= g[0]:
+        return float(at(g[0]))
+    if rows >= g[-1]:
+        return at(g[-1]) * rows / g[-1]
+    hi = next(i for i, n in enumerate(g) if n >= rows)
+    n0, n1 = g[hi - 1], g[hi]
+    w = (rows - n0) / (n1 - n0)
+    return (1 - w) * at(n0) + w * at(n1)
