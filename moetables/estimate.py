@@ -67,6 +67,8 @@ class DeploymentTables(Protocol):
 
     def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]: ...
 
+    def expert_rows(self, mode: str = "eager") -> tuple[int, ...]: ...
+
 
 class ComponentTables(Protocol):
     """A bundle's tables (`moetables.lookup.ComponentTables`)."""
@@ -625,6 +627,7 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
+        tile_cost_us: float | None = None,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
         if isinstance(tokens_per_rank, (str, bytes)) or not isinstance(tokens_per_rank, Sequence):
@@ -642,6 +645,7 @@ class LayerEstimator:
             profile=profile,
             layer=layer,
             captured_expectation=captured_expectation,
+            tile_cost_us=tile_cost_us,
         )
         return batch.step(0)
 
@@ -660,10 +664,16 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
+        tile_cost_us: float | None = None,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
-        per-step refusals (``code``, ``errors``)."""
+        per-step refusals (``code``, ``errors``).
+
+        ``tile_cost_us`` (issue 18; None: today's answer bit for bit) charges every rank's expert
+        kernel that many microseconds per row tile its per-expert counts run beyond the balanced
+        tiles its table embodies (`moetables.tiles`), where vLLM's block is 128 rows; it needs a
+        counting policy (histogram, round_robin, random, captured)."""
         if mode not in MODES:
             raise QueryError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if cluster is not None and not isinstance(cluster, Cluster):
@@ -725,9 +735,60 @@ class LayerEstimator:
                     self._lookup(tables, rank, component, part_mode, routing, rows, times,
                                  code, errors)
             components[component] = times
+        if tile_cost_us is not None:
+            self._charge_tiles(routing, components, tile_cost_us, table_mode, notes)
         return self._time(
             routing, components, code, errors, cluster, policy, mode, table_mode,
             np.atleast_2d(given), tuple(notes), graph,
+        )
+
+    def _charge_tiles(
+        self,
+        routing: BatchRouting,
+        components: dict[str, FloatArray],
+        cost_us: float,
+        mode: str,
+        notes: list[str],
+    ) -> None:
+        """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged."""
+        from moetables.tiles import MODEL_BLOCK_M, block_size_m, row_tiles, table_row_tiles
+
+        if isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:
+            raise QueryError(f"tile_cost_us must be a number >= 0, got {cost_us!r}")
+        if routing.expert_counts is None:
+            raise QueryError(
+                f"tile_cost_us needs per-expert counts: the {routing.policy} policy gives none; "
+                "use histogram, round_robin, random or captured"
+            )
+        if EXPERTS not in components:
+            return
+        first = self.ranks[0].entry
+        width = _expert_width(first) // self.tp
+        hardware = str(first.contract.get("hardware", ""))
+        device = "NVIDIA_H200" if "H200" in hardware else hardware
+        g = first.geometry
+        times = components[EXPERTS]
+        ranges = self.deployment.expert_ranges()
+        charged = 0
+        for rank, tables in enumerate(self.ranks):
+            grid = tables.expert_rows(mode)
+            start, stop = ranges[rank]
+            local = stop - start
+            for i in range(times.shape[0]):
+                n = int(routing.tokens[i])
+                bm = block_size_m(n, local, width, device=device)
+                if bm < MODEL_BLOCK_M or not np.isfinite(times[i, rank]):
+                    continue
+                counts = routing.expert_counts[i, start:stop]
+                ref = table_row_tiles(
+                    n, grid, local, width, top_k=g.top_k, global_experts=g.global_experts,
+                    device=device,
+                )
+                times[i, rank] += cost_us * (row_tiles(counts, bm) - ref)
+                charged += 1
+        notes.append(
+            f"row tiles charged at {cost_us:g} us per tile beyond the table's balanced tiles "
+            f"(vLLM {128}-row blocks) on {charged} rank-steps"
         )
 
     def _lookup(
@@ -939,6 +1000,21 @@ class LayerEstimator:
             graph=graph,
             _steps=kept,
         )
+
+
+def _expert_width(entry: TableEntry) -> int:
+    """The expert width (intermediate size, before tensor parallelism) from the contract."""
+    c = entry.contract
+    geometry = c.get("geometry") if isinstance(c.get("geometry"), Mapping) else None
+    found = (geometry or {}).get("expert_intermediate_size")
+    if found is None:
+        found = c.get("expert_intermediate_size")
+    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
+        raise QueryError(
+            f"{entry.where}: the contract records no expert_intermediate_size, so the expert "
+            "kernel's tiles cannot be counted (tile_cost_us)"
+        )
+    return found
 
 
 def _without_transfers(

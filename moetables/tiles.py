@@ -42,6 +42,10 @@ import numpy.typing as npt
 from scipy import stats
 
 VLLM_VERSION = "0.26.0"
+# The tile model charges tiles of this many rows only: there the kernel is compute-bound and a
+# tile costs about the same everywhere (docs/benchmarks.md, "Per-expert load spread"); smaller
+# blocks stream each expert's weights per tile, a cost the table already carries through A.
+MODEL_BLOCK_M = 128
 
 # vllm/model_executor/layers/fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json (0.26.0):
 # tuned M -> BLOCK_SIZE_M (the other keys of the config do not change the row tiling).

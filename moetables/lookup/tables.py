@@ -128,6 +128,15 @@ class DeploymentTables:
             policy=policy, cluster=cluster, mode=mode, **options,
         )
 
+    def expert_rows(self, mode: str = "eager") -> tuple[int, ...]:
+        """The gathered rows N at which the expert kernel was measured (issue 18: the tile
+        model reads the balanced tiles the table embodies from them)."""
+        self._known(EXPERTS, mode)
+        surface = self._experts[(EXPERTS, mode)]
+        if isinstance(surface, BalancedExpertSurface):
+            return tuple(int(n) for n in surface.grid)
+        return surface.measured_rows
+
     def _known(self, component: str, mode: str) -> None:
         if component not in self.components:
             raise QueryError(

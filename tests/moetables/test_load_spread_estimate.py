@@ -1,0 +1,82 @@
+"""Issue 18: a captured step's per-expert counts cost row tiles the balanced tables do not hold.
+
+The estimate's ``tile_cost_us`` charges every rank's expert kernel per row tile its counts run
+beyond the balanced tiles its table embodies (`moetables.tiles`), only where vLLM's block is
+128 rows; without it the answer is today's, bit for bit (R41, R44)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moetables.errors import QueryError
+from moetables.lookup.tables import ComponentTables
+from moetables.tiles import block_size_m, row_tiles, table_row_tiles
+
+F2 = (
+    Path(__file__).resolve().parents[2]
+    / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+)
+
+
+def _counts(seed: int, n: int) -> np.ndarray:
+    """A router-like histogram over 128 experts: n tokens, top-8 distinct experts each."""
+    rng = np.random.default_rng(seed)
+    picks = np.argsort(rng.random((n, 128)), axis=1)[:, :8]
+    return np.bincount(picks.ravel(), minlength=128)
+
+
+def test_it_charges_the_extra_tiles_of_a_router_like_step() -> None:
+    """Issue 18: at N = 2,048 a router's counts run about 30 tiles more than the table's 64 per
+    rank; at 1.6 us a tile the experts component grows by exactly cost x extra tiles."""
+    tables = ComponentTables(F2)
+    counts = np.stack([_counts(3, 2048)])
+    steps = np.array([[1024, 1024]])
+    base = tables.estimate_batch(steps, tp=1, dp=2, policy="histogram", expert_counts=counts)
+    charged = tables.estimate_batch(
+        steps, tp=1, dp=2, policy="histogram", expert_counts=counts, tile_cost_us=1.6
+    )
+    grid = tables.deployment(1, 2, 0).expert_rows()
+    for rank in range(2):
+        local = counts[0, 64 * rank : 64 * (rank + 1)]
+        extra = row_tiles(local, block_size_m(2048, 64, 768)) - table_row_tiles(
+            2048, grid, 64, 768, top_k=8, global_experts=128
+        )
+        assert 15 < extra < 45
+        delta = charged.components["experts"][0, rank] - base.components["experts"][0, rank]
+        assert delta == pytest.approx(1.6 * extra)
+        assert charged.compute_us[0, rank] > base.compute_us[0, rank]
+
+
+def test_it_leaves_small_blocks_and_the_default_alone() -> None:
+    """Issue 18: below 128-row blocks (N <= 512 here) nothing is charged; None is today's answer."""
+    tables = ComponentTables(F2)
+    counts = np.stack([_counts(5, 256)])
+    steps = np.array([[128, 128]])
+    a = tables.estimate_batch(steps, tp=1, dp=2, policy="histogram", expert_counts=counts)
+    b = tables.estimate_batch(
+        steps, tp=1, dp=2, policy="histogram", expert_counts=counts, tile_cost_us=1.6
+    )
+    c = tables.estimate_batch(
+        steps, tp=1, dp=2, policy="histogram", expert_counts=counts, tile_cost_us=None
+    )
+    assert np.array_equal(a.compute_us, b.compute_us)
+    assert np.array_equal(a.compute_us, c.compute_us)
+
+
+def test_it_refuses_a_tile_cost_without_counts_or_with_a_bad_value() -> None:
+    """Issue 18: the balanced policy has no per-expert counts to tile; a negative cost is named."""
+    tables = ComponentTables(F2)
+    with pytest.raises(QueryError, match="per-expert counts"):
+        tables.estimate([1024, 1024], tp=1, dp=2, tile_cost_us=1.6)
+    with pytest.raises(QueryError, match="tile_cost_us"):
+        tables.estimate(
+            [1024, 1024],
+            tp=1,
+            dp=2,
+            policy="histogram",
+            expert_counts=_counts(1, 2048).tolist(),
+            tile_cost_us=-1.0,
+        )
