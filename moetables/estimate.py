@@ -769,7 +769,6 @@ class LayerEstimator:
         g = first.geometry
         times = components[EXPERTS]
         ranges = self.deployment.expert_ranges()
-        charged = 0
         for rank, tables in enumerate(self.ranks):
             grid = tables.expert_rows(mode)
             start, stop = ranges[rank]
@@ -785,10 +784,9 @@ class LayerEstimator:
                     device=device,
                 )
                 times[i, rank] += cost_us * (row_tiles(counts, bm) - ref)
-                charged += 1
         notes.append(
-            f"row tiles charged at {cost_us:g} us per tile beyond the table's balanced tiles "
-            f"(vLLM {128}-row blocks) on {charged} rank-steps"
+            f"expert-kernel row tiles beyond the table's balanced tiles are charged at "
+            f"{cost_us:g} us each where vLLM's block is {MODEL_BLOCK_M} rows (issue 18)"
         )
 
     def _lookup(

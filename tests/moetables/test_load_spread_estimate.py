@@ -80,3 +80,32 @@ def test_it_refuses_a_tile_cost_without_counts_or_with_a_bad_value() -> None:
             expert_counts=_counts(1, 2048).tolist(),
             tile_cost_us=-1.0,
         )
+
+
+def test_it_reads_tile_cost_us_from_a_request_as_the_cli_and_rest_do(tmp_path: Path) -> None:
+    """Issue 18: ``tile_cost_us`` in the one request parser (CLI ``--tile-cost-us``, REST field);
+    refused, naming the field, for a policy without per-expert counts."""
+    import io
+    import json
+
+    from moetables.cli import main
+    from moetables.estimate_query import parse_estimate_request
+
+    counts = _counts(3, 2048).tolist()
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps(counts))
+    answers = []
+    for extra in ([], ["--tile-cost-us", "1.6"]):
+        out = io.StringIO()
+        args = ["estimate", str(F2), "--tp", "1", "--dp", "2", "--tokens", "1024,1024"]
+        args += ["--policy", "histogram", "--expert-counts", str(path), *extra]
+        assert main(args, out=out) == 0
+        answers.append(json.loads(out.getvalue()))
+    before, after = (a["ranks"][0]["components"]["experts"] for a in answers)
+    assert after > before
+    with pytest.raises(QueryError, match="tile_cost_us: the balanced policy"):
+        parse_estimate_request({"tp": 1, "dp": 2, "tokens": [4, 4], "tile_cost_us": 1.6})
+    with pytest.raises(QueryError, match="tile_cost_us: must be a number"):
+        parse_estimate_request(
+            {"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "random", "tile_cost_us": "x"}
+        )
