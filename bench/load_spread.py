@@ -5,9 +5,9 @@ captured per-expert counts) and the estimate's comparison files (the `histogram`
 compute estimate of the same forward from the factor-8 and factor-2 H200 tables), computes with
 `moetables.tiles` the block size vLLM 0.26.0 chose (64 local experts: no tuned H200 file, so
 vLLM's default config on the gathered rows) and the row tiles the kernel ran, and fits the
-compute residual (measured - estimate) against the extra tiles over the table's continuous
-balanced tiles (the stimulus' tiles at the measured N around the step, interpolated in N, as the
-lookup interpolates time): residual = c * extra_tiles. `c` is fitted on one routing mode
+compute residual (measured - estimate) against the extra tiles over the balanced tiles the table
+embodies at the step's (N, A, M) (`DeploymentTables.balanced_tiles`: the stimulus' tiles at the
+table's own points, interpolated exactly as the time is): residual = c * extra_tiles. `c` is fitted on one routing mode
 and used to predict the other (simulator -> native and back), and leaving one step out.
 
     PYTHONPATH=. .venv/bin/python bench/load_spread.py docs/evidence/h200x2-estimate \
@@ -17,7 +17,6 @@ and used to predict the other (simulator -> native and back), and leaving one st
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 from pathlib import Path
@@ -26,24 +25,11 @@ from typing import Any
 import numpy as np
 
 from acquisition.estimate_validation import load_forwards
-from moetables.tiles import block_size_m, row_tiles, table_row_tiles
+from moetables.tiles import MODEL_BLOCK_M, block_size_m, row_tiles
 
 WIDTH = 768  # Qwen3-30B-A3B expert width (w2's last dimension at TP1)
 COMPARISONS = {"factor 8": "comparison.json", "factor 2": "comparison-f2.json"}
 BUNDLES = {"factor 8": "bundles/H200", "factor 2": "bundles/H200-vllm-modular-f2"}
-# Tiles are charged only where they are compute-bound: 128-row blocks (more than 512 rows under
-# vLLM's default config). Below, each tile streams its expert's weights and the cost follows the
-# active experts A, which the table already carries (step 0 at N = 8 gets worse if charged).
-MODEL_BLOCK_M = 128
-TARGET = (
-    "Qwen/Qwen3-30B-A3B-Instruct-2507/bf16/tp1/moe_components/dp2_ep2_rank{rank}_sp0/components.csv"
-)
-
-
-def grid_rows(bundle: str, rank: int) -> list[int]:
-    """The gathered rows N at which the rank's expert table was measured."""
-    with open(Path(bundle) / TARGET.format(rank=rank)) as fh:
-        return sorted({int(r["tokens"]) for r in csv.DictReader(fh) if r["component"] == "experts"})
 
 
 def rows_of(evidence: Path, comparison: str, bundle: str) -> list[dict[str, Any]]:
@@ -53,7 +39,10 @@ def rows_of(evidence: Path, comparison: str, bundle: str) -> list[dict[str, Any]
         for f in cmp["forwards"]
         if f["policy"] == "histogram"
     }
-    grids = [grid_rows(bundle, r) for r in range(2)]
+    from moetables.lookup.tables import ComponentTables
+
+    tables = ComponentTables(str(Path(bundle) / "Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"))
+    ranks_tables = [tables.deployment(1, 2, r) for r in range(2)]
     out = []
     for routing in ("simulator", "native"):
         forwards, ranks = load_forwards(evidence, routing)
@@ -79,9 +68,7 @@ def rows_of(evidence: Path, comparison: str, bundle: str) -> list[dict[str, Any]
                         "tiles": row_tiles(local, bm),
                         "extra_tiles": (
                             row_tiles(local, bm)
-                            - table_row_tiles(
-                                n, grids[r], len(local), WIDTH, top_k=8, global_experts=128
-                            )
+                            - ranks_tables[r].balanced_tiles(n, int((local > 0).sum()), pairs)
                         )
                         if bm >= MODEL_BLOCK_M
                         else 0.0,

@@ -67,7 +67,12 @@ class DeploymentTables(Protocol):
 
     def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]: ...
 
-    def expert_rows(self, mode: str = "eager") -> tuple[int, ...]: ...
+    def tile_shape(self) -> tuple[int, int, str]: ...
+
+    def balanced_tiles_batch(
+        self, tokens: npt.ArrayLike, activated_experts: npt.ArrayLike, local_assignments: npt.ArrayLike,
+        mode: str = "eager",
+    ) -> _Answers: ...
 
 
 class ComponentTables(Protocol):
@@ -751,7 +756,7 @@ class LayerEstimator:
         notes: list[str],
     ) -> None:
         """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged."""
-        from moetables.tiles import MODEL_BLOCK_M, block_size_m, row_tiles, table_row_tiles
+        from moetables.tiles import MODEL_BLOCK_M, block_size_m
 
         if isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:
             raise QueryError(f"tile_cost_us must be a number >= 0, got {cost_us!r}")
@@ -762,28 +767,23 @@ class LayerEstimator:
             )
         if EXPERTS not in components:
             return
-        first = self.ranks[0].entry
-        width = _expert_width(first) // self.tp
-        hardware = str(first.contract.get("hardware", ""))
-        device = "NVIDIA_H200" if "H200" in hardware else hardware
-        g = first.geometry
         times = components[EXPERTS]
         ranges = self.deployment.expert_ranges()
         for rank, tables in enumerate(self.ranks):
-            grid = tables.expert_rows(mode)
+            local, width, device = tables.tile_shape()
             start, stop = ranges[rank]
-            local = stop - start
-            for i in range(times.shape[0]):
-                n = int(routing.tokens[i])
-                bm = block_size_m(n, local, width, device=device)
-                if bm < MODEL_BLOCK_M or not np.isfinite(times[i, rank]):
-                    continue
-                counts = routing.expert_counts[i, start:stop]
-                ref = table_row_tiles(
-                    n, grid, local, width, top_k=g.top_k, global_experts=g.global_experts,
-                    device=device,
-                )
-                times[i, rank] += cost_us * (row_tiles(counts, bm) - ref)
+            n = routing.tokens
+            a = routing.activated_experts[:, rank]
+            m = routing.local_assignments[:, rank]
+            blocks = np.array([block_size_m(int(x), local, width, device=device) for x in n.tolist()])
+            pick = np.flatnonzero((blocks >= MODEL_BLOCK_M) & np.isfinite(times[:, rank]) & (a > 0))
+            if pick.size == 0:
+                continue
+            reference = tables.balanced_tiles_batch(n[pick], a[pick], m[pick], mode)
+            counts = routing.expert_counts[pick, start:stop]
+            run = (-(-counts // blocks[pick, None])).sum(axis=1)
+            ok = reference.code == OK
+            times[pick[ok], rank] += cost_us * (run[ok] - reference.time_us[ok])
         notes.append(
             f"expert-kernel row tiles beyond the table's balanced tiles are charged at "
             f"{cost_us:g} us each where vLLM's block is {MODEL_BLOCK_M} rows (issue 18)"
@@ -998,21 +998,6 @@ class LayerEstimator:
             graph=graph,
             _steps=kept,
         )
-
-
-def _expert_width(entry: TableEntry) -> int:
-    """The expert width (intermediate size, before tensor parallelism) from the contract."""
-    c = entry.contract
-    geometry = c.get("geometry") if isinstance(c.get("geometry"), Mapping) else None
-    found = (geometry or {}).get("expert_intermediate_size")
-    if found is None:
-        found = c.get("expert_intermediate_size")
-    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
-        raise QueryError(
-            f"{entry.where}: the contract records no expert_intermediate_size, so the expert "
-            "kernel's tiles cannot be counted (tile_cost_us)"
-        )
-    return found
 
 
 def _without_transfers(

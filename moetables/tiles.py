@@ -34,8 +34,10 @@ pairs), and E[ceil(X/b)] = sum_{j>=0} P(X > j*b).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -196,42 +198,71 @@ class TileCount:
         return self.tiles - self.balanced_tiles
 
 
-def table_row_tiles(
-    rows: int,
-    grid: Sequence[int],
-    local_experts: int,
-    width: int,
-    *,
-    top_k: int,
-    global_experts: int,
-    device: str = "NVIDIA_H200",
-) -> float:
-    """The balanced tiles a balanced table embodies at ``rows`` gathered rows.
-
-    At each measured N of the table (``grid``) the stimulus ran M = ceil(N*k*L/E) pairs on
-    min(L, M) experts, evenly: its tiles at that N's block size. A lookup between two measured N
-    interpolates time linearly in N, so it carries the two points' tiles interpolated the same way;
-    above the last N, time is extrapolated in proportion to N and so are the tiles. Subtracting
-    this from a step's actual tiles gives the tiles the table does not account for (issue 18).
-    """
-    g = sorted(set(int(x) for x in grid))
-    if not g or g[0] < 1:
-        raise TileError(f"grid must hold measured rows >= 1, got {list(grid)}")
-    if rows < 1:
-        raise TileError(f"rows must be >= 1, got {rows}")
-
-    def at(n: int) -> int:
-        pairs = -(-n * top_k * local_experts // global_experts)
-        return row_tiles(
-            balanced_counts(pairs, min(local_experts, pairs)),
-            block_size_m(n, local_experts, width, device=device),
+def contract_expert_width(contract: Mapping[str, Any], where: str = "this table") -> int:
+    """The expert width (intermediate size, before tensor parallelism) a contract records."""
+    geometry = contract.get("geometry")
+    found = geometry.get("expert_intermediate_size") if isinstance(geometry, Mapping) else None
+    if found is None:
+        found = contract.get("expert_intermediate_size")
+    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
+        raise TileError(
+            f"{where}: the contract records no expert_intermediate_size, so the expert kernel's "
+            "row tiles cannot be counted"
         )
+    return found
 
-    if rows <= g[0]:
-        return float(at(g[0]))
-    if rows >= g[-1]:
-        return at(g[-1]) * rows / g[-1]
-    hi = next(i for i, n in enumerate(g) if n >= rows)
-    n0, n1 = g[hi - 1], g[hi]
-    w = (rows - n0) / (n1 - n0)
-    return (1 - w) * at(n0) + w * at(n1)
+
+def device_family(hardware: str) -> str:
+    """vLLM's config file device name for a bundle's hardware (every H200 is ``NVIDIA_H200``)."""
+    return "NVIDIA_H200" if "H200" in hardware else hardware
+
+
+_POWER_LAW = re.compile(r"^power_law\(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*\)$")
+
+LoadSpec = str | Sequence[int]
+
+
+def parse_loads(loads: Any) -> tuple[str, float | tuple[int, ...] | None]:
+    """A load description: ``"balanced"``, ``"uniform"``, ``"power_law(alpha)"`` or explicit
+    per-expert counts (a list of integers >= 0). Returns (kind, parameter)."""
+    if isinstance(loads, str):
+        if loads in ("balanced", "uniform"):
+            return loads, None
+        match = _POWER_LAW.match(loads.strip())
+        if match:
+            alpha = float(match.group(1))
+            power_law_shares(1, alpha)  # validates alpha
+            return "power_law", alpha
+        raise TileError(
+            f"loads must be 'balanced', 'uniform', 'power_law(alpha)' or per-expert counts, got {loads!r}"
+        )
+    if isinstance(loads, Sequence) and not isinstance(loads, (bytes, bytearray)):
+        counts = []
+        for c in loads:
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
+                raise TileError(f"loads: per-expert counts must be integers >= 0, got {c!r}")
+            counts.append(int(c))
+        if not counts:
+            raise TileError("loads: per-expert counts must not be empty")
+        return "counts", tuple(counts)
+    raise TileError(
+        f"loads must be a string or a list of per-expert counts, got {type(loads).__name__}"
+    )
+
+
+def load_tiles(loads: Any, active: int, pairs: int, block_m: int) -> float:
+    """The row tiles (expected, for a distribution) of ``pairs`` pairs on ``active`` experts."""
+    kind, param = parse_loads(loads)
+    if kind == "balanced":
+        return float(row_tiles(balanced_counts(pairs, active), block_m))
+    if kind == "counts":
+        assert isinstance(param, tuple)
+        c = np.asarray(param, dtype=np.int64)
+        if int(c.sum()) != pairs or int((c > 0).sum()) != active:
+            raise TileError(
+                f"loads: the per-expert counts hold {int(c.sum())} pairs on {int((c > 0).sum())} "
+                f"experts, the query {pairs} pairs on {active}"
+            )
+        return float(row_tiles(c, block_m))
+    alpha = 0.0 if kind == "uniform" else float(param)  # type: ignore[arg-type]
+    return expected_row_tiles(pairs, power_law_shares(active, alpha), block_m)

@@ -74,11 +74,6 @@ def _key(tokens: IntArray, active: IntArray, pairs: IntArray) -> IntArray:
 class ExpertSurface:
     """Measured expert times of one deployment and mode, answered exactly or by triangulation."""
 
-    @property
-    def measured_rows(self) -> tuple[int, ...]:
-        """The gathered rows N of the stored rows (issue 18: the tables' balanced tiles)."""
-        return tuple(sorted({n for n, _, _ in self._exact}))
-
     def __init__(
         self,
         tokens: IntArray,

@@ -13,7 +13,7 @@ import pytest
 
 from moetables.errors import QueryError
 from moetables.lookup.tables import ComponentTables
-from moetables.tiles import block_size_m, row_tiles, table_row_tiles
+from moetables.tiles import block_size_m, row_tiles
 
 F2 = (
     Path(__file__).resolve().parents[2]
@@ -38,12 +38,13 @@ def test_it_charges_the_extra_tiles_of_a_router_like_step() -> None:
     charged = tables.estimate_batch(
         steps, tp=1, dp=2, policy="histogram", expert_counts=counts, tile_cost_us=1.6
     )
-    grid = tables.deployment(1, 2, 0).expert_rows()
     for rank in range(2):
         local = counts[0, 64 * rank : 64 * (rank + 1)]
-        extra = row_tiles(local, block_size_m(2048, 64, 768)) - table_row_tiles(
-            2048, grid, 64, 768, top_k=8, global_experts=128
+        reference = tables.deployment(1, 2, rank).balanced_tiles(
+            2048, int((local > 0).sum()), int(local.sum())
         )
+        assert reference == pytest.approx(64.0, abs=1.5)  # about one 128-row tile per expert
+        extra = row_tiles(local, block_size_m(2048, 64, 768)) - reference
         assert 15 < extra < 45
         delta = charged.components["experts"][0, rank] - base.components["experts"][0, rank]
         assert delta == pytest.approx(1.6 * extra)
@@ -109,3 +110,40 @@ def test_it_reads_tile_cost_us_from_a_request_as_the_cli_and_rest_do(tmp_path: P
         parse_estimate_request(
             {"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "random", "tile_cost_us": "x"}
         )
+
+
+def test_it_answers_a_lookup_for_a_load_description() -> None:
+    """Issue 18: ``balanced`` is the table's answer bit for bit; ``uniform``, ``power_law(alpha)``
+    and explicit counts add cost x (their tiles - the table's balanced tiles), at 128-row blocks."""
+    t = ComponentTables(F2).deployment(1, 2, 0)
+    n, a, m = 2048, 64, 8192
+    table = t.time_us("experts", n, a, m)
+    assert t.experts_time_us(n, a, m) == table
+    assert t.experts_time_us(n, a, m, loads="balanced", tile_cost_us=1.6) == table
+    uniform = t.experts_time_us(n, a, m, loads="uniform", tile_cost_us=1.6)
+    assert 1.6 * 25 < uniform - table < 1.6 * 35  # about 94 tiles against 64
+    counts = [128] * 64
+    assert t.experts_time_us(n, a, m, loads=counts, tile_cost_us=1.6) == pytest.approx(table)
+    skew = [129] * 32 + [127] * 32
+    assert t.experts_time_us(n, a, m, loads=skew, tile_cost_us=1.6) == pytest.approx(
+        table + 1.6 * 32
+    )
+    assert t.experts_time_us(n, a, m, loads="power_law(0.6)", tile_cost_us=1.6) > table
+    # 16-row blocks (N = 128 here has 64-row blocks): not charged.
+    assert t.experts_time_us(128, 64, 512, loads="uniform", tile_cost_us=1.6) == t.time_us(
+        "experts", 128, 64, 512
+    )
+
+
+def test_it_names_bad_load_descriptions() -> None:
+    """Issue 18: unknown descriptions, counts that miss the query's (A, M) and a missing cost are
+    refused, naming the problem."""
+    t = ComponentTables(F2).deployment(1, 2, 0)
+    with pytest.raises(QueryError, match="loads must be"):
+        t.experts_time_us(2048, 64, 8192, loads="zipf", tile_cost_us=1.6)
+    with pytest.raises(QueryError, match="needs tile_cost_us"):
+        t.experts_time_us(2048, 64, 8192, loads="uniform")
+    with pytest.raises(QueryError, match="8000 pairs on 64"):
+        t.experts_time_us(2048, 64, 8192, loads=[125] * 64, tile_cost_us=1.6)
+    with pytest.raises(QueryError, match="alpha"):
+        t.experts_time_us(2048, 64, 8192, loads="power_law(-1)", tile_cost_us=1.6)

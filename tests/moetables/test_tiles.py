@@ -18,7 +18,6 @@ from moetables.tiles import (
     naive_assignment,
     power_law_shares,
     row_tiles,
-    table_row_tiles,
 )
 
 
@@ -98,17 +97,3 @@ def test_it_names_bad_input() -> None:
         power_law_shares(8, -1.0)
     with pytest.raises(TileError, match="sum"):
         expected_row_tiles(10, [0.5, 0.4], 16)
-
-
-def test_it_interpolates_the_tables_balanced_tiles_in_n() -> None:
-    """Issue 18: the factor-2 EP2 grid (1024, 2048, 4096): 64 tiles at both 1024 and 2048 (one
-    128-row block per expert), 128 at 4096, so 80 at N = 2560 and 64 at N = 1600."""
-    grid = [512, 1024, 2048, 4096]
-    kw = {"top_k": 8, "global_experts": 128}
-    assert table_row_tiles(2048, grid, 64, 768, **kw) == 64
-    assert table_row_tiles(4096, grid, 64, 768, **kw) == 128
-    assert table_row_tiles(2560, grid, 64, 768, **kw) == pytest.approx(80.0)
-    assert table_row_tiles(1600, grid, 64, 768, **kw) == pytest.approx(64.0)
-    assert table_row_tiles(8192, grid, 64, 768, **kw) == pytest.approx(256.0)
-    with pytest.raises(TileError, match="grid"):
-        table_row_tiles(100, [], 64, 768, **kw)
