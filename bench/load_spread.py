@@ -153,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             ax.plot(xs, c * xs, "k--", lw=1, label=f"c = {c:.2f} us/tile (all)")
             ax.set_title(f"H200 tables, {name}")
-            ax.set_xlabel(
-                "row tiles run - the table's balanced tiles at N (vLLM 0.26.0 block size)"
-            )
+            ax.set_xlabel("row tiles run - the table's balanced tiles at (N, A, M); colour: N")
             ax.legend(fontsize=8)
         axes[0].set_ylabel("measured - estimate (us), forward x rank")
         fig.tight_layout()
