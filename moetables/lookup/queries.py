@@ -14,6 +14,7 @@ problem named (``RequestError.problems``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ __all__ = [
     "LookupRequest",
     "Query",
     "RequestError",
+    "counts_problem",
+    "load_problem",
     "local_coordinates_problem",
     "parse_query",
     "parse_request",
@@ -46,6 +49,9 @@ class Query:
     tokens: int
     activated_experts: int
     local_assignments: int
+    # Issue 18: a load description (None: balanced, the table's own answer) and its tile cost.
+    loads: Any = None
+    tile_cost_us: float | None = None
 
 
 def _int(raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -71,10 +77,63 @@ def local_coordinates_problem(component: str, a: int, m: int) -> str | None:
     return None
 
 
+def load_problem(component: str, loads: Any, tile_cost_us: Any) -> str | None:
+    """Why a load description (issue 18) cannot go with this query, or None.
+
+    ``loads`` (None: absent) is ``"balanced"``, ``"uniform"``, ``"power_law(alpha)"`` or
+    per-expert counts, for the experts component only; any but balanced needs
+    ``tile_cost_us``, a number >= 0 (us per extra row tile), which needs a description.
+    Whether explicit counts fit the query's (A, M) is ``counts_problem``'s.
+    """
+    if loads is None:
+        if tile_cost_us is not None:
+            return "tile_cost_us needs loads (a load description) to charge tiles for"
+        return None
+    if component != EXPERTS:
+        return f"loads: a load description is for experts only, not {component!r}"
+    from moetables.tiles import TileError, parse_loads
+
+    try:
+        kind, _ = parse_loads(loads)
+    except TileError as exc:
+        return str(exc)
+    if tile_cost_us is None:
+        if kind != "balanced":
+            return f"loads={loads!r} needs tile_cost_us, a number >= 0 (us per row tile)"
+        return None
+    if (
+        isinstance(tile_cost_us, bool)
+        or not isinstance(tile_cost_us, (int, float))
+        or not (math.isfinite(tile_cost_us) and tile_cost_us >= 0)
+    ):
+        return f"tile_cost_us must be a finite number >= 0 (us per row tile), got {tile_cost_us!r}"
+    return None
+
+
+def counts_problem(loads: Any, activated_experts: int, local_assignments: int) -> str | None:
+    """Why explicit per-expert counts do not describe A experts holding M pairs, or None."""
+    if isinstance(loads, str) or loads is None:
+        return None
+    total = sum(int(c) for c in loads)
+    active = sum(1 for c in loads if c > 0)
+    if total != local_assignments or active != activated_experts:
+        return (
+            f"loads: the per-expert counts hold {total} pairs on {active} experts, "
+            f"the query {local_assignments} pairs on {activated_experts}"
+        )
+    return None
+
+
 # What one query may name; anything else is refused, never ignored (a key this reader does not
-# know, such as a load description, would otherwise be answered as if it were absent).
-QUERY_KEYS = ("component", "mode", "tokens", "activated_experts", "local_assignments")
+# know would otherwise be answered as if it were absent).
+QUERY_KEYS = (
+    "component", "mode", "tokens", "activated_experts", "local_assignments",
+    "loads", "tile_cost_us",
+)
 _QUERY_SET = frozenset(QUERY_KEYS)
+# The keys of a plain query, which the column reader answers in bulk: a query with a load
+# description (issue 18) is read by ``parse_query`` and answered one by one.
+_PLAIN_SET = frozenset(QUERY_KEYS[:5])
 
 
 def parse_query(raw: Any) -> Query:
@@ -92,9 +151,26 @@ def parse_query(raw: Any) -> Query:
     if not isinstance(component, str) or not isinstance(mode, str):
         raise QueryError("component and mode must be strings")
     tokens = _int(raw, "tokens")
+    loads, tile_cost_us = raw.get("loads"), raw.get("tile_cost_us")
+    if loads is not None or tile_cost_us is not None:
+        problem = load_problem(component, loads, tile_cost_us)
+        if problem is not None:
+            raise QueryError(problem)
     if component == EXPERTS:
+        a, m = _int(raw, "activated_experts"), _int(raw, "local_assignments")
+        if loads is None:
+            return Query(component, mode, tokens, a, m)
+        problem = counts_problem(loads, a, m)
+        if problem is not None:
+            raise QueryError(problem)
         return Query(
-            component, mode, tokens, _int(raw, "activated_experts"), _int(raw, "local_assignments")
+            component,
+            mode,
+            tokens,
+            a,
+            m,
+            loads if isinstance(loads, str) else tuple(int(c) for c in loads),
+            None if tile_cost_us is None else float(tile_cost_us),
         )
     return Query(
         component,
@@ -146,7 +222,7 @@ def _read_few(
     rest: list[int] = []
     for i, q in enumerate(queries):
         g = -1
-        if type(q) is dict and not q.keys() - _QUERY_SET:
+        if type(q) is dict and not q.keys() - _PLAIN_SET:
             component, mode = q.get("component"), q.get("mode", "eager")
             n = q.get("tokens")
             a = q.get("activated_experts", -1)
@@ -177,7 +253,8 @@ def read_columns(
     """Well-formed queries of known (component, mode) ``groups``, read column by column.
 
     Well formed here: a dict of a known component and mode with plain int coordinates that
-    fit int64, and both expert coordinates given for experts; ``parse_query`` reads exactly
+    fit int64, both expert coordinates given for experts, and no other key (a load
+    description is left for ``parse_query``); ``parse_query`` reads exactly
     these without converting anything. Returns, per group in ``groups`` order, (rows,
     tokens, activated_experts, local_assignments) in query order (lists for a few queries,
     int64 arrays otherwise), or None; and the rows left for ``parse_query``.
@@ -212,7 +289,7 @@ def read_columns(
     a_col, a_ok = _int64([q.get("activated_experts", -1) for q in objects])
     m_col, m_ok = _int64([q.get("local_assignments", -1) for q in objects])
     good &= (group >= 0) & a_ok & m_ok
-    good &= np.fromiter(map(_QUERY_SET.issuperset, objects), dtype=bool, count=len(objects))
+    good &= np.fromiter(map(_PLAIN_SET.issuperset, objects), dtype=bool, count=len(objects))
     expert = np.isin(group, [g for (c, _), g in groups.items() if c == EXPERTS])
     for i in np.flatnonzero(good & expert & ((a_col == -1) | (m_col == -1))).tolist():
         good[i] = "activated_experts" in objects[i] and "local_assignments" in objects[i]

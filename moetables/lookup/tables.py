@@ -24,6 +24,8 @@ from moetables.lookup.queries import (
     INT64_MAX,
     INT64_MIN,
     Query,
+    counts_problem,
+    load_problem,
     local_coordinates_problem,
     parse_query,
     read_columns,
@@ -225,23 +227,17 @@ class DeploymentTables:
         row tiles beyond the table's balanced ones are charged ``tile_cost_us`` each where
         vLLM's block is 128 rows (`moetables.tiles`); any load but balanced needs the cost.
         """
-        from moetables.tiles import MODEL_BLOCK_M, TileError, block_size_m, load_tiles, parse_loads
+        from moetables.tiles import MODEL_BLOCK_M, TileError, block_size_m, load_tiles
 
-        try:
-            kind, _ = parse_loads(loads)
-        except TileError as exc:
-            raise QueryError(str(exc)) from None
+        problem = load_problem(EXPERTS, loads, tile_cost_us) or counts_problem(
+            loads, activated_experts, local_assignments
+        )
+        if problem is not None:
+            raise QueryError(problem)
         base = self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode)
-        if kind == "balanced":
+        if loads is None or (isinstance(loads, str) and loads == "balanced"):
             return base
-        if (
-            isinstance(tile_cost_us, bool)
-            or not isinstance(tile_cost_us, (int, float))
-            or not tile_cost_us >= 0
-        ):
-            raise QueryError(
-                f"loads={loads!r} needs tile_cost_us, a number >= 0 (us per row tile), got {tile_cost_us!r}"
-            )
+        assert tile_cost_us is not None  # load_problem: any load but balanced needs the cost
         local, width, device = self.tile_shape()
         bm = block_size_m(tokens, local, width, device=device)
         if bm < MODEL_BLOCK_M:
@@ -271,8 +267,25 @@ class DeploymentTables:
         activated_experts: int = -1,
         local_assignments: int = -1,
         mode: str = "eager",
+        *,
+        loads: Any = None,
+        tile_cost_us: float | None = None,
     ) -> float:
-        """Microseconds for one query; QueryError if malformed, CoverageError if unmeasured."""
+        """Microseconds for one query; QueryError if malformed, CoverageError if unmeasured.
+
+        ``loads`` and ``tile_cost_us`` (issue 18; experts only) answer for a load description
+        as `experts_time_us` does. The answer is cached with its arguments, so per-expert
+        counts are given as a tuple here (a list is unhashable); `experts_time_us` takes any.
+        """
+        if loads is not None or tile_cost_us is not None:
+            self._known(component, mode)
+            problem = load_problem(component, loads, tile_cost_us)
+            if problem is not None:
+                raise QueryError(problem)
+            return self.experts_time_us(
+                tokens, activated_experts, local_assignments,
+                loads=loads, tile_cost_us=tile_cost_us, mode=mode,
+            )
         try:
             surface = self._experts.get((component, mode))
         except TypeError:  # unhashable, so unknown: _known words the error
@@ -294,8 +307,22 @@ class DeploymentTables:
         activated_experts: npt.ArrayLike | None = None,
         local_assignments: npt.ArrayLike | None = None,
         mode: str = "eager",
+        *,
+        loads: Any = None,
+        tile_cost_us: float | None = None,
     ) -> BatchResult:
-        """Vectorised lookups of one component and mode; refusals are per-row codes."""
+        """Vectorised lookups of one component and mode; refusals are per-row codes.
+
+        ``loads`` (issue 18; experts only): one load description for every row, or a list of
+        one per row (each a string or a list of per-expert counts); ``tile_cost_us`` as in
+        `experts_time_us`. Each row is answered as `experts_time_us` answers it; a row whose
+        counts miss its (A, M) is refused (INVALID). Balanced rows are today's answer.
+        """
+        if loads is not None or tile_cost_us is not None:
+            return self._loaded_batch(
+                component, tokens, activated_experts, local_assignments, mode,
+                loads, tile_cost_us,
+            )
         self._known(component, mode)
         n = np.asarray(tokens, dtype=np.int64)
         if component == EXPERTS:
@@ -309,6 +336,65 @@ class DeploymentTables:
         else:
             values, codes = self._local[(component, mode)].batch(n)
         return BatchResult(time_us=values, code=codes)
+
+    def _loaded_batch(
+        self,
+        component: str,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike | None,
+        local_assignments: npt.ArrayLike | None,
+        mode: str,
+        loads: Any,
+        tile_cost_us: float | None,
+    ) -> BatchResult:
+        """`batch` with a load description: the plain batch, then each row whose description
+        is not balanced answered again by `experts_time_us` (the same value a scalar call
+        gives, bit for bit)."""
+        self._known(component, mode)
+        result = self.batch(component, tokens, activated_experts, local_assignments, mode)
+        rows = result.time_us.size
+        if isinstance(loads, str):
+            problem = load_problem(component, loads, tile_cost_us)
+            if problem is not None:
+                raise QueryError(problem)
+            if loads == "balanced":
+                return result
+            each: list[Any] = [loads] * rows
+        elif loads is None:
+            raise QueryError(load_problem(component, loads, tile_cost_us) or "loads is required")
+        else:
+            each = list(loads)
+            if len(each) != rows:
+                raise QueryError(
+                    f"loads: one description per row or one for all; got {len(each)} for {rows} rows"
+                )
+            for d in each:
+                if not isinstance(d, (str, Sequence)) or isinstance(d, (bytes, bytearray)):
+                    raise QueryError(
+                        "loads: each row's description is a string or a list of per-expert "
+                        f"counts, got {d!r} (give one list of counts for one row as [[...]])"
+                    )
+                problem = load_problem(component, d, tile_cost_us)
+                if problem is not None:
+                    raise QueryError(problem)
+        values = result.time_us.ravel().copy()
+        codes = result.code.ravel().copy()
+        n = np.asarray(tokens, dtype=np.int64).ravel().tolist()
+        a = np.asarray(activated_experts, dtype=np.int64).ravel().tolist()
+        m = np.asarray(local_assignments, dtype=np.int64).ravel().tolist()
+        for i, d in enumerate(each):
+            if codes[i] != OK or (isinstance(d, str) and d == "balanced"):
+                continue
+            try:
+                values[i] = self.experts_time_us(
+                    n[i], a[i], m[i], loads=d, tile_cost_us=tile_cost_us, mode=mode
+                )
+            except QueryError:
+                values[i], codes[i] = math.nan, INVALID
+            except CoverageError:
+                values[i], codes[i] = math.nan, OUT_OF_SUPPORT
+        shape = result.time_us.shape
+        return BatchResult(time_us=values.reshape(shape), code=codes.reshape(shape))
 
     def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]:
         """One answer per query, in order: ``{"time_us": x}`` or ``{"error": ..., "message": ...}``.
@@ -332,6 +418,9 @@ class DeploymentTables:
                 self._known(query.component, query.mode)
             except QueryError as exc:
                 answers[i] = {"error": "invalid", "message": str(exc)}
+                continue
+            if query.loads is not None and query.loads != "balanced":
+                answers[i] = self._one(query)  # a load description (issue 18): one by one
                 continue
             coordinates = (query.tokens, query.activated_experts, query.local_assignments)
             if not all(INT64_MIN <= v <= INT64_MAX for v in coordinates):
@@ -429,6 +518,11 @@ class DeploymentTables:
     def _one(self, query: Query) -> dict[str, Any]:
         """A query answered by the scalar path alone."""
         try:
+            if query.loads is not None:
+                return {"time_us": self.experts_time_us(
+                    query.tokens, query.activated_experts, query.local_assignments,
+                    loads=query.loads, tile_cost_us=query.tile_cost_us, mode=query.mode,
+                )}
             return {"time_us": self._time_us(
                 query.component, query.tokens, query.activated_experts,
                 query.local_assignments, query.mode,
