@@ -47,7 +47,12 @@ from moetables.bundle import EXPERTS, open_bundle
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.geometry import MoeTarget
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
-from moetables.lookup.queries import RequestError, local_coordinates_problem, parse_request
+from moetables.lookup.queries import (
+    RequestError,
+    load_problem,
+    local_coordinates_problem,
+    parse_request,
+)
 from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables
 
 __all__ = ["RegistryError", "RemoteDeployment", "RemoteTables", "manifest_sha256"]
@@ -225,10 +230,15 @@ class RemoteDeployment:
         return answers
 
     def time_us(self, component: str, tokens: int, activated_experts: int = -1,
-                local_assignments: int = -1, mode: str = "eager") -> float:
+                local_assignments: int = -1, mode: str = "eager", *, loads: Any = None,
+                tile_cost_us: float | None = None) -> float:
         """Microseconds for one query; QueryError if malformed, CoverageError if unmeasured.
-        Answers are kept (errors are not), as the in-process cache keeps them."""
+        Answers are kept (errors are not), as the in-process cache keeps them. ``loads`` and
+        ``tile_cost_us``: a load description (issue 18), sent as the query's own keys."""
         key: tuple[Any, ...] = (component, tokens, activated_experts, local_assignments, mode)
+        if loads is not None or tile_cost_us is not None:
+            key += (loads if isinstance(loads, str) or loads is None else tuple(loads),
+                    tile_cost_us)
         try:
             return self._scalars[key]
         except KeyError:
@@ -244,6 +254,10 @@ class RemoteDeployment:
         if activated_experts != -1 or local_assignments != -1 or component == EXPERTS:
             query["activated_experts"] = activated_experts
             query["local_assignments"] = local_assignments
+        if loads is not None:
+            query["loads"] = loads
+        if tile_cost_us is not None:
+            query["tile_cost_us"] = tile_cost_us
         (answer,) = self.answer([query])
         if "time_us" in answer:
             value = float(answer["time_us"])
@@ -254,12 +268,24 @@ class RemoteDeployment:
             raise CoverageError(answer.get("message", "outside measured support"))
         raise QueryError(answer.get("message", "invalid query"))
 
+    def experts_time_us(self, tokens: int, activated_experts: int, local_assignments: int, *,
+                        loads: Any = "balanced", tile_cost_us: float | None = None,
+                        mode: str = "eager") -> float:
+        """The expert component for a load description (issue 18), as in process."""
+        return self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode,
+                            loads=loads, tile_cost_us=tile_cost_us)
+
     def batch(self, component: str, tokens: npt.ArrayLike,
               activated_experts: npt.ArrayLike | None = None,
               local_assignments: npt.ArrayLike | None = None,
-              mode: str = "eager") -> BatchResult:
-        """Vectorised lookups of one component and mode; refusals are per-row codes."""
+              mode: str = "eager", *, loads: Any = None,
+              tile_cost_us: float | None = None) -> BatchResult:
+        """Vectorised lookups of one component and mode; refusals are per-row codes.
+        ``loads``/``tile_cost_us`` as ``DeploymentTables.batch`` takes them (issue 18)."""
         self._known(component, mode)
+        if loads is not None or tile_cost_us is not None:
+            return self._loaded_batch(component, tokens, activated_experts, local_assignments,
+                                      mode, loads, tile_cost_us)
         n = np.asarray(tokens, dtype=np.int64)
         if component == EXPERTS:
             if activated_experts is None or local_assignments is None:
@@ -289,6 +315,55 @@ class RemoteDeployment:
                     codes[i] = OK
                 else:
                     codes[i] = _CODES.get(answer.get("error", ""), INVALID)
+        return BatchResult(time_us=values.reshape(n.shape), code=codes.reshape(n.shape))
+
+    def _loaded_batch(self, component: str, tokens: npt.ArrayLike,
+                      activated_experts: npt.ArrayLike | None,
+                      local_assignments: npt.ArrayLike | None, mode: str, loads: Any,
+                      tile_cost_us: float | None) -> BatchResult:
+        """`batch` with a load description: every row a query with its description, checked
+        first as ``DeploymentTables.batch`` checks it (the same QueryError)."""
+        n = np.asarray(tokens, dtype=np.int64)
+        if component != EXPERTS or loads is None:
+            raise QueryError(load_problem(component, loads, tile_cost_us) or "loads is required")
+        if activated_experts is None or local_assignments is None:
+            raise QueryError("experts need activated_experts and local_assignments")
+        a = np.asarray(activated_experts, dtype=np.int64)
+        m = np.asarray(local_assignments, dtype=np.int64)
+        if a.shape != n.shape or m.shape != n.shape:
+            raise QueryError("tokens, activated_experts and local_assignments differ in length")
+        if isinstance(loads, str):
+            each: list[Any] = [loads] * n.size
+        else:
+            each = list(loads)
+            if len(each) != n.size:
+                raise QueryError(f"loads: one description per row or one for all; got "
+                                 f"{len(each)} for {n.size} rows")
+        for d in [loads] if isinstance(loads, str) else each:
+            if not isinstance(d, (str, Sequence)) or isinstance(d, (bytes, bytearray)):
+                raise QueryError(
+                    "loads: each row's description is a string or a list of per-expert "
+                    f"counts, got {d!r} (give one list of counts for one row as [[...]])")
+            problem = load_problem(component, d, tile_cost_us)
+            if problem is not None:
+                raise QueryError(problem)
+        queries: list[dict[str, Any]] = []
+        for x, y, z, d in zip(n.ravel().tolist(), a.ravel().tolist(), m.ravel().tolist(), each,
+                              strict=True):
+            query = {"component": component, "mode": mode, "tokens": x,
+                     "activated_experts": y, "local_assignments": z}
+            if not (isinstance(d, str) and d == "balanced"):
+                query["loads"] = d
+                query["tile_cost_us"] = tile_cost_us
+            queries.append(query)
+        values = np.full(n.size, math.nan)
+        codes = np.zeros(n.size, dtype=np.int8)
+        for i, answer in enumerate(self.answer(queries)):
+            if "time_us" in answer:
+                values[i] = answer["time_us"]
+                codes[i] = OK
+            else:
+                codes[i] = _CODES.get(answer.get("error", ""), INVALID)
         return BatchResult(time_us=values.reshape(n.shape), code=codes.reshape(n.shape))
 
 

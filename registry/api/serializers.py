@@ -209,6 +209,21 @@ class ProblemsSerializer(serializers.Serializer[Any]):
     problems = serializers.ListField(child=serializers.CharField())
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "example": "power_law(1.2)"},
+            {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        ],
+        "description": "experts only (issue 18): 'balanced' (the table's answer, the default), "
+        "'uniform', 'power_law(alpha)' or per-expert counts (A of them nonzero, adding up to "
+        "M); any but balanced needs tile_cost_us",
+    }
+)
+class LoadsField(serializers.JSONField):
+    """A load description: a string or a list of per-expert counts (documentation only)."""
+
+
 class QuerySerializer(serializers.Serializer[Any]):
     """One query, as ``python -m moetables lookup`` reads it (documentation only)."""
 
@@ -217,6 +232,13 @@ class QuerySerializer(serializers.Serializer[Any]):
     tokens = serializers.IntegerField()
     activated_experts = serializers.IntegerField(required=False)
     local_assignments = serializers.IntegerField(required=False)
+    loads = LoadsField(required=False)
+    tile_cost_us = serializers.FloatField(
+        required=False,
+        min_value=0,
+        help_text="us per row tile beyond the table's balanced ones, charged where vLLM's "
+        "block is 128 rows (issue 18); needs loads",
+    )
 
 
 class LookupRequestSerializer(serializers.Serializer[Any]):

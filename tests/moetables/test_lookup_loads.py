@@ -1,0 +1,186 @@
+"""Issue 18: a lookup query takes a load description (``loads``, ``tile_cost_us``), on every
+path that reads queries (``answer``, ``batch``, ``time_us``, the CLI); without one, the answer
+is today's, bit for bit (R39, R40, R44)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moetables import ComponentTables
+from moetables.cli import main as cli_main
+from moetables.errors import QueryError
+from moetables.lookup.queries import parse_query, read_columns
+from moetables.tiles import balanced_counts
+
+ROOT = Path(__file__).resolve().parents[2] / "bundles"
+F2 = ROOT / "H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+H200 = ROOT / "H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+RANK = ComponentTables(F2).deployment(1, 2, 0)
+EXPERT = {"component": "experts", "tokens": 2048, "activated_experts": 64,
+          "local_assignments": 8192}
+SKEW = [129] * 32 + [127] * 32
+
+
+def test_it_answers_a_described_query_as_experts_time_us_does() -> None:
+    """Issue 18: each description's answer is `experts_time_us`'s, bit for bit, in a batch of
+    any size (the one-by-one reader and the column reader)."""
+    queries = [
+        {**EXPERT, "loads": "uniform", "tile_cost_us": 1.6},
+        {**EXPERT, "loads": "power_law(0.6)", "tile_cost_us": 2},
+        {**EXPERT, "loads": SKEW, "tile_cost_us": 1.6},
+        {**EXPERT, "loads": "balanced", "tile_cost_us": 1.6},
+    ]
+    expected = [
+        RANK.experts_time_us(2048, 64, 8192, loads="uniform", tile_cost_us=1.6),
+        RANK.experts_time_us(2048, 64, 8192, loads="power_law(0.6)", tile_cost_us=2.0),
+        RANK.experts_time_us(2048, 64, 8192, loads=SKEW, tile_cost_us=1.6),
+        RANK.time_us("experts", 2048, 64, 8192),
+    ]
+    assert expected[2] == pytest.approx(expected[3] + 1.6 * 32)  # 32 experts a tile more
+    assert expected[0] > expected[3] and expected[1] > expected[3]
+    for copies in (1, 10):  # 4 and 40 queries
+        answers = RANK.answer(queries * copies)
+        assert [a["time_us"] for a in answers] == expected * copies
+    assert RANK.time_us("experts", 2048, 64, 8192, loads="uniform", tile_cost_us=1.6) == expected[0]
+    assert RANK.time_us("experts", 2048, 64, 8192, loads=tuple(SKEW), tile_cost_us=1.6) == (
+        expected[2]
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "fragment"),
+    [
+        ({**EXPERT, "loads": "zipf", "tile_cost_us": 1}, "loads must be 'balanced'"),
+        ({**EXPERT, "loads": "power_law(-1)", "tile_cost_us": 1}, "loads must be"),
+        ({**EXPERT, "loads": [1.5] * 64, "tile_cost_us": 1}, "integers >= 0"),
+        ({**EXPERT, "loads": [], "tile_cost_us": 1}, "must not be empty"),
+        ({**EXPERT, "loads": {"a": 1}, "tile_cost_us": 1}, "a string or a list"),
+        ({**EXPERT, "loads": [125] * 64, "tile_cost_us": 1}, "8000 pairs on 64 experts"),
+        ({**EXPERT, "loads": [128] * 62 + [0, 256], "tile_cost_us": 1}, "on 63 experts, the query"),
+        ({**EXPERT, "loads": "uniform"}, "needs tile_cost_us"),
+        ({**EXPERT, "tile_cost_us": 1.6}, "tile_cost_us needs loads"),
+        ({**EXPERT, "loads": "uniform", "tile_cost_us": -1}, "finite number >= 0"),
+        ({**EXPERT, "loads": "uniform", "tile_cost_us": "1"}, "finite number >= 0"),
+        ({**EXPERT, "loads": "uniform", "tile_cost_us": True}, "finite number >= 0"),
+        ({"component": "gate_routing", "tokens": 4, "loads": "uniform", "tile_cost_us": 1},
+         "for experts only, not 'gate_routing'"),
+        ({**EXPERT, "load": "uniform"}, "unknown keys 'load'"),
+    ],
+)
+@pytest.mark.parametrize("count", [1, 40])
+def test_it_refuses_a_bad_description_naming_the_problem(
+    query: dict[str, Any], fragment: str, count: int
+) -> None:
+    """Issue 18: a bad description, counts that miss (A, M), a cost without a description or a
+    description on a local component is the query's own ``invalid`` answer; the rest answer."""
+    answers = RANK.answer([EXPERT] * (count - 1) + [query])
+    assert all("time_us" in a for a in answers[:-1])
+    assert answers[-1]["error"] == "invalid"
+    assert fragment in answers[-1]["message"], answers[-1]["message"]
+    with pytest.raises(QueryError, match="."):
+        parse_query(query)
+
+
+def test_a_described_query_leaves_the_column_reader() -> None:
+    """Issue 18: the fast column reader takes plain queries only; a described one goes to
+    ``parse_query`` (so the fast path never answers it as if undescribed)."""
+    groups = {("experts", "eager"): 0}
+    for count in (3, 40):
+        queries = [EXPERT] * (count - 1) + [{**EXPERT, "loads": "balanced"}]
+        _, rest = read_columns(queries, groups)
+        assert rest == [count - 1]
+
+
+def test_out_of_support_stays_out_of_support_with_a_description() -> None:
+    answer = RANK.answer([{**EXPERT, "tokens": 10**6, "loads": "uniform", "tile_cost_us": 1}])
+    assert answer[0]["error"] == "out_of_support"
+
+
+coordinates = st.integers(1, 4096).flatmap(
+    lambda n: st.integers(1, 64).flatmap(
+        lambda a: st.tuples(st.just(n), st.just(a), st.integers(a, min(8 * n, 64 * 128)))
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(coordinates)
+def test_balanced_equals_no_description_bit_for_bit(point: tuple[int, int, int]) -> None:
+    """Issue 18: ``balanced`` (with or without a cost) and explicit balanced counts answer as a
+    query without a description, bit for bit, refusals included (F2 DP2 rank 0 and the H200 TP1
+    tables)."""
+    n, a, m = point
+    plain = {"component": "experts", "tokens": n, "activated_experts": a, "local_assignments": m}
+    for rank in (RANK, TP1):
+        variants = [
+            plain,
+            {**plain, "loads": "balanced"},
+            {**plain, "loads": "balanced", "tile_cost_us": 1.6},
+            {**plain, "loads": balanced_counts(m, a).tolist(), "tile_cost_us": 1.6},
+            {**plain, "loads": balanced_counts(m, a)[::-1].tolist(), "tile_cost_us": 0.7},
+        ]
+        answers = rank.answer(variants)
+        assert all(x == answers[0] for x in answers[:3]), answers
+        assert rank.answer(variants * 5) == answers * 5
+        # Explicit balanced counts run the stimulus' tiles; the reference is the table's
+        # balanced tiles interpolated as time is, equal up to the interpolation's rounding.
+        for x in answers[3:]:
+            assert x.keys() == answers[0].keys()
+            if "time_us" in x:
+                assert x["time_us"] == pytest.approx(answers[0]["time_us"], rel=1e-6)
+
+
+TP1 = ComponentTables(H200).deployment(1, 1, 0)
+
+
+def test_batch_takes_one_description_or_one_per_row() -> None:
+    """Issue 18: ``batch(..., loads=, tile_cost_us=)`` answers each row as `experts_time_us`;
+    a row whose counts miss its (A, M) is INVALID; whole-call mistakes raise."""
+    n, a, m = [2048, 2048, 4096, 2048], [64, 64, 64, 64], [8192, 8192, 16384, 8192]
+    plain = RANK.batch("experts", n, a, m)
+    uniform = RANK.batch("experts", n, a, m, loads="uniform", tile_cost_us=1.6)
+    assert uniform.time_us.tolist() == [
+        RANK.experts_time_us(x, y, z, loads="uniform", tile_cost_us=1.6)
+        for x, y, z in zip(n, a, m, strict=True)
+    ]
+    same = RANK.batch("experts", n, a, m, loads="balanced")
+    assert np.array_equal(same.time_us, plain.time_us)
+    rows = RANK.batch("experts", n, a, m, loads=["balanced", SKEW, "uniform", [1] * 64],
+                      tile_cost_us=1.6)
+    assert rows.time_us[0] == plain.time_us[0]
+    assert rows.time_us[1] == RANK.experts_time_us(2048, 64, 8192, loads=SKEW, tile_cost_us=1.6)
+    assert rows.time_us[2] == uniform.time_us[2]
+    assert rows.code.tolist() == [0, 0, 0, 2] and np.isnan(rows.time_us[3])
+    for kwargs, fragment in [
+        ({"loads": "uniform"}, "needs tile_cost_us"),
+        ({"tile_cost_us": 1.0}, "needs loads"),
+        ({"loads": ["uniform"], "tile_cost_us": 1.0}, "one description per row"),
+        ({"loads": [128] * 4, "tile_cost_us": 1.0}, "each row's description"),
+    ]:
+        with pytest.raises(QueryError, match=fragment):
+            RANK.batch("experts", n, a, m, **kwargs)
+    with pytest.raises(QueryError, match="for experts only"):
+        RANK.batch("gate_routing", [4], loads="uniform", tile_cost_us=1.0)
+
+
+def test_the_cli_reads_descriptions_from_jsonl(tmp_path: Path, capsys: Any) -> None:
+    """Issue 18: ``python -m moetables lookup`` answers described queries as ``answer``."""
+    queries = [EXPERT, {**EXPERT, "loads": "uniform", "tile_cost_us": 1.6},
+               {**EXPERT, "loads": "uniform"}]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(q) for q in queries) + "\n")
+    out = io.StringIO()
+    code = cli_main(["lookup", str(F2), "--tp", "1", "--dp", "2", "--rank", "0",
+                     "--queries", str(path)], out=out)
+    assert code == 0
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == RANK.answer(queries)
+    assert lines[1]["time_us"] > lines[0]["time_us"] and lines[2]["error"] == "invalid"
