@@ -18,7 +18,7 @@ from moetables import ComponentTables
 from moetables.cli import main as cli_main
 from moetables.errors import QueryError
 from moetables.lookup.queries import parse_query, read_columns
-from moetables.tiles import balanced_counts
+from moetables.tiles import balanced_counts, block_size_m, row_tiles
 
 ROOT = Path(__file__).resolve().parents[2] / "bundles"
 F2 = ROOT / "H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
@@ -105,8 +105,8 @@ def test_out_of_support_stays_out_of_support_with_a_description() -> None:
 
 
 coordinates = st.integers(1, 4096).flatmap(
-    lambda n: st.integers(1, 64).flatmap(
-        lambda a: st.tuples(st.just(n), st.just(a), st.integers(a, min(8 * n, 64 * 128)))
+    lambda n: st.integers(1, min(64, 8 * n)).flatmap(
+        lambda a: st.tuples(st.just(n), st.just(a), st.integers(a, min(8 * n, 128 * a)))
     )
 )
 
@@ -130,12 +130,38 @@ def test_balanced_equals_no_description_bit_for_bit(point: tuple[int, int, int])
         answers = rank.answer(variants)
         assert all(x == answers[0] for x in answers[:3]), answers
         assert rank.answer(variants * 5) == answers * 5
-        # Explicit balanced counts run the stimulus' tiles; the reference is the table's
-        # balanced tiles interpolated as time is, equal up to the interpolation's rounding.
-        for x in answers[3:]:
+        # Explicit balanced counts run the stimulus' tiles; the reference is the table's balanced
+        # tiles interpolated as time is: between measured N they differ, and so do the answers,
+        # by the cost per tile of the difference; with blocks under 128 rows, not at all.
+        local, width, device = rank.tile_shape()
+        block = block_size_m(n, local, width, device=device)
+        for x, cost in zip(answers[3:], (1.6, 0.7), strict=True):
             assert x.keys() == answers[0].keys()
-            if "time_us" in x:
-                assert x["time_us"] == pytest.approx(answers[0]["time_us"], rel=1e-6)
+            if "time_us" not in x:
+                continue
+            if block < 128:
+                assert x == answers[0]
+            else:
+                extra = row_tiles(balanced_counts(m, a), block) - rank.balanced_tiles(n, a, m)
+                assert x["time_us"] == pytest.approx(answers[0]["time_us"] + cost * extra)
+
+
+@pytest.mark.parametrize("rank_name", ["f2", "tp1"])
+def test_explicit_balanced_counts_equal_balanced_at_measured_points(rank_name: str) -> None:
+    """Issue 18: at the table's own points the stimulus' counts, given explicitly, answer as
+    ``balanced`` (the reference tiles are the stimulus' tiles there)."""
+    rank = RANK if rank_name == "f2" else TP1
+    n_col, a_col, m_col = rank._expert_points["eager"]
+    checked = 0
+    for n, a, m in zip(n_col.tolist(), a_col.tolist(), m_col.tolist(), strict=True):
+        if a < 1 or m < a:
+            continue
+        plain = rank.time_us("experts", n, a, m)
+        counts = balanced_counts(m, a).tolist()
+        got = rank.experts_time_us(n, a, m, loads=counts, tile_cost_us=1.6)
+        assert got == pytest.approx(plain, rel=1e-12, abs=1e-9), (n, a, m)
+        checked += 1
+    assert checked >= 30
 
 
 TP1 = ComponentTables(H200).deployment(1, 1, 0)
