@@ -1,0 +1,145 @@
+"""Issue 18: POST /api/v1/lookup and moetables.client.RemoteTables take a query's load
+description (``loads``, ``tile_cost_us``) and answer bit for bit as in process; the OpenAPI
+schema documents both keys (R39, R44)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from moetables import ComponentTables
+from moetables.client import RemoteTables
+from moetables.errors import CoverageError, QueryError
+from registry.models import Bundle
+from registry.services import publish_bundle
+
+F2 = (
+    Path(__file__).resolve().parents[2]
+    / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+)
+TARGET = {"tp": 1, "dp": 2, "rank": 0, "sequence_parallel": False}
+EXPERT = {"component": "experts", "tokens": 2048, "activated_experts": 64,
+          "local_assignments": 8192}
+SKEW = [129] * 32 + [127] * 32
+QUERIES: list[Any] = [
+    EXPERT,
+    {**EXPERT, "loads": "balanced"},
+    {**EXPERT, "loads": "uniform", "tile_cost_us": 1.6},
+    {**EXPERT, "loads": "power_law(1.2)", "tile_cost_us": 1.6},
+    {**EXPERT, "loads": SKEW, "tile_cost_us": 1.6},
+    {**EXPERT, "tokens": 3000, "local_assignments": 12000, "loads": "uniform", "tile_cost_us": 2},
+    {**EXPERT, "tokens": 10**6, "loads": "uniform", "tile_cost_us": 1.6},  # out of support
+    {**EXPERT, "loads": "uniform"},  # no cost
+    {**EXPERT, "tile_cost_us": 1.6},  # no description
+    {**EXPERT, "loads": [1] * 64, "tile_cost_us": 1.6},  # counts miss M
+    {"component": "gate_routing", "tokens": 4, "loads": "uniform", "tile_cost_us": 1},
+]
+LOCAL = ComponentTables(F2).deployment(1, 2, 0)
+
+
+@pytest.fixture
+def f2(db: None) -> Bundle:
+    return publish_bundle(F2).bundle
+
+
+@pytest.mark.django_db
+def test_rest_answers_described_queries_as_moetables(api: Any, f2: Bundle) -> None:
+    for copies in (1, 4):  # the one-by-one and the column reader
+        response = api.post(
+            "/api/v1/lookup",
+            json.dumps({"bundle": f2.pk, "target": TARGET, "queries": QUERIES * copies}),
+            content_type="application/json",
+        )
+        assert response.status_code == 200, response.content
+        answers = response.json()["answers"]
+        assert answers == json.loads(json.dumps(LOCAL.answer(QUERIES * copies)))
+    assert answers[0] == answers[1] and answers[2]["time_us"] > answers[0]["time_us"]
+    assert answers[6]["error"] == "out_of_support"
+    assert [a["error"] for a in answers[7:11]] == ["invalid"] * 4
+    assert "needs tile_cost_us" in answers[7]["message"]
+    assert "for experts only" in answers[10]["message"]
+
+
+@pytest.mark.django_db
+def test_the_openapi_schema_documents_the_description(client: Any) -> None:
+    response = client.get("/api/schema/", headers={"accept": "application/vnd.oai.openapi+json"})
+    schemas = response.json()["components"]["schemas"]
+    request = next(s for name, s in schemas.items() if name.startswith("LookupRequest"))
+    query = request["properties"]["queries"]["items"]["$ref"].rsplit("/", 1)[1]
+    schema = schemas[query]["properties"]
+    assert {"loads", "tile_cost_us"} <= set(schema)
+    kinds = {alt["type"] for alt in schema["loads"]["oneOf"]}
+    assert kinds == {"string", "array"}
+    assert "power_law(alpha)" in schema["loads"]["description"]
+
+
+OPENED: list[RemoteTables] = []
+
+
+@pytest.fixture
+def remote(live_server: Any) -> Iterator[Any]:
+    bundle = publish_bundle(F2).bundle
+    tables = RemoteTables(live_server.url, bundle=bundle.pk)
+    OPENED.append(tables)
+    yield tables.deployment(1, 2, 0)
+    for t in OPENED:
+        t.close()
+    OPENED.clear()
+
+
+def _outcome(call: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return call(*args, **kwargs)
+    except (QueryError, CoverageError) as exc:
+        return (type(exc), str(exc))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_remote_tables_pass_descriptions_through_bit_for_bit(remote: Any) -> None:
+    assert remote.answer(QUERIES) == LOCAL.answer(QUERIES)
+    for kwargs in (
+        {"loads": "uniform", "tile_cost_us": 1.6},
+        {"loads": "power_law(0.6)", "tile_cost_us": 1.6},
+        {"loads": tuple(SKEW), "tile_cost_us": 1.6},
+        {"loads": "balanced"},
+        {"loads": "uniform"},
+        {"tile_cost_us": 1.0},
+        {"loads": "zipf", "tile_cost_us": 1.0},
+    ):
+        args = ("experts", 2048, 64, 8192)
+        assert _outcome(remote.time_us, *args, **kwargs) == _outcome(LOCAL.time_us, *args, **kwargs)
+        e_kwargs = {"loads": "balanced", **kwargs}
+        assert _outcome(remote.experts_time_us, *args[1:], **e_kwargs) == _outcome(
+            LOCAL.experts_time_us, *args[1:], **e_kwargs
+        )
+    assert _outcome(remote.time_us, "gate_routing", 4, loads="uniform", tile_cost_us=1) == (
+        _outcome(LOCAL.time_us, "gate_routing", 4, loads="uniform", tile_cost_us=1)
+    )
+    n, a, m = [2048, 4096, 2048, 10**6], [64, 64, 64, 64], [8192, 16384, 8192, 8192]
+    for kwargs in (
+        {"loads": "uniform", "tile_cost_us": 1.6},
+        {"loads": ["balanced", "power_law(1.2)", SKEW, "uniform"], "tile_cost_us": 1.6},
+        {"loads": ["uniform", "uniform", [1] * 64, "uniform"], "tile_cost_us": 1.6},
+    ):
+        mine, theirs = LOCAL.batch("experts", n, a, m, **kwargs), remote.batch(
+            "experts", n, a, m, **kwargs
+        )
+        assert np.array_equal(mine.time_us, theirs.time_us, equal_nan=True)
+        assert np.array_equal(mine.code, theirs.code)
+    for kwargs in (
+        {"loads": "uniform"},
+        {"tile_cost_us": 1.0},
+        {"loads": ["uniform"], "tile_cost_us": 1.0},
+        {"loads": [128] * 4, "tile_cost_us": 1.0},
+    ):
+        assert _outcome(remote.batch, "experts", n, a, m, **kwargs) == _outcome(
+            LOCAL.batch, "experts", n, a, m, **kwargs
+        )
+    assert _outcome(remote.batch, "gate_routing", [4], loads="uniform", tile_cost_us=1) == (
+        _outcome(LOCAL.batch, "gate_routing", [4], loads="uniform", tile_cost_us=1)
+    )
