@@ -85,7 +85,7 @@ def test_it_refuses_a_bad_description_naming_the_problem(
     assert all("time_us" in a for a in answers[:-1])
     assert answers[-1]["error"] == "invalid"
     assert fragment in answers[-1]["message"], answers[-1]["message"]
-    with pytest.raises(QueryError, match="."):
+    with pytest.raises(QueryError):
         parse_query(query)
 
 
