@@ -24,8 +24,12 @@ ROOT = Path(__file__).resolve().parents[2] / "bundles"
 F2 = ROOT / "H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 H200 = ROOT / "H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 RANK = ComponentTables(F2).deployment(1, 2, 0)
-EXPERT = {"component": "experts", "tokens": 2048, "activated_experts": 64,
-          "local_assignments": 8192}
+EXPERT = {
+    "component": "experts",
+    "tokens": 2048,
+    "activated_experts": 64,
+    "local_assignments": 8192,
+}
 SKEW = [129] * 32 + [127] * 32
 
 
@@ -50,8 +54,9 @@ def test_it_answers_a_described_query_as_experts_time_us_does() -> None:
         answers = RANK.answer(queries * copies)
         assert [a["time_us"] for a in answers] == expected * copies
     assert RANK.time_us("experts", 2048, 64, 8192, loads="uniform", tile_cost_us=1.6) == expected[0]
-    assert RANK.time_us("experts", 2048, 64, 8192, loads=tuple(SKEW), tile_cost_us=1.6) == (
-        expected[2]
+    assert (
+        RANK.time_us("experts", 2048, 64, 8192, loads=tuple(SKEW), tile_cost_us=1.6)
+        == (expected[2])
     )
 
 
@@ -70,8 +75,10 @@ def test_it_answers_a_described_query_as_experts_time_us_does() -> None:
         ({**EXPERT, "loads": "uniform", "tile_cost_us": -1}, "finite number >= 0"),
         ({**EXPERT, "loads": "uniform", "tile_cost_us": "1"}, "finite number >= 0"),
         ({**EXPERT, "loads": "uniform", "tile_cost_us": True}, "finite number >= 0"),
-        ({"component": "gate_routing", "tokens": 4, "loads": "uniform", "tile_cost_us": 1},
-         "for experts only, not 'gate_routing'"),
+        (
+            {"component": "gate_routing", "tokens": 4, "loads": "uniform", "tile_cost_us": 1},
+            "for experts only, not 'gate_routing'",
+        ),
         ({**EXPERT, "load": "uniform"}, "unknown keys 'load'"),
     ],
 )
@@ -179,8 +186,9 @@ def test_batch_takes_one_description_or_one_per_row() -> None:
     ]
     same = RANK.batch("experts", n, a, m, loads="balanced")
     assert np.array_equal(same.time_us, plain.time_us)
-    rows = RANK.batch("experts", n, a, m, loads=["balanced", SKEW, "uniform", [1] * 64],
-                      tile_cost_us=1.6)
+    rows = RANK.batch(
+        "experts", n, a, m, loads=["balanced", SKEW, "uniform", [1] * 64], tile_cost_us=1.6
+    )
     assert rows.time_us[0] == plain.time_us[0]
     assert rows.time_us[1] == RANK.experts_time_us(2048, 64, 8192, loads=SKEW, tile_cost_us=1.6)
     assert rows.time_us[2] == uniform.time_us[2]
@@ -199,13 +207,18 @@ def test_batch_takes_one_description_or_one_per_row() -> None:
 
 def test_the_cli_reads_descriptions_from_jsonl(tmp_path: Path, capsys: Any) -> None:
     """Issue 18: ``python -m moetables lookup`` answers described queries as ``answer``."""
-    queries = [EXPERT, {**EXPERT, "loads": "uniform", "tile_cost_us": 1.6},
-               {**EXPERT, "loads": "uniform"}]
+    queries = [
+        EXPERT,
+        {**EXPERT, "loads": "uniform", "tile_cost_us": 1.6},
+        {**EXPERT, "loads": "uniform"},
+    ]
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(json.dumps(q) for q in queries) + "\n")
     out = io.StringIO()
-    code = cli_main(["lookup", str(F2), "--tp", "1", "--dp", "2", "--rank", "0",
-                     "--queries", str(path)], out=out)
+    code = cli_main(
+        ["lookup", str(F2), "--tp", "1", "--dp", "2", "--rank", "0", "--queries", str(path)],
+        out=out,
+    )
     assert code == 0
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines == RANK.answer(queries)

@@ -23,8 +23,12 @@ F2 = (
     / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 )
 TARGET = {"tp": 1, "dp": 2, "rank": 0, "sequence_parallel": False}
-EXPERT = {"component": "experts", "tokens": 2048, "activated_experts": 64,
-          "local_assignments": 8192}
+EXPERT = {
+    "component": "experts",
+    "tokens": 2048,
+    "activated_experts": 64,
+    "local_assignments": 8192,
+}
 SKEW = [129] * 32 + [127] * 32
 QUERIES: list[Any] = [
     EXPERT,
@@ -126,8 +130,9 @@ def test_remote_tables_pass_descriptions_through_bit_for_bit(remote: Any) -> Non
         {"loads": ["balanced", "power_law(1.2)", SKEW, "uniform"], "tile_cost_us": 1.6},
         {"loads": ["uniform", "uniform", [1] * 64, "uniform"], "tile_cost_us": 1.6},
     ):
-        mine, theirs = LOCAL.batch("experts", n, a, m, **kwargs), remote.batch(
-            "experts", n, a, m, **kwargs
+        mine, theirs = (
+            LOCAL.batch("experts", n, a, m, **kwargs),
+            remote.batch("experts", n, a, m, **kwargs),
         )
         assert np.array_equal(mine.time_us, theirs.time_us, equal_nan=True)
         assert np.array_equal(mine.code, theirs.code)
