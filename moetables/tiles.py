@@ -33,6 +33,7 @@ pairs), and E[ceil(X/b)] = sum_{j>=0} P(X > j*b).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -181,8 +182,11 @@ def expected_row_tiles(pairs: int, shares: Sequence[float] | npt.ArrayLike, bloc
         raise TileError("shares must be a non-empty one-dimensional distribution summing to 1")
     jmax = pairs // block_m + 1
     thresholds = np.arange(jmax, dtype=np.float64) * block_m  # P(X > j b), j = 0 .. pairs // b
-    sf = np.asarray(stats.binom.sf(thresholds[None, :], pairs, p[:, None]), dtype=np.float64)
-    return float(sf.sum())
+    # Experts of equal share have equal marginals: each distinct share is evaluated once
+    # (uniform loads: one row instead of A).
+    shares, times = np.unique(p, return_counts=True)
+    sf = np.asarray(stats.binom.sf(thresholds[None, :], pairs, shares[:, None]), dtype=np.float64)
+    return float((sf.sum(axis=1) * times).sum())
 
 
 @dataclass(frozen=True)
@@ -265,4 +269,10 @@ def load_tiles(loads: Any, active: int, pairs: int, block_m: int) -> float:
             )
         return float(row_tiles(c, block_m))
     alpha = 0.0 if kind == "uniform" else float(param)  # type: ignore[arg-type]
+    return _expected_tiles(alpha, active, pairs, block_m)
+
+
+@functools.lru_cache(maxsize=65536)
+def _expected_tiles(alpha: float, active: int, pairs: int, block_m: int) -> float:
+    """`expected_row_tiles` of a power law (alpha = 0: uniform), kept: lookups repeat them."""
     return expected_row_tiles(pairs, power_law_shares(active, alpha), block_m)
