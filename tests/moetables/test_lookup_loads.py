@@ -193,12 +193,13 @@ def test_batch_takes_one_description_or_one_per_row() -> None:
     assert rows.time_us[1] == RANK.experts_time_us(2048, 64, 8192, loads=SKEW, tile_cost_us=1.6)
     assert rows.time_us[2] == uniform.time_us[2]
     assert rows.code.tolist() == [0, 0, 0, 2] and np.isnan(rows.time_us[3])
-    for kwargs, fragment in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"loads": "uniform"}, "needs tile_cost_us"),
         ({"tile_cost_us": 1.0}, "needs loads"),
         ({"loads": ["uniform"], "tile_cost_us": 1.0}, "one description per row"),
         ({"loads": [128] * 4, "tile_cost_us": 1.0}, "each row's description"),
-    ]:
+    ]
+    for kwargs, fragment in cases:
         with pytest.raises(QueryError, match=fragment):
             RANK.batch("experts", n, a, m, **kwargs)
     with pytest.raises(QueryError, match="for experts only"):

@@ -125,11 +125,12 @@ def test_remote_tables_pass_descriptions_through_bit_for_bit(remote: Any) -> Non
         _outcome(LOCAL.time_us, "gate_routing", 4, loads="uniform", tile_cost_us=1)
     )
     n, a, m = [2048, 4096, 2048, 10**6], [64, 64, 64, 64], [8192, 16384, 8192, 8192]
-    for kwargs in (
+    described: tuple[dict[str, Any], ...] = (
         {"loads": "uniform", "tile_cost_us": 1.6},
         {"loads": ["balanced", "power_law(1.2)", SKEW, "uniform"], "tile_cost_us": 1.6},
         {"loads": ["uniform", "uniform", [1] * 64, "uniform"], "tile_cost_us": 1.6},
-    ):
+    )
+    for kwargs in described:
         mine, theirs = (
             LOCAL.batch("experts", n, a, m, **kwargs),
             remote.batch("experts", n, a, m, **kwargs),
