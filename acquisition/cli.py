@@ -288,6 +288,29 @@ class _ChildFeed:
             self.progress.event(phase, message)
 
 
+def _run_child(child_argv: list[str], write_fd: int, read_fd: int, feed: _ChildFeed) -> int:
+    """Run one child to its end, relaying its progress events; its exit status."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "acquisition", *child_argv], pass_fds=(write_fd,)
+    )
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, encoding="utf-8") as events:
+            for line in events:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    feed.feed(record)
+        return child.wait()
+    except BaseException:
+        # Cancelled (SIGINT, SIGTERM) or broken: the child stops and keeps its samples.
+        child.send_signal(signal.SIGTERM)
+        child.wait()
+        raise
+
+
 def _acquire_isolated(
     request: AcquisitionRequest,
     argv: Sequence[str],
@@ -322,27 +345,13 @@ def _acquire_isolated(
             ]
             feed = _ChildFeed(progress, len(plan.points))
             progress.set_target(key)
+            clock.set_target(key)
             progress.event("build", f"starting a child process for {key}")
-            with clock.phase("isolated_target"):
-                child = subprocess.Popen(
-                    [sys.executable, "-m", "acquisition", *child_argv], pass_fds=(write_fd,)
-                )
-                os.close(write_fd)
-                try:
-                    with os.fdopen(read_fd, encoding="utf-8") as events:
-                        for line in events:
-                            try:
-                                record = json.loads(line)
-                            except json.JSONDecodeError:
-                                continue
-                            if isinstance(record, dict):
-                                feed.feed(record)
-                    status = child.wait()
-                except BaseException:
-                    # Cancelled (SIGINT, SIGTERM) or broken: the child stops and keeps its samples.
-                    child.send_signal(signal.SIGTERM)
-                    child.wait()
-                    raise
+            try:
+                with clock.phase("isolated_target"):
+                    status = _run_child(child_argv, write_fd, read_fd, feed)
+            finally:
+                clock.set_target("run")
             if status == 0:
                 published += 1
                 continue
