@@ -57,25 +57,17 @@ def _percent(value: float) -> str:
 
 
 def summary(result: dict[str, Any]) -> str:
-    lines = ["| run | rank | vs rank 0: " + " | ".join(_bands(result)) + " |"]
-    lines.append("| --- | --- |" + " --- |" * len(_bands(result)))
+    """A Markdown table: signed expert median per band of N, within and across runs."""
+    lines = ["| comparison | rank | signed expert median by band of N |", "| --- | --- | --- |"]
+    rows: list[tuple[str, str, dict[str, float]]] = []
     for label, within in result["within"].items():
-        for rank, bands in within["order"].items():
-            lines.append(
-                f"| {label} | {rank} | " + " | ".join(_percent(v) for v in bands.values()) + " |"
-            )
+        rows += [(f"{label}: vs rank 0", rank, bands) for rank, bands in within["order"].items()]
     for pair, per in result["across"].items():
-        for rank, entry in per.items():
-            bands = entry["order"]
-            lines.append(
-                f"| {pair} | {rank} | " + " | ".join(_percent(v) for v in bands.values()) + " |"
-            )
+        rows += [(pair, rank, entry["order"]) for rank, entry in per.items()]
+    for label, rank, bands in rows:
+        shown = ", ".join(f"{band} {_percent(value)}" for band, value in bands.items())
+        lines.append(f"| {label} | {rank} | {shown} |")
     return "\n".join(lines)
-
-
-def _bands(result: dict[str, Any]) -> list[str]:
-    within = next(iter(result["within"].values()))
-    return list(next(iter(within["order"].values())))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

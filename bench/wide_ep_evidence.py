@@ -135,15 +135,18 @@ BANDS = ((1, 64), (65, 512), (513, 1 << 20))
 
 
 def signed_bands(base: dict[Key, float], other: dict[Key, float]) -> dict[str, float]:
-    """Signed median of (other / base - 1) over common expert rows with A > 0, per band of N."""
-    return {
-        f"N{lo}-{hi}": statistics.median(
+    """Signed median of (other / base - 1) over common expert rows with A > 0, per band of N
+    (a band without such rows is left out)."""
+    out: dict[str, float] = {}
+    for lo, hi in BANDS:
+        ratios = [
             other[k] / base[k] - 1
             for k in base
             if k in other and k[0] == "experts" and k[3] > 0 and lo <= k[2] <= hi
-        )
-        for lo, hi in BANDS
-    }
+        ]
+        if ratios:
+            out[f"N{lo}-{hi}"] = statistics.median(ratios)
+    return out
 
 
 def order(bundle: Path, dp: int, ranks: Iterable[int] | None = None) -> dict[str, dict[str, float]]:

@@ -312,3 +312,24 @@ def test_a_rank_filtered_run_is_completed_by_a_later_isolated_run(
     assert resumed and resumed[0]["target"] == f"tp1/{DEPLOYMENTS[0]}"
     assert progress[-1]["phase"] == "done"
     assert progress[-1]["points_done"] == progress[-1]["points_total"]
+
+
+def test_the_drift_bench_compares_ranks_within_and_across_runs(isolated: dict[str, Any]) -> None:
+    """bench/rank_drift.py (the GPU check's comparison) on the CPU bundles: every point of
+    each rank is common to both runs, and the signed bands are finite numbers."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from rank_drift import drift
+
+    runs = {"one-process": bundle_of(isolated["single"]), "isolated": bundle_of(isolated["whole"])}
+    result = drift(runs, 2, [0, 1])
+    assert set(result["within"]) == set(runs)
+    for within in result["within"].values():
+        assert set(within["order"]) == {"rank1"}
+        assert within["agreement"]["rank1_vs_rank0"]["only_rank0"] == 0
+    across = result["across"]["isolated_vs_one-process"]
+    single = tables(isolated["single"])
+    for rank, deployment in enumerate(DEPLOYMENTS):
+        entry = across[f"rank{rank}"]
+        assert entry["agreement"]["common_points"] == len(single[deployment])
+        assert entry["agreement"]["only_rank0"] == entry["agreement"]["only_this_rank"] == 0
+        assert all(abs(v) < 10 for v in entry["order"].values())
