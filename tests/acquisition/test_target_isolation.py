@@ -10,6 +10,7 @@ adds the others. Tiny geometry (4 experts, top-2) keeps the file at seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -333,3 +334,58 @@ def test_the_drift_bench_compares_ranks_within_and_across_runs(isolated: dict[st
         assert entry["agreement"]["common_points"] == len(single[deployment])
         assert entry["agreement"]["only_rank0"] == entry["agreement"]["only_this_rank"] == 0
         assert all(abs(v) < 10 for v in entry["order"].values())
+
+
+def test_the_modular_adapters_sessions_are_released_between_targets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vllm-modular session (fake vLLM APIs, CPU) of a finished target, with its kernel,
+    weights and banks, is gone before the next target builds, without help from the test."""
+    import vllm_fakes as fv
+
+    from acquisition.acquire import acquire_target
+    from acquisition.adapters import AdmissionReport
+    from acquisition.adapters.base import Admission
+    from acquisition.adapters.vllm_modular_backend import VllmModularBackend
+    from acquisition.progress import ProgressReporter
+
+    model = write_model(tmp_path / "tiny", num_experts=8)
+    args = argv(model, tmp_path / "out", "--backend", "vllm-modular")
+    request, plans = prepare(build_parser().parse_args(args), args)
+    backend = VllmModularBackend(
+        resolve=fv.resolver(fv.modular_namespace()), activities=fv.activities
+    )
+    refs: list[weakref.ref[Any]] = []
+    alive_at_build: list[int] = []
+    build = backend.build
+
+    def tracked_build(*args: Any) -> Any:
+        alive_at_build.append(sum(r() is not None for r in refs))
+        session = build(*args)
+        allocate = session.allocate_banks
+
+        def tracked_allocate(count: int) -> None:
+            allocate(count)
+            refs.extend(weakref.ref(t) for bank in session.banks for t in bank)
+
+        session.allocate_banks = tracked_allocate
+        refs.append(weakref.ref(session))
+        return session
+
+    monkeypatch.setattr(backend, "build", tracked_build)
+    progress = ProgressReporter(None, bar=False, total=sum(len(p.points) for p in plans))
+    gc.disable()
+    try:
+        for plan in plans:
+            # Admission needs CUDA; the build and the protocol run on CPU with the fakes.
+            report = AdmissionReport(plan.target, "vllm-modular", (Admission.accept(backend.name),))
+            # One point per component: enough to build, allocate banks and measure (CI time).
+            few = [next(p for p in plan.points if p.component == c) for c in plan.components]
+            small = dataclasses.replace(plan, points=tuple(few))
+            outcome = acquire_target(request, small, backend, fv.fake_runtime(), report, progress)
+            assert outcome.published and outcome.measured_now == len(few)
+    finally:
+        gc.enable()
+        progress.close()
+    assert alive_at_build == [0, 0] and len(refs) > 2
+    assert all(r() is None for r in refs)
