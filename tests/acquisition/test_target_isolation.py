@@ -389,3 +389,53 @@ def test_the_modular_adapters_sessions_are_released_between_targets(
         progress.close()
     assert alive_at_build == [0, 0] and len(refs) > 2
     assert all(r() is None for r in refs)
+
+
+def test_a_cancelled_isolated_run_stops_its_child_and_resumes(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """R9: SIGTERM to the parent stops the measuring child (no orphan), exits 130 with a
+    `cancelled` event, keeps the samples; the same command resumes them and publishes."""
+    import signal
+    import time
+
+    out, progress = tmp_path / "out", tmp_path / "progress.jsonl"
+    # More forwards per context than the other runs, so that the signal lands mid-target.
+    slow = ["--measurement-iterations", "12", "--isolate-targets", "on"]
+    args = argv(tiny_model, out, *slow, "--progress-json", str(progress))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "acquisition", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and parent.poll() is None:
+        seen = events(progress) if progress.exists() else []
+        if any(e["phase"] == "measure" and e["points_done"] > 0 for e in seen):
+            break
+        time.sleep(0.05)
+    assert parent.poll() is None, "the run ended before it could be cancelled"
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) == 130
+    assert events(progress)[-1]["phase"] == "cancelled"
+    children = [
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and str(out).encode() in _cmdline(p) and b"--only-target" in _cmdline(p)
+    ]
+    assert children == []
+    kept = len(sample_records(out, DEPLOYMENTS[0], "forward"))
+    assert kept > 0
+    assert main(argv(tiny_model, out, *slow[:2], "--isolate-targets", "off")) == 0
+    assert sorted(tables(out)) == DEPLOYMENTS
+    assert len(sample_records(out, DEPLOYMENTS[0], "forward")) >= kept
+
+
+def _cmdline(process: Path) -> bytes:
+    try:
+        return (process / "cmdline").read_bytes()
+    except OSError:
+        return b""
