@@ -2,6 +2,7 @@
 
     python bench/estimate_bench.py                 # everything: in process, CLI, REST
     python bench/estimate_bench.py --skip-rest     # in process and CLI only
+    python bench/estimate_bench.py --rest-only --port 8114   # the REST figures only
 
 Steps: random padded token counts in [1, 2048] per DP rank (seed 7) on the shipped H200 bundle's
 TP1/DP2/EP2 deployment (both ranks), balanced routing unless stated. Each estimate is one MoE
@@ -280,12 +281,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8102)
     parser.add_argument("--skip-rest", action="store_true")
     parser.add_argument("--skip-cli", action="store_true")
+    parser.add_argument("--rest-only", action="store_true")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="estimate-bench-"))
     results = []
     try:
-        results += in_process(args.steps)
-        if not args.skip_cli:
+        if not args.rest_only:
+            results += in_process(args.steps)
+        if not args.skip_cli and not args.rest_only:
             results += cli(scratch, args.cli_steps)
         if not args.skip_rest:
             results += rest(scratch, args.port)
