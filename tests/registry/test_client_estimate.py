@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 LIVE = ROOT / "bundles/H200-vllm-live/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 CLUSTER = ROOT / "clusters/h200x2-nvlink.yaml"
-SELECT = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16",
+SELECT: dict[str, Any] = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16",
           "backend": "vllm-modular"}
 OPENED: list[RemoteTables] = []
 
@@ -96,6 +96,7 @@ def test_it_estimates_a_batch_as_in_process(
     assert got.as_dicts() == expected.as_dicts()
     counting = expected.routing.expert_counts is not None
     if counting:
+        assert got.routing.expert_counts is not None
         assert np.array_equal(expected.routing.expert_counts[ok], got.routing.expert_counts[ok])
         assert got.as_dicts(expert_counts=True) == expected.as_dicts(expert_counts=True)
     for i in np.flatnonzero(ok)[:5]:
