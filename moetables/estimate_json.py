@@ -42,45 +42,77 @@ def layer_from_dict(answer: Mapping[str, Any]) -> LayerEstimate:
     d = answer["deployment"]
     ranks = tuple(
         RankEstimate(
-            rank=r["rank"], dp_rank=r["dp_rank"], tp_rank=r["tp_rank"], tokens=r["tokens"],
-            local_rows=r["local_rows"], N=r["N"], A=r["A"], M=r["M"],
+            rank=r["rank"],
+            dp_rank=r["dp_rank"],
+            tp_rank=r["tp_rank"],
+            tokens=r["tokens"],
+            local_rows=r["local_rows"],
+            N=r["N"],
+            A=r["A"],
+            M=r["M"],
             components={k: float(v) for k, v in r["components"].items()},
-            compute_us=float(r["compute_us"]), wait_us=float(r["wait_us"]),
-            transfer_us=_opt_float(r["transfer_us"]), end_us=_opt_float(r["end_us"]),
+            compute_us=float(r["compute_us"]),
+            wait_us=float(r["wait_us"]),
+            transfer_us=_opt_float(r["transfer_us"]),
+            end_us=_opt_float(r["end_us"]),
             expert_counts=tuple(r["expert_counts"]) if "expert_counts" in r else None,
             expert_range=(
                 (int(r["expert_range"][0]), int(r["expert_range"][1]))
-                if "expert_range" in r else None
+                if "expert_range" in r
+                else None
             ),
         )
         for r in answer["ranks"]
     )
     collectives = tuple(
         CollectiveEstimate(
-            op=c["op"], tensor=c["tensor"], scope=c["scope"], ranks=tuple(c["ranks"]),
-            bytes=c["bytes"], bytes_by_rank=tuple(c["bytes_by_rank"]),
-            equal_counts=c["equal_counts"], vllm_call=c["vllm_call"],
-            kernels=tuple(c["kernels"]), launch=c["launch"], start_us=float(c["start_us"]),
-            transfer_us=_opt_float(c["transfer_us"]), wait_us=float(c["wait_us"]),
+            op=c["op"],
+            tensor=c["tensor"],
+            scope=c["scope"],
+            ranks=tuple(c["ranks"]),
+            bytes=c["bytes"],
+            bytes_by_rank=tuple(c["bytes_by_rank"]),
+            equal_counts=c["equal_counts"],
+            vllm_call=c["vllm_call"],
+            kernels=tuple(c["kernels"]),
+            launch=c["launch"],
+            start_us=float(c["start_us"]),
+            transfer_us=_opt_float(c["transfer_us"]),
+            wait_us=float(c["wait_us"]),
             wait_by_rank=tuple(float(w) for w in c["wait_by_rank"]),
         )
         for c in answer["collectives"]
     )
     events = tuple(
         TraceEvent(
-            e["rank"], e["name"], e["kind"], float(e["start_us"]), float(e["end_us"]),
-            float(e["wait_us"]), _opt_float(e["transfer_us"]), e["bytes"],
+            e["rank"],
+            e["name"],
+            e["kind"],
+            float(e["start_us"]),
+            float(e["end_us"]),
+            float(e["wait_us"]),
+            _opt_float(e["transfer_us"]),
+            e["bytes"],
         )
         for e in answer.get("events", ())
     )
     return LayerEstimate(
-        kind=d["kind"], tp=d["tp"], dp=d["dp"], sequence_parallel=d["sequence_parallel"],
-        policy=answer["policy"], mode=answer["mode"], table_mode=answer["table_mode"],
-        tokens=tuple(answer["tokens"]), padded_tokens=tuple(answer["padded_tokens"]),
-        ranks=ranks, collectives=collectives, events=events,
+        kind=d["kind"],
+        tp=d["tp"],
+        dp=d["dp"],
+        sequence_parallel=d["sequence_parallel"],
+        policy=answer["policy"],
+        mode=answer["mode"],
+        table_mode=answer["table_mode"],
+        tokens=tuple(answer["tokens"]),
+        padded_tokens=tuple(answer["padded_tokens"]),
+        ranks=ranks,
+        collectives=collectives,
+        events=events,
         layer_us=_opt_float(answer["layer_us"]),
         layer_compute_us=float(answer["layer_compute_us"]),
-        critical_rank=answer["critical_rank"], cluster=answer["cluster"],
+        critical_rank=answer["critical_rank"],
+        cluster=answer["cluster"],
         notes=tuple(answer["notes"]),
     )
 
@@ -124,8 +156,9 @@ def batch_from_dicts(
     first = answers[ok[0]] if ok else None
     if first is not None:
         cluster = first["cluster"]
-    trace = build_trace(tp, dp, sequence_parallel, components, _widths(first),
-                        where="the registry's answer")
+    trace = build_trace(
+        tp, dp, sequence_parallel, components, _widths(first), where="the registry's answer"
+    )
     given = np.atleast_2d(np.asarray(tokens, dtype=np.int64))
     padded = given.copy()
     local_rows = np.zeros((steps, ep), dtype=np.int64)
@@ -153,12 +186,17 @@ def batch_from_dicts(
         if isinstance(tstep, CollectiveStep):
             for group in tstep.groups:
                 width = len(group)
-                groups.append((
-                    group, np.zeros(steps, dtype=np.int64),
-                    np.zeros((steps, width), dtype=np.int64), np.zeros(steps, dtype=bool),
-                    np.full(steps, np.nan), np.full(steps, np.nan) if timed else None,
-                    np.full((steps, width), np.nan),
-                ))
+                groups.append(
+                    (
+                        group,
+                        np.zeros(steps, dtype=np.int64),
+                        np.zeros((steps, width), dtype=np.int64),
+                        np.zeros(steps, dtype=bool),
+                        np.full(steps, np.nan),
+                        np.full(steps, np.nan) if timed else None,
+                        np.full((steps, width), np.nan),
+                    )
+                )
         walked.append(_StepArrays(nan.copy(), nan.copy(), nan.copy(), groups))
     notes: tuple[str, ...] = ()
     table_mode = "eager"
@@ -213,14 +251,31 @@ def batch_from_dicts(
                     arrays.arrive[i, k] = e["start_us"]
                     arrays.start[i, k] = e["start_us"] + e["wait_us"]
                     arrays.end[i, k] = e["end_us"]
-    if mode == "graph" and first is not None and not any(
-        n.startswith(EAGER_TABLES_NOTE) for n in notes
-    ) and not (graph is not None and graph[ok].any()):
+    if (
+        mode == "graph"
+        and first is not None
+        and not any(n.startswith(EAGER_TABLES_NOTE) for n in notes)
+        and not (graph is not None and graph[ok].any())
+    ):
         table_mode = "graph"  # every answered step ran eagerly: the tables' mode is graph's
     routing = BatchRouting(policy, padded, local_rows, n_tokens, active, pairs, global_counts)
     return BatchEstimate(
-        trace=trace, routing=routing, policy=policy, mode=mode, table_mode=table_mode,
-        tokens=given, components=comps, compute_us=compute, wait_us=wait,
-        transfer_us=transfer, layer_us=layer, layer_compute_us=layer_compute, code=code,
-        errors=errors, cluster=cluster, notes=notes, graph=graph, _steps=walked,
+        trace=trace,
+        routing=routing,
+        policy=policy,
+        mode=mode,
+        table_mode=table_mode,
+        tokens=given,
+        components=comps,
+        compute_us=compute,
+        wait_us=wait,
+        transfer_us=transfer,
+        layer_us=layer,
+        layer_compute_us=layer_compute,
+        code=code,
+        errors=errors,
+        cluster=cluster,
+        notes=notes,
+        graph=graph,
+        _steps=walked,
     )

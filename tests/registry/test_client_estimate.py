@@ -21,8 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 LIVE = ROOT / "bundles/H200-vllm-live/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 CLUSTER = ROOT / "clusters/h200x2-nvlink.yaml"
-SELECT: dict[str, Any] = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16",
-          "backend": "vllm-modular"}
+SELECT: dict[str, Any] = {
+    "hardware": "H200",
+    "model": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "variant": "bf16",
+    "backend": "vllm-modular",
+}
 OPENED: list[RemoteTables] = []
 
 
@@ -91,8 +95,9 @@ def test_it_estimates_a_batch_as_in_process(
     for component, times in expected.components.items():
         assert np.array_equal(times[ok], got.components[component][ok]), component
     for field in ("local_rows", "tokens", "activated_experts", "local_assignments"):
-        assert np.array_equal(getattr(expected.routing, field)[ok],
-                              getattr(got.routing, field)[ok]), field
+        assert np.array_equal(
+            getattr(expected.routing, field)[ok], getattr(got.routing, field)[ok]
+        ), field
     assert got.as_dicts() == expected.as_dicts()
     counting = expected.routing.expert_counts is not None
     if counting:
@@ -129,13 +134,16 @@ def test_it_takes_a_histogram_and_a_shipped_cluster_by_name(
     steps = rng.integers(1, 500, size=(6, 2))
     counts = [rng.multinomial(int(n.sum()) * 8, np.full(128, 1 / 128)) for n in steps]
     cluster = load_cluster(CLUSTER)
-    expected = local.estimate_batch(steps, tp=1, dp=2, policy="histogram",
-                                    expert_counts=counts, cluster=cluster)
-    got = remote.estimate_batch(steps, tp=1, dp=2, policy="histogram", expert_counts=counts,
-                                cluster="h200x2-nvlink")
+    expected = local.estimate_batch(
+        steps, tp=1, dp=2, policy="histogram", expert_counts=counts, cluster=cluster
+    )
+    got = remote.estimate_batch(
+        steps, tp=1, dp=2, policy="histogram", expert_counts=counts, cluster="h200x2-nvlink"
+    )
     assert got.as_dicts(expert_counts=True) == expected.as_dicts(expert_counts=True)
-    assert remote.estimate(steps[0], tp=1, dp=2, policy="histogram", expert_counts=counts[0],
-                           cluster=cluster) == expected.step(0)
+    assert remote.estimate(
+        steps[0], tp=1, dp=2, policy="histogram", expert_counts=counts[0], cluster=cluster
+    ) == expected.step(0)
 
 
 def test_it_refuses_as_in_process_with_the_servers_message(
@@ -169,7 +177,8 @@ def test_it_answers_from_a_cached_bundle_offline(
     offline = RemoteTables(remote.url, cache_dir=tmp_path, offline=True, **SELECT)
     assert offline.estimate([5, 300], tp=1, dp=2, cluster=cluster) == expected
     batch = offline.estimate_batch(_steps(8), tp=1, dp=2, cluster=cluster)
-    assert batch.as_dicts() == local.estimate_batch(_steps(8), tp=1, dp=2,
-                                                    cluster=cluster).as_dicts()
+    assert (
+        batch.as_dicts() == local.estimate_batch(_steps(8), tp=1, dp=2, cluster=cluster).as_dicts()
+    )
     with pytest.raises(QueryError, match="loaded Cluster"):
         offline.estimate([5, 300], tp=1, dp=2, cluster="h200x2-nvlink")

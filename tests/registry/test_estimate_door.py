@@ -32,8 +32,9 @@ def _post(api: APIClient, body: bytes | str, **extra: Any) -> Any:
 
 
 def test_it_answers_with_who_answered_in_headers(api: APIClient, published: Bundle) -> None:
-    response = _post(api, json.dumps({"bundle": published.pk, "tp": 1, "dp": 2,
-                                      "tokens": [5, 300]}))
+    response = _post(
+        api, json.dumps({"bundle": published.pk, "tp": 1, "dp": 2, "tokens": [5, 300]})
+    )
     assert response.status_code == 200, response.content
     assert response["X-Bundle-Sha256"] == published.sha256 == response.json()["bundle"]["sha256"]
     assert response["X-Bundle-Id"] == str(published.pk)
@@ -45,11 +46,14 @@ def test_it_reads_the_body_as_the_lookup_does(api: APIClient, published: Bundle)
     response = _post(api, '{"bundle": 1, "tp": 1, "dp": 2, "tokens": [NaN, 3]}')
     assert response.status_code == 400
     assert "NaN is not a JSON number" in response.json()["problems"][0]
-    response = _post(api, json.dumps({"bundle": published.pk, "tp": 1, "dp": 2,
-                                      "tokens": [2**64 + 1, 3]}))
+    response = _post(
+        api, json.dumps({"bundle": published.pk, "tp": 1, "dp": 2, "tokens": [2**64 + 1, 3]})
+    )
     assert response.status_code == 400
     assert str(2**64 + 1) in response.content.decode()
-    response = api.post("/api/v1/estimate", "tp=1", content_type="application/x-www-form-urlencoded")
+    response = api.post(
+        "/api/v1/estimate", "tp=1", content_type="application/x-www-form-urlencoded"
+    )
     assert response.status_code == 400 and "application/json" in response.json()["problems"][0]
     assert _post(api, "[" * 5000 + "]" * 5000).status_code == 400
 
