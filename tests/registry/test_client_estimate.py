@@ -182,3 +182,30 @@ def test_it_answers_from_a_cached_bundle_offline(
     )
     with pytest.raises(QueryError, match="loaded Cluster"):
         offline.estimate([5, 300], tp=1, dp=2, cluster="h200x2-nvlink")
+
+
+def test_it_estimates_with_a_published_profile_by_id(
+    remote: RemoteTables, local: ComponentTables, tmp_path: Path
+) -> None:
+    """The captured policy with a profile the registry holds (its id), as with it inline."""
+    import io
+
+    from django.contrib.auth import get_user_model
+
+    from moetables.profiles import read_profile, write_profile
+    from registry.services.profiles import publish_profile
+
+    data = write_profile(qwen_like_profile(), tmp_path / "q.routing.npz").read_bytes()
+    upload = io.BytesIO(data)
+    upload.name = "q.routing.npz"
+    user = get_user_model().objects.create_user("simulator", password="x")
+    record = publish_profile(upload, published_by=user).record
+    profile = read_profile(data)
+    for tokens in ([32, 32], [5, 300]):
+        expected = local.estimate(tokens, tp=1, dp=2, policy="captured", profile=profile, layer=3)
+        assert (
+            remote.estimate(tokens, tp=1, dp=2, policy="captured", profile=record.pk, layer=3)
+            == expected
+        )
+    with pytest.raises(QueryError, match=f"no published routing profile {record.pk + 99}"):
+        remote.estimate([32, 32], tp=1, dp=2, policy="captured", profile=record.pk + 99)
