@@ -286,7 +286,7 @@ def remote_tables(url: str, cluster_raw: dict[str, Any]) -> list[dict[str, Any]]
     from moetables.comm import parse_cluster
 
     cluster = parse_cluster(cluster_raw, source=str(FIXTURE))
-    named = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16"}
+    named: dict[str, Any] = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16"}
     out = []
     with RemoteTables(url, **named) as tables:
         one = steps(200, seed=11)

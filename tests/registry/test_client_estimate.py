@@ -99,10 +99,10 @@ def test_it_estimates_a_batch_as_in_process(
             getattr(expected.routing, field)[ok], getattr(got.routing, field)[ok]
         ), field
     assert got.as_dicts() == expected.as_dicts()
-    counting = expected.routing.expert_counts is not None
-    if counting:
+    counts = expected.routing.expert_counts
+    if counts is not None:
         assert got.routing.expert_counts is not None
-        assert np.array_equal(expected.routing.expert_counts[ok], got.routing.expert_counts[ok])
+        assert np.array_equal(counts[ok], got.routing.expert_counts[ok])
         assert got.as_dicts(expert_counts=True) == expected.as_dicts(expert_counts=True)
     for i in np.flatnonzero(ok)[:5]:
         assert got.step(int(i)) == expected.step(int(i))
