@@ -21,8 +21,8 @@ from moetables.estimate import (
     CollectiveEstimate,
     LayerEstimate,
     RankEstimate,
+    StepArrays,
     TraceEvent,
-    _StepArrays,
 )
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.routing import BatchRouting
@@ -180,7 +180,7 @@ def batch_from_dicts(
     errors: dict[int, str] = {}
     graph = np.ones(steps, dtype=bool) if mode == "graph" else None
     nan = np.full((steps, ep), np.nan)
-    walked: list[_StepArrays] = []
+    walked: list[StepArrays] = []
     for tstep in trace.steps:
         groups: list[Any] = []
         if isinstance(tstep, CollectiveStep):
@@ -197,7 +197,7 @@ def batch_from_dicts(
                         np.full((steps, width), np.nan),
                     )
                 )
-        walked.append(_StepArrays(nan.copy(), nan.copy(), nan.copy(), groups))
+        walked.append(StepArrays(nan.copy(), nan.copy(), nan.copy(), groups))
     notes: tuple[str, ...] = ()
     table_mode = "eager"
     for i, answer in enumerate(answers):
