@@ -24,6 +24,7 @@ the core stays numpy, scipy and pyyaml.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import http.client
 import json
@@ -74,11 +75,13 @@ class RegistryError(OSError):
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars as the JSON numbers they are."""
+    """numpy scalars as the JSON numbers they are; dates as ISO strings."""
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, np.floating):
         return float(value)
+    if isinstance(value, datetime.date):  # a cluster file's unquoted measured_at, read by YAML
+        return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 

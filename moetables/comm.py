@@ -33,6 +33,7 @@ see the same transfer time) are still given.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import math
 from collections.abc import Mapping, Sequence
@@ -375,7 +376,7 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
         link_classes=classes,
         groups=tuple(groups),
         source=source,
-        raw=raw,
+        raw=copy.deepcopy(raw),  # the caller's mapping may change later; this may not
     )
 
 

@@ -146,6 +146,19 @@ def test_it_takes_a_histogram_and_a_shipped_cluster_by_name(
     ) == expected.step(0)
 
 
+def test_it_sends_a_loaded_cluster_as_read(
+    remote: RemoteTables, local: ComponentTables, tmp_path: Path
+) -> None:
+    """A cluster file with an unquoted date (YAML reads a date) travels inline all the same."""
+    text = CLUSTER.read_text().replace("measured_at: '2026-11-30'", "measured_at: 2026-11-30")
+    assert "measured_at: 2026-11-30" in text
+    (tmp_path / "c.yaml").write_text(text)
+    cluster = load_cluster(tmp_path / "c.yaml")
+    expected = local.estimate([5, 300], tp=1, dp=2, cluster=cluster)
+    assert remote.estimate([5, 300], tp=1, dp=2, cluster=cluster) == expected
+    assert expected.layer_us is not None
+
+
 def test_it_refuses_as_in_process_with_the_servers_message(
     remote: RemoteTables, local: ComponentTables
 ) -> None:
