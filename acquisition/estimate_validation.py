@@ -143,7 +143,8 @@ def local_load(counts: np.ndarray, expert_map: Sequence[int]) -> tuple[int, int]
 
 
 def compare(
-    forwards: Sequence[Forward], ranks_info: Sequence[dict[str, Any]], *, bundle: str, cluster_path: str, policy: str
+    forwards: Sequence[Forward], ranks_info: Sequence[dict[str, Any]], *, bundle: str, cluster_path: str, policy: str,
+    tile_cost_us: float | None = None,
 ) -> list[dict[str, Any]]:
     """One row per forward and rank: measured and estimated compute, transfer, wait, N/A/M."""
     from moetables.comm import load_cluster
@@ -156,6 +157,8 @@ def compare(
     kwargs: dict[str, Any] = {}
     if policy == "histogram":
         kwargs["expert_counts"] = np.array([f.global_counts for f in forwards], dtype=np.int64)
+        if tile_cost_us is not None:  # issue 18: the captured counts' row tiles, charged
+            kwargs["tile_cost_us"] = tile_cost_us
     est = tables.estimate_batch(tokens, tp=1, dp=dp, policy=policy, cluster=cluster, **kwargs)
     if est.errors:
         raise ValidationDataError(f"the estimate refused steps: {est.errors}")
@@ -217,14 +220,16 @@ def summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run(evidence: Path, bundle: str, cluster: str) -> dict[str, Any]:
+def run(evidence: Path, bundle: str, cluster: str, tile_cost_us: float | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for routing in ROUTINGS:
         forwards, info = load_forwards(evidence, routing)
         for policy in POLICIES[routing]:
-            rows += compare(forwards, info, bundle=bundle, cluster_path=cluster, policy=policy)
+            rows += compare(forwards, info, bundle=bundle, cluster_path=cluster, policy=policy,
+                            tile_cost_us=tile_cost_us)
     steps = per_step(rows)
-    return {"bundle": bundle, "cluster": cluster, "summary": summary(steps), "steps": steps, "forwards": rows}
+    extra = {} if tile_cost_us is None else {"tile_cost_us": tile_cost_us}
+    return {"bundle": bundle, "cluster": cluster, **extra, "summary": summary(steps), "steps": steps, "forwards": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle", required=True)
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", type=Path)
+    p.add_argument("--tile-cost-us", type=float, default=None,
+                   help="issue 18: charge the histogram policy's extra row tiles at this cost (us per tile)")
     args = p.parse_args(argv)
-    result = run(args.evidence, args.bundle, args.cluster)
+    result = run(args.evidence, args.bundle, args.cluster, args.tile_cost_us)
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")

@@ -179,6 +179,7 @@ def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dic
         ("profile", args.profile),
         ("layer", args.layer),
         ("profile_draw", "expectation" if args.profile_expectation else None),
+        ("tile_cost_us", args.tile_cost_us),
     ):
         if value is not None:
             raw[key] = value
@@ -362,6 +363,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                    "histogram, round_robin and random policies")
     p.add_argument("--capture-sizes", help="graph mode: capture sizes, s0,s1,... (default: "
                    "the contract's)")
+    p.add_argument("--tile-cost-us", type=float,
+                   help="issue 18: us per expert-kernel row tile beyond the table's balanced "
+                   "tiles (counting policies; docs/estimate.md)")
     p = sub.add_parser("export", help="write the bundle for another simulator")
     p.add_argument("bundle")
     p.add_argument("--format", required=True, choices=("llmservingsim", "aiconfigurator"))

@@ -67,6 +67,13 @@ class DeploymentTables(Protocol):
 
     def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]: ...
 
+    def tile_shape(self) -> tuple[int, int, str]: ...
+
+    def balanced_tiles_batch(
+        self, tokens: npt.ArrayLike, activated_experts: npt.ArrayLike, local_assignments: npt.ArrayLike,
+        mode: str = "eager",
+    ) -> _Answers: ...
+
 
 class ComponentTables(Protocol):
     """A bundle's tables (`moetables.lookup.ComponentTables`)."""
@@ -627,6 +634,7 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
+        tile_cost_us: float | None = None,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
         if isinstance(tokens_per_rank, (str, bytes)) or not isinstance(tokens_per_rank, Sequence):
@@ -644,6 +652,7 @@ class LayerEstimator:
             profile=profile,
             layer=layer,
             captured_expectation=captured_expectation,
+            tile_cost_us=tile_cost_us,
         )
         return batch.step(0)
 
@@ -662,10 +671,16 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
+        tile_cost_us: float | None = None,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
-        per-step refusals (``code``, ``errors``)."""
+        per-step refusals (``code``, ``errors``).
+
+        ``tile_cost_us`` (issue 18; None: today's answer bit for bit) charges every rank's expert
+        kernel that many microseconds per row tile its per-expert counts run beyond the balanced
+        tiles its table embodies (`moetables.tiles`), where vLLM's block is 128 rows; it needs a
+        counting policy (histogram, round_robin, random, captured)."""
         if mode not in MODES:
             raise QueryError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if cluster is not None and not isinstance(cluster, Cluster):
@@ -727,9 +742,53 @@ class LayerEstimator:
                     self._lookup(tables, rank, component, part_mode, routing, rows, times,
                                  code, errors)
             components[component] = times
+        if tile_cost_us is not None:
+            self._charge_tiles(routing, components, tile_cost_us, table_mode, notes)
         return self._time(
             routing, components, code, errors, cluster, policy, mode, table_mode,
             np.atleast_2d(given), tuple(notes), graph,
+        )
+
+    def _charge_tiles(
+        self,
+        routing: BatchRouting,
+        components: dict[str, FloatArray],
+        cost_us: float,
+        mode: str,
+        notes: list[str],
+    ) -> None:
+        """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged."""
+        from moetables.tiles import MODEL_BLOCK_M, block_size_m
+
+        if isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:
+            raise QueryError(f"tile_cost_us must be a number >= 0, got {cost_us!r}")
+        if routing.expert_counts is None:
+            raise QueryError(
+                f"tile_cost_us needs per-expert counts: the {routing.policy} policy gives none; "
+                "use histogram, round_robin, random or captured"
+            )
+        if EXPERTS not in components:
+            return
+        times = components[EXPERTS]
+        ranges = self.deployment.expert_ranges()
+        for rank, tables in enumerate(self.ranks):
+            local, width, device = tables.tile_shape()
+            start, stop = ranges[rank]
+            n = routing.tokens
+            a = routing.activated_experts[:, rank]
+            m = routing.local_assignments[:, rank]
+            blocks = np.array([block_size_m(int(x), local, width, device=device) for x in n.tolist()])
+            pick = np.flatnonzero((blocks >= MODEL_BLOCK_M) & np.isfinite(times[:, rank]) & (a > 0))
+            if pick.size == 0:
+                continue
+            reference = tables.balanced_tiles_batch(n[pick], a[pick], m[pick], mode)
+            counts = routing.expert_counts[pick, start:stop]
+            run = (-(-counts // blocks[pick, None])).sum(axis=1)
+            ok = reference.code == OK
+            times[pick[ok], rank] += cost_us * (run[ok] - reference.time_us[ok])
+        notes.append(
+            f"expert-kernel row tiles beyond the table's balanced tiles are charged at "
+            f"{cost_us:g} us each where vLLM's block is {MODEL_BLOCK_M} rows (issue 18)"
         )
 
     def _lookup(

@@ -25,7 +25,7 @@ __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
 _FIELDS = {
     "tp", "dp", "sequence_parallel", "tokens", "steps", "policy", "expert_counts", "seed",
     "active_curve", "load_shares", "mode", "capture_sizes", "events", "rank_expert_counts",
-    "profile", "layer", "profile_draw",
+    "profile", "layer", "profile_draw", "tile_cost_us",
 }
 PROFILE_DRAWS = ("sample", "expectation")
 _INT64_MAX = 2**63 - 1
@@ -54,6 +54,9 @@ class EstimateRequest:
     profile: RoutingProfile | None = None  # the captured policy's routing profile
     layer: int | None = None  # its layer (None: every layer)
     captured_expectation: bool = False  # the mean (A, M) rather than a seeded draw
+    # Issue 18: microseconds per expert-kernel row tile beyond the table's balanced tiles
+    # (counting policies only; None: the tables' balanced answer).
+    tile_cost_us: float | None = None
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], default: int) -> int:
@@ -209,6 +212,17 @@ def parse_estimate_request(
             "rank_expert_counts: the captured policy's expectation gives no per-expert counts; "
             "its draws do"
         )
+    tile_cost = raw.get("tile_cost_us")
+    if tile_cost is not None:
+        if isinstance(tile_cost, bool) or not isinstance(tile_cost, (int, float)) or not tile_cost >= 0:
+            problems.append(f"tile_cost_us: must be a number >= 0, got {tile_cost!r}")
+        elif policy in POLICIES and policy not in COUNTING_POLICIES:
+            problems.append(
+                f"tile_cost_us: the {policy} policy gives no per-expert counts to tile; "
+                f"{', '.join(COUNTING_POLICIES)} do"
+            )
+        elif policy == "captured" and draw == "expectation":
+            problems.append("tile_cost_us: the captured policy's expectation gives no per-expert counts; its draws do")
     if problems:
         raise QueryError("; ".join(problems))
     return EstimateRequest(
@@ -229,6 +243,7 @@ def parse_estimate_request(
         profile=profile,
         layer=layer,
         captured_expectation=draw == "expectation",
+        tile_cost_us=None if tile_cost is None else float(tile_cost),
     )
 
 
@@ -255,6 +270,7 @@ def answer_estimate(
         profile=request.profile,
         layer=request.layer,
         captured_expectation=request.captured_expectation,
+        tile_cost_us=request.tile_cost_us,
     )
     if request.single:
         # A refusal raises, naming rank and component.

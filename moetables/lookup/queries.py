@@ -28,6 +28,7 @@ from moetables.errors import QueryError
 __all__ = [
     "ENVELOPE_KEYS",
     "PIN_KEYS",
+    "QUERY_KEYS",
     "TARGET_KEYS",
     "LookupRequest",
     "Query",
@@ -70,10 +71,22 @@ def local_coordinates_problem(component: str, a: int, m: int) -> str | None:
     return None
 
 
+# What one query may name; anything else is refused, never ignored (a key this reader does not
+# know, such as a load description, would otherwise be answered as if it were absent).
+QUERY_KEYS = ("component", "mode", "tokens", "activated_experts", "local_assignments")
+_QUERY_SET = frozenset(QUERY_KEYS)
+
+
 def parse_query(raw: Any) -> Query:
     """A query as the CLI and REST API accept it: one JSON object."""
     if not isinstance(raw, Mapping):
         raise QueryError("a query must be a JSON object")
+    extra = raw.keys() - _QUERY_SET
+    if extra:
+        raise QueryError(
+            f"unknown keys {', '.join(map(repr, sorted(map(str, extra))))}; a query takes "
+            + ", ".join(QUERY_KEYS)
+        )
     component = raw.get("component")
     mode = raw.get("mode", "eager")
     if not isinstance(component, str) or not isinstance(mode, str):
@@ -133,7 +146,7 @@ def _read_few(
     rest: list[int] = []
     for i, q in enumerate(queries):
         g = -1
-        if type(q) is dict:
+        if type(q) is dict and not q.keys() - _QUERY_SET:
             component, mode = q.get("component"), q.get("mode", "eager")
             n = q.get("tokens")
             a = q.get("activated_experts", -1)
@@ -199,6 +212,7 @@ def read_columns(
     a_col, a_ok = _int64([q.get("activated_experts", -1) for q in objects])
     m_col, m_ok = _int64([q.get("local_assignments", -1) for q in objects])
     good &= (group >= 0) & a_ok & m_ok
+    good &= np.fromiter(map(_QUERY_SET.issuperset, objects), dtype=bool, count=len(objects))
     expert = np.isin(group, [g for (c, _), g in groups.items() if c == EXPERTS])
     for i in np.flatnonzero(good & expert & ((a_col == -1) | (m_col == -1))).tolist():
         good[i] = "activated_experts" in objects[i] and "local_assignments" in objects[i]

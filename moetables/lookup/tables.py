@@ -56,6 +56,9 @@ class DeploymentTables:
         where = f"{entry.target.deployment} tp{entry.target.tp}"
         self._local: dict[tuple[str, str], LocalCurve] = {}
         self._experts: dict[tuple[str, str], ExpertSurface | BalancedExpertSurface] = {}
+        # The expert rows' (N, A, M), kept for the balanced-tile surface (issue 18), built lazily.
+        self._expert_points: dict[str, tuple[npt.NDArray[np.int64], ...]] = {}
+        self._tile_surfaces: dict[str, ExpertSurface | BalancedExpertSurface] = {}
         for component in entry.components:
             for mode in entry.modes:
                 rows = table.select(component, mode)
@@ -64,7 +67,13 @@ class DeploymentTables:
                     self._local[(component, mode)] = LocalCurve(
                         table.tokens[rows], table.time_us[rows], label
                     )
-                elif entry.layout == "historical":
+                    continue
+                self._expert_points[mode] = (
+                    table.tokens[rows],
+                    table.activated_experts[rows],
+                    table.local_assignments[rows],
+                )
+                if entry.layout == "historical":
                     self._experts[(component, mode)] = BalancedExpertSurface(
                         table.tokens[rows],
                         table.activated_experts[rows],
@@ -126,6 +135,123 @@ class DeploymentTables:
         return owner.estimate_batch(
             tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
             policy=policy, cluster=cluster, mode=mode, **options,
+        )
+
+    def tile_shape(self) -> tuple[int, int, str]:
+        """(local experts, expert width per tensor-parallel partition, vLLM device family) of
+        this rank's expert kernel, from the contract (issue 18)."""
+        from moetables.tiles import contract_expert_width, device_family
+
+        e = self.entry
+        try:
+            width = contract_expert_width(e.contract, e.where)
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
+        hardware = str(e.contract.get("hardware", ""))
+        return e.geometry.local_experts, width // self.target.tp, device_family(hardware)
+
+    def _tile_surface(self, mode: str) -> ExpertSurface | BalancedExpertSurface:
+        """The table's own points with the stimulus' row tiles in place of time: interpolated
+        exactly as time is, it gives the balanced tiles the table embodies anywhere."""
+        surface = self._tile_surfaces.get(mode)
+        if surface is not None:
+            return surface
+        from moetables.tiles import balanced_counts, block_size_m, row_tiles
+
+        self._known(EXPERTS, mode)
+        local, width, device = self.tile_shape()
+        n, a, m = self._expert_points[mode]
+        tiles = np.array(
+            [
+                row_tiles(
+                    balanced_counts(int(mi), int(ai)),
+                    block_size_m(int(ni), local, width, device=device),
+                )
+                if ai > 0 and mi >= ai
+                else 0
+                for ni, ai, mi in zip(n.tolist(), a.tolist(), m.tolist(), strict=True)
+            ],
+            dtype=np.float64,
+        )
+        old = self._experts[(EXPERTS, mode)]
+        label = f"balanced tiles of {old.label}"
+        if isinstance(old, BalancedExpertSurface):
+            surface = BalancedExpertSurface(n, a, m, tiles, self.entry.geometry, label=label)
+        else:
+            surface = ExpertSurface(
+                n, a, m, tiles, self.entry.geometry, label=label, coordinates=self._coordinates
+            )
+        self._tile_surfaces[mode] = surface
+        return surface
+
+    def balanced_tiles(
+        self, tokens: int, activated_experts: int, local_assignments: int, mode: str = "eager"
+    ) -> float:
+        """The row tiles the table's balanced stimulus embodies at (N, A, M), interpolated as
+        the time is (issue 18); refused where the time is."""
+        return self._tile_surface(mode).time(tokens, activated_experts, local_assignments)
+
+    def balanced_tiles_batch(
+        self,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike,
+        local_assignments: npt.ArrayLike,
+        mode: str = "eager",
+    ) -> BatchResult:
+        """`balanced_tiles` for arrays; refusals are per-row codes as in `batch`."""
+        n = np.asarray(tokens, dtype=np.int64)
+        values, codes = self._tile_surface(mode).batch(
+            n,
+            np.asarray(activated_experts, dtype=np.int64),
+            np.asarray(local_assignments, dtype=np.int64),
+        )
+        return BatchResult(time_us=values, code=codes)
+
+    def experts_time_us(
+        self,
+        tokens: int,
+        activated_experts: int,
+        local_assignments: int,
+        *,
+        loads: Any = "balanced",
+        tile_cost_us: float | None = None,
+        mode: str = "eager",
+    ) -> float:
+        """The expert component at (N, A, M) for a load description (issue 18).
+
+        ``loads``: ``"balanced"`` (the table's answer, bit for bit), ``"uniform"`` (expected
+        tiles of a multinomial over the A experts), ``"power_law(alpha)"`` (shares proportional
+        to rank^-alpha) or explicit per-expert counts (A of them nonzero, adding up to M). The
+        row tiles beyond the table's balanced ones are charged ``tile_cost_us`` each where
+        vLLM's block is 128 rows (`moetables.tiles`); any load but balanced needs the cost.
+        """
+        from moetables.tiles import MODEL_BLOCK_M, TileError, block_size_m, load_tiles, parse_loads
+
+        try:
+            kind, _ = parse_loads(loads)
+        except TileError as exc:
+            raise QueryError(str(exc)) from None
+        base = self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode)
+        if kind == "balanced":
+            return base
+        if (
+            isinstance(tile_cost_us, bool)
+            or not isinstance(tile_cost_us, (int, float))
+            or not tile_cost_us >= 0
+        ):
+            raise QueryError(
+                f"loads={loads!r} needs tile_cost_us, a number >= 0 (us per row tile), got {tile_cost_us!r}"
+            )
+        local, width, device = self.tile_shape()
+        bm = block_size_m(tokens, local, width, device=device)
+        if bm < MODEL_BLOCK_M:
+            return base
+        try:
+            tiles = load_tiles(loads, activated_experts, local_assignments, bm)
+        except TileError as exc:
+            raise QueryError(str(exc)) from None
+        return base + float(tile_cost_us) * (
+            tiles - self.balanced_tiles(tokens, activated_experts, local_assignments, mode)
         )
 
     def _known(self, component: str, mode: str) -> None:

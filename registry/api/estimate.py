@@ -76,6 +76,11 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
         help_text="add each rank's pairs per local expert (`expert_range`, `expert_counts`); "
         "histogram, round_robin and random policies only",
     )
+    tile_cost_us = serializers.FloatField(
+        min_value=0, required=False,
+        help_text="issue 18: microseconds per expert-kernel row tile that the step's per-expert "
+        "counts run beyond the table's balanced tiles (counting policies; docs/estimate.md)",
+    )
     cluster = serializers.JSONField(
         required=False,
         help_text="a shipped cluster's name (clusters/<name>.yaml) or an inline moe-cluster "

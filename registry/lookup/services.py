@@ -20,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.operations import BaseDatabaseOperations
 
 from moetables.errors import BundleError, CoverageError
 from moetables.lookup import ComponentTables, LookupRequest, parse_request
@@ -193,12 +194,20 @@ def _bundle_filter(request: LookupRequest) -> tuple[list[str], list[Any]]:
     return where, params
 
 
+_TARGET_RANGE = BaseDatabaseOperations.integer_field_ranges["PositiveSmallIntegerField"]
+
+
 def _choose(request: LookupRequest) -> Answerer:
     """One indexed query over the candidate tables, ranked here (a handful of rows).
 
     Written as SQL because it runs once per lookup request, and building the same query
     through the ORM costs more than answering a small batch.
     """
+    # A target beyond the columns' range (smallints) matches no table; sending it to the
+    # database would overflow (SQLite: OverflowError past 64 bits, a 500; issue 17, item 8).
+    low, high = _TARGET_RANGE
+    if not all(low <= value <= high for value in (request.tp, request.dp, request.rank)):
+        raise _why_none(request)
     bundles = connection.ops.quote_name(Bundle._meta.db_table)
     tables = connection.ops.quote_name(DeploymentTable._meta.db_table)
     where, params = _bundle_filter(request)

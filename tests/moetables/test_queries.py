@@ -47,3 +47,19 @@ def test_it_names_every_problem(data: Any, pins: Any, fragment: str) -> None:
     with pytest.raises(RequestError) as caught:
         parse_request(data, max_queries=2, pins=pins)
     assert any(fragment in p for p in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize("count", [1, 40])  # the one-by-one reader and the column reader
+def test_it_refuses_a_query_key_it_does_not_read(count: int) -> None:
+    """A key no reader knows (a load description, a typo) is refused, never answered as if it
+    were absent (issue 13: unknown keys are errors; issue 18: `loads` is not a lookup key)."""
+    from moetables import ComponentTables
+
+    rank = ComponentTables(
+        "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    ).deployment(1, 1, 0)
+    good = {"component": "gate_routing", "tokens": 4}
+    answers = rank.answer([good] * (count - 1) + [{**good, "loads": "uniform"}])
+    assert all("time_us" in a for a in answers[:-1])
+    assert answers[-1]["error"] == "invalid"
+    assert "unknown keys 'loads'" in answers[-1]["message"]

@@ -145,3 +145,20 @@ def test_it_adds_each_ranks_expert_counts_when_asked(api: APIClient, h200: Any) 
                      "rank_expert_counts": True})
     assert bad.status_code == 400
     assert any("rank_expert_counts" in p for p in bad.json()["problems"])
+
+
+def test_it_charges_row_tiles_over_rest_as_the_cli_does(api: APIClient, h200: Any) -> None:
+    """Issue 18: ``tile_cost_us`` over REST answers as ``--tile-cost-us`` does, and names the
+    field for a policy without per-expert counts."""
+    body = {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [1024, 1024], "policy": "random",
+            "seed": 4, "tile_cost_us": 1.6, "events": False}
+    response = post(api, body)
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    answer.pop("bundle")
+    assert answer == cli("--tokens", "1024,1024", "--policy", "random", "--seed", "4",
+                         "--tile-cost-us", "1.6", "--no-events")
+    plain = post(api, {**body, "tile_cost_us": None}).json()
+    assert answer["ranks"][0]["components"]["experts"] > plain["ranks"][0]["components"]["experts"]
+    refused = post(api, {**body, "policy": "balanced"})
+    assert refused.status_code == 400 and "tile_cost_us" in refused.content.decode()

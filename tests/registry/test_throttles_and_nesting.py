@@ -139,3 +139,18 @@ def test_it_refuses_even_the_right_password_after_too_many_wrong_ones(settings: 
     other = Client(REMOTE_ADDR="10.0.0.9")
     response = other.post("/accounts/login/", {"username": "victim", "password": "right-one"})
     assert response.status_code == 302 and "_auth_user_id" in other.session
+
+
+@pytest.mark.parametrize("value", [32768, 2**63, 2**64 + 1])
+@pytest.mark.parametrize("field", ["tp", "dp", "rank"])
+def test_it_answers_a_target_beyond_the_columns_without_asking_the_database(
+    client: Client, published: Any, field: str, value: int,
+) -> None:
+    """Issue 17 item 8: a TP past 64 bits was sent to SQLite (OverflowError, a 500)."""
+    target = {"tp": 1, "dp": 2, "rank": 0, field: value}
+    for name in ({"bundle": published.pk},
+                 {"hardware": published.hardware, "model": published.model,
+                  "variant": published.variant}):
+        response = client.post("/api/v1/lookup", json.dumps({**name, "target": target,
+                               "queries": []}), content_type="application/json")
+        assert response.status_code in (400, 422), response.content

@@ -1,0 +1,268 @@
+"""Row tiles of vLLM's Triton expert kernel: how per-expert loads become kernel work (issue 18).
+
+vLLM's ``fused_moe_kernel`` runs each local expert's pairs in tiles of ``BLOCK_SIZE_M`` rows: the
+token sort (``moe_align_block_size``) pads every expert's pair count up to a multiple of the block
+size, and the kernel launches one program per padded row tile (and per N tile). So the kernel's
+work is the number of row tiles, ``sum_e ceil(count_e / BLOCK_SIZE_M)``, not the number of pairs:
+an expert with 129 pairs costs a whole tile more than one with 128. The acquisition's balanced
+stimulus gives every active expert M/A pairs (as evenly as integers allow); a router's counts
+scatter, and the scatter costs tiles.
+
+This module reproduces, from vLLM 0.26.0 (``vllm/model_executor/layers/fused_moe/fused_moe.py``
+and ``moe_align_block_size.py``), the block size the kernel chooses for a shape and the number of
+row tiles it runs for given per-expert counts:
+
+- ``try_get_optimal_moe_config(w1_shape, w2_shape, top_k, dtype, M)``: the tuned config file
+  ``E={local experts},N={w2's last dim, the expert width per partition},device_name=...`` if it
+  exists (nearest tuned M to the call's M, ties to the smaller key, as ``min(keys, key=abs)``
+  resolves them), else ``get_default_config(M, E, N, K, top_k, dtype, block_shape)``;
+- ``M`` there is the number of token rows the expert kernel sees (``hidden_states.size(0)``:
+  the gathered rows N of the method's vocabulary), not the pair count;
+- ``_prepare_expert_assignment``: without an expert map and with ``N * top_k * 4 <= E_global``
+  the sort is skipped and every pair is its own block (``naive_block_assignment``).
+
+Only the tuned tables this project measures against are embedded (H200, 128 local experts,
+width 768, bf16: Qwen3-30B-A3B at TP1/EP1); any other shape falls back to vLLM's default config,
+which is what vLLM itself does when no file exists (e.g. 64 local experts at EP2 on the H200).
+
+Expected tiles under a load *distribution* use the marginal per-expert count distribution: with
+``m`` pairs over ``a`` experts and expert shares ``p_e``, count_e ~ Binomial(m, p_e) (a token's k
+choices are distinct, so this is an approximation; the marginals are exact for independent
+pairs), and E[ceil(X/b)] = sum_{j>=0} P(X > j*b).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats
+
+VLLM_VERSION = "0.26.0"
+# The tile model charges tiles of this many rows only: there the kernel is compute-bound and a
+# tile costs about the same everywhere (docs/benchmarks.md, "Per-expert load spread"); smaller
+# blocks stream each expert's weights per tile, a cost the table already carries through A.
+MODEL_BLOCK_M = 128
+
+# vllm/model_executor/layers/fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json (0.26.0):
+# tuned M -> BLOCK_SIZE_M (the other keys of the config do not change the row tiling).
+_H200_E128_N768_BF16: dict[int, int] = {
+    1: 16, 2: 16, 4: 16, 8: 16, 16: 16, 24: 16, 32: 16, 48: 16, 64: 16, 96: 16, 128: 16,
+    256: 32, 512: 64, 1024: 128, 1536: 128, 2048: 128, 3072: 128, 4096: 128,
+}  # fmt: skip
+
+# (device family, local experts, expert width per partition, config dtype) -> tuned table.
+TUNED_BLOCK_M: Mapping[tuple[str, int, int, str | None], Mapping[int, int]] = {
+    ("NVIDIA_H200", 128, 768, None): _H200_E128_N768_BF16,
+}
+
+
+class TileError(ValueError):
+    """A shape or a load description the tile model cannot answer (named in the message)."""
+
+
+def default_block_m(
+    rows: int, dtype: str | None = None, block_shape: Sequence[int] | None = None
+) -> int:
+    """``get_default_config(M, ...)['BLOCK_SIZE_M']`` of vLLM 0.26.0 (CUDA, not batch-invariant).
+
+    ``rows`` is the kernel's M (token rows). bf16/fp16 and fp8 per-tensor: 16 up to 32 rows, 32 up
+    to 96, 64 up to 512, 128 beyond. Block-quantized fp8 (``block_shape`` given): 16 up to 64, else 64.
+    """
+    if rows < 1:
+        raise TileError(f"rows must be >= 1, got {rows}")
+    if dtype == "fp8_w8a8" and block_shape is not None:
+        return 16 if rows <= 64 else 64
+    if dtype in ("int4_w4a16", "int8_w8a16") and block_shape is not None:
+        raise TileError(f"{dtype} with a block shape uses the WNA16 kernels: not modelled")
+    if rows <= 32:
+        return 16
+    if rows <= 96:
+        return 32
+    if rows <= 512:
+        return 64
+    return 128
+
+
+def block_size_m(
+    rows: int,
+    local_experts: int,
+    width: int,
+    *,
+    dtype: str | None = None,
+    block_shape: Sequence[int] | None = None,
+    device: str = "NVIDIA_H200",
+) -> int:
+    """``try_get_optimal_moe_config(...)['BLOCK_SIZE_M']`` for a shape (vLLM 0.26.0).
+
+    ``local_experts`` is the first dimension of the rank's w2 (E in the config file name),
+    ``width`` its last (the expert width per tensor-parallel partition, N in the file name),
+    ``rows`` the token rows the kernel sees. ``device`` names the config family (vLLM maps every
+    H200 variant to ``NVIDIA_H200``). No embedded tuned table: vLLM's default config.
+    """
+    if rows < 1:
+        raise TileError(f"rows must be >= 1, got {rows}")
+    if local_experts < 1 or width < 1:
+        raise TileError(f"local_experts and width must be >= 1, got {local_experts}, {width}")
+    key_dtype = dtype if dtype not in ("bf16", "bfloat16", "fp16", "float16") else None
+    table = (
+        None
+        if block_shape is not None
+        else TUNED_BLOCK_M.get((device, local_experts, width, key_dtype))
+    )
+    if table:
+        nearest = min(table.keys(), key=lambda m: abs(m - rows))  # ties: the smaller key
+        return int(table[nearest])
+    return default_block_m(rows, key_dtype, block_shape)
+
+
+def row_tiles(counts: Sequence[int] | npt.ArrayLike, block_m: int) -> int:
+    """Row tiles the kernel runs: ``sum_e ceil(count_e / block_m)`` (``moe_align_block_size``)."""
+    if block_m < 1:
+        raise TileError(f"block_m must be >= 1, got {block_m}")
+    c = np.asarray(counts, dtype=np.int64)
+    if c.ndim != 1:
+        raise TileError(f"counts must be one-dimensional, got shape {c.shape}")
+    if (c < 0).any():
+        raise TileError("counts must be >= 0")
+    return int(((c + block_m - 1) // block_m).sum())
+
+
+def kernel_row_tiles(
+    counts: Sequence[int] | npt.ArrayLike, block_m: int, *, naive: bool = False
+) -> int:
+    """Row tiles including vLLM's ``naive_block_assignment`` (every pair its own tile)."""
+    return int(np.asarray(counts, dtype=np.int64).sum()) if naive else row_tiles(counts, block_m)
+
+
+def naive_assignment(rows: int, top_k: int, global_experts: int, *, expert_map: bool) -> bool:
+    """``_prepare_expert_assignment``'s test: no expert map and ``rows * top_k * 4 <= E_global``."""
+    return (not expert_map) and rows * top_k * 4 <= global_experts
+
+
+def balanced_counts(pairs: int, active: int) -> npt.NDArray[np.int64]:
+    """The acquisition stimulus' local histogram: ``pairs`` over ``active`` experts as evenly as
+    integers allow (the first ``pairs % active`` experts get one more)."""
+    if active < 1 or pairs < active:
+        raise TileError(f"need pairs >= active >= 1, got pairs={pairs}, active={active}")
+    base, extra = divmod(pairs, active)
+    out = np.full(active, base, dtype=np.int64)
+    out[:extra] += 1
+    return out
+
+
+def power_law_shares(active: int, alpha: float) -> npt.NDArray[np.float64]:
+    """Expert shares proportional to rank^-alpha (alpha = 0: uniform)."""
+    if active < 1:
+        raise TileError(f"active must be >= 1, got {active}")
+    if not math.isfinite(alpha) or alpha < 0:
+        raise TileError(f"power-law alpha must be finite and >= 0, got {alpha}")
+    w = np.arange(1, active + 1, dtype=np.float64) ** (-alpha)
+    out: npt.NDArray[np.float64] = w / w.sum()
+    return out
+
+
+def expected_row_tiles(pairs: int, shares: Sequence[float] | npt.ArrayLike, block_m: int) -> float:
+    """E[sum_e ceil(X_e / b)] with X_e ~ Binomial(pairs, share_e): the expected tiles of a draw."""
+    if block_m < 1 or pairs < 0:
+        raise TileError(f"need block_m >= 1 and pairs >= 0, got {block_m}, {pairs}")
+    p = np.asarray(shares, dtype=np.float64)
+    if (
+        p.ndim != 1
+        or p.size == 0
+        or (p < 0).any()
+        or not math.isclose(float(p.sum()), 1.0, rel_tol=1e-9)
+    ):
+        raise TileError("shares must be a non-empty one-dimensional distribution summing to 1")
+    jmax = pairs // block_m + 1
+    thresholds = np.arange(jmax, dtype=np.float64) * block_m  # P(X > j b), j = 0 .. pairs // b
+    sf = np.asarray(stats.binom.sf(thresholds[None, :], pairs, p[:, None]), dtype=np.float64)
+    return float(sf.sum())
+
+
+@dataclass(frozen=True)
+class TileCount:
+    """The kernel's tiling of one load: block size, tiles run, and the balanced tiles at (A, M)."""
+
+    block_m: int
+    tiles: float
+    balanced_tiles: int
+
+    @property
+    def extra_tiles(self) -> float:
+        return self.tiles - self.balanced_tiles
+
+
+def contract_expert_width(contract: Mapping[str, Any], where: str = "this table") -> int:
+    """The expert width (intermediate size, before tensor parallelism) a contract records."""
+    geometry = contract.get("geometry")
+    found = geometry.get("expert_intermediate_size") if isinstance(geometry, Mapping) else None
+    if found is None:
+        found = contract.get("expert_intermediate_size")
+    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
+        raise TileError(
+            f"{where}: the contract records no expert_intermediate_size, so the expert kernel's "
+            "row tiles cannot be counted"
+        )
+    return found
+
+
+def device_family(hardware: str) -> str:
+    """vLLM's config file device name for a bundle's hardware (every H200 is ``NVIDIA_H200``)."""
+    return "NVIDIA_H200" if "H200" in hardware else hardware
+
+
+_POWER_LAW = re.compile(r"^power_law\(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*\)$")
+
+LoadSpec = str | Sequence[int]
+
+
+def parse_loads(loads: Any) -> tuple[str, float | tuple[int, ...] | None]:
+    """A load description: ``"balanced"``, ``"uniform"``, ``"power_law(alpha)"`` or explicit
+    per-expert counts (a list of integers >= 0). Returns (kind, parameter)."""
+    if isinstance(loads, str):
+        if loads in ("balanced", "uniform"):
+            return loads, None
+        match = _POWER_LAW.match(loads.strip())
+        if match:
+            alpha = float(match.group(1))
+            power_law_shares(1, alpha)  # validates alpha
+            return "power_law", alpha
+        raise TileError(
+            f"loads must be 'balanced', 'uniform', 'power_law(alpha)' or per-expert counts, got {loads!r}"
+        )
+    if isinstance(loads, Sequence) and not isinstance(loads, (bytes, bytearray)):
+        counts = []
+        for c in loads:
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
+                raise TileError(f"loads: per-expert counts must be integers >= 0, got {c!r}")
+            counts.append(int(c))
+        if not counts:
+            raise TileError("loads: per-expert counts must not be empty")
+        return "counts", tuple(counts)
+    raise TileError(
+        f"loads must be a string or a list of per-expert counts, got {type(loads).__name__}"
+    )
+
+
+def load_tiles(loads: Any, active: int, pairs: int, block_m: int) -> float:
+    """The row tiles (expected, for a distribution) of ``pairs`` pairs on ``active`` experts."""
+    kind, param = parse_loads(loads)
+    if kind == "balanced":
+        return float(row_tiles(balanced_counts(pairs, active), block_m))
+    if kind == "counts":
+        assert isinstance(param, tuple)
+        c = np.asarray(param, dtype=np.int64)
+        if int(c.sum()) != pairs or int((c > 0).sum()) != active:
+            raise TileError(
+                f"loads: the per-expert counts hold {int(c.sum())} pairs on {int((c > 0).sum())} "
+                f"experts, the query {pairs} pairs on {active}"
+            )
+        return float(row_tiles(c, block_m))
+    alpha = 0.0 if kind == "uniform" else float(param)  # type: ignore[arg-type]
+    return expected_row_tiles(pairs, power_law_shares(active, alpha), block_m)

@@ -1,0 +1,197 @@
+"""Issue 18, part 1: expert kernel time under spread per-expert loads at the tables' own (N, A, M).
+
+Prepared for a later GPU session (NOT run yet: this session's device budget was spent). On one
+H200 with the vLLM kit staged (docs/h200-runs.md), it times vLLM 0.26.0's ``fused_experts`` (the
+Triton kernels of ``TritonExperts``) for Qwen3-30B-A3B bf16 at two deployments:
+
+- ``tp1``: all 128 experts local (the TP1/DP1 table; tuned H200 config file E=128,N=768);
+- ``ep2``: EP rank 0 of 2, 64 local experts through an expert map (the DP2/EP2 tables; no tuned
+  file, vLLM's default config);
+
+and, at each N, under these per-expert load distributions, all with the same N rows and top-k:
+
+- ``balanced``: the acquisition's stimulus (`acquisition.protocol.stimulus.routing_stimulus`),
+  M/A pairs per active expert as evenly as integers allow (what the tables hold);
+- ``uniform``: every token picks k distinct experts uniformly (a multinomial over the experts);
+- ``power_law(alpha)`` for alpha in ALPHAS: k distinct experts per token, drawn with probability
+  proportional to (expert rank)^-alpha over a random expert order (torch.multinomial without
+  replacement);
+
+DRAWS seeded draws per spread distribution. Per record: the local per-expert counts' summary
+(A, M, max, coefficient of variation), vLLM's BLOCK_SIZE_M for the shape and the row tiles the
+kernel runs (`moetables.tiles`), and the median over ITERS calls of the profiler's kernel sum
+(per kernel name as well). The B/2B control of the method: each record is timed at ITERS and
+2 x ITERS calls and both medians are kept (``b_us``, ``b2_us``); a record whose two differ by more
+than 3 % is flagged ``unstable``.
+
+    python3 scripts/h200_load_spread.py $OUT/load_spread.json        # GPU machine, kit staged
+    python3 scripts/h200_load_spread.py $OUT/load_spread.json --quick  # 2 N values, 2 draws
+
+Then, here (CPU): the time against tiles and against spread (bench/load_spread.py reads the
+engine evidence; extend it with this file's records: fit c = d(time)/d(tiles) at fixed (N, A, M)
+per deployment, leave one distribution out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, expert width 768.
+E, K, H, INTER = 128, 8, 2048, 768
+DEPLOYMENTS = {"tp1": 128, "ep2": 64}
+TOKENS = (256, 1024, 1536, 2048, 3072, 4096)
+QUICK_TOKENS = (2048, 4096)
+ALPHAS = (0.6, 1.2)
+DRAWS, QUICK_DRAWS = 4, 2
+ITERS = 10
+STABLE = 0.03
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm.model_executor.layers.fused_moe import fused_experts
+
+    from acquisition.protocol.stimulus import routing_stimulus
+    from moetables.geometry import ExpertGeometry
+    from moetables.tiles import block_size_m, row_tiles
+
+    try:
+        from vllm.v1.worker.workspace import init_workspace_manager
+
+        init_workspace_manager(torch.device("cuda", 0))
+    except Exception:  # the functional path may not need it
+        pass
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    tokens = QUICK_TOKENS if args.quick else TOKENS
+    draws = QUICK_DRAWS if args.quick else DRAWS
+
+    def kernel_sum(call: Any, iters: int) -> tuple[float, dict[str, float]]:
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                call()
+            torch.cuda.synchronize()
+        kernels = sorted(
+            (e for e in prof.events() if str(e.device_type).endswith("CUDA")),
+            key=lambda e: e.time_range.start,
+        )
+        per = len(kernels) // iters
+        sums = [
+            sum(e.time_range.elapsed_us() for e in kernels[i * per : (i + 1) * per])
+            for i in range(iters)
+        ]
+        names: dict[str, list[float]] = {}
+        for e in kernels:
+            names.setdefault(e.name[:50], []).append(e.time_range.elapsed_us())
+        return float(statistics.median(sums)), {
+            k: round(sum(v) / iters, 3) for k, v in names.items()
+        }
+
+    def spread_ids(n: int, dist: str, seed: int) -> torch.Tensor:
+        g = torch.Generator(device=dev).manual_seed(seed)
+        if dist == "uniform":
+            weights = torch.ones(E, device=dev)
+        else:
+            alpha = float(dist.split("(")[1].rstrip(")"))
+            ranks = torch.randperm(E, generator=g, device=dev).to(torch.float64) + 1.0
+            weights = ranks ** (-alpha)
+        probs = weights.float().expand(n, E).contiguous()
+        return torch.multinomial(probs, K, replacement=False, generator=g)
+
+    results: list[dict[str, Any]] = []
+    for name, local in DEPLOYMENTS.items():
+        emap_list = list(range(local)) + [-1] * (E - local)
+        emap = torch.tensor(emap_list, dtype=torch.int32, device=dev) if local < E else None
+        geometry = ExpertGeometry(global_experts=E, top_k=K, local_experts=local)
+        w13 = (torch.randn((local, 2 * INTER, H), generator=gen, device=dev) * H**-0.5).to(
+            torch.bfloat16
+        )
+        w2 = (torch.randn((local, H, INTER), generator=gen, device=dev) * INTER**-0.5).to(
+            torch.bfloat16
+        )
+        for n in tokens:
+            x = torch.randn((n, H), generator=gen, device=dev).to(torch.bfloat16)
+            bm = block_size_m(n, local, INTER)
+            arms = [("balanced", 0)] + [
+                (d, s)
+                for d in ("uniform", *(f"power_law({a})" for a in ALPHAS))
+                for s in range(draws)
+            ]
+            for dist, seed in arms:
+                rec: dict[str, Any] = {
+                    "deployment": name,
+                    "local_experts": local,
+                    "N": n,
+                    "distribution": dist,
+                    "seed": seed,
+                    "block_m": bm,
+                }
+                try:
+                    if dist == "balanced":
+                        pairs = -(-n * K * local // E)
+                        s = routing_stimulus(
+                            geometry, emap_list, n, min(local, pairs), pairs, seed=3
+                        )
+                        ids = torch.tensor(s.topk_ids, device=dev).to(torch.int64)
+                        tw = torch.tensor(s.topk_weights, device=dev).to(torch.float32)
+                    else:
+                        ids = spread_ids(n, dist, 1000 + seed)
+                        tw = torch.full((n, K), 1.0 / K, device=dev)
+                    flat = ids.flatten().cpu().numpy()
+                    counts = np.bincount(flat[flat < local], minlength=local)
+                    active = counts[counts > 0]
+                    rec.update(
+                        A=int(active.size),
+                        M=int(counts.sum()),
+                        max=int(counts.max()),
+                        cv=float(active.std() / active.mean()) if active.size else 0.0,
+                        tiles=row_tiles(counts, bm),
+                        counts=counts.tolist(),
+                    )
+                    kw: dict[str, Any] = {"global_num_experts": E}
+                    if emap is not None:
+                        kw["expert_map"] = emap
+                    call = functools.partial(fused_experts, x, w13, w2, tw, ids, **kw)
+                    b, by_kernel = kernel_sum(call, ITERS)
+                    b2, _ = kernel_sum(call, 2 * ITERS)
+                    rec.update(
+                        b_us=b, b2_us=b2, unstable=abs(b2 / b - 1) > STABLE, by_kernel=by_kernel
+                    )
+                except Exception:
+                    rec["error"] = traceback.format_exc()[-1500:]
+                results.append(rec)
+                print(
+                    json.dumps({k: v for k, v in rec.items() if k not in ("counts", "by_kernel")}),
+                    flush=True,
+                )
+    meta = {
+        "gpu": torch.cuda.get_device_name(0),
+        "uuid": str(torch.cuda.get_device_properties(0).uuid),
+        "torch": torch.__version__,
+        "vllm_tiles_model": "moetables.tiles (vLLM 0.26.0)",
+    }
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
