@@ -63,7 +63,7 @@ ESTIMATE_PATH = "/api/v1/estimate"
 # Options of ComponentTables.estimate, as the REST request names them.
 _OPTIONS = frozenset({
     "expert_counts", "active_curve", "load_shares", "seed", "capture_sizes", "profile", "layer",
-    "captured_expectation",
+    "captured_expectation", "tile_cost_us",
 })
 _COUNTING = frozenset({"histogram", "round_robin", "random", "captured"})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
