@@ -12,7 +12,10 @@ Exit status: 0 published, 1 acquisition failed (evidence kept), 2 invalid comman
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -24,6 +27,7 @@ from acquisition.options import (
     command_line,
     from_namespace,
     plan_target,
+    target_key,
 )
 from acquisition.options import prepare as prepare_options
 from acquisition.phases import PhaseClock
@@ -110,7 +114,10 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None
             return 0
         status: int | None = None
         try:
-            status = _acquire(request, plans, progress, clock)
+            if _isolated(args, plans):
+                status = _acquire_isolated(request, argv, plans, progress, clock)
+            else:
+                status = _acquire(request, plans, progress, clock)
         finally:
             # Written whatever happened (an unexpected error leaves exit_status null).
             clock.write(
@@ -182,7 +189,8 @@ def _acquire(
                 "for their targets; rerun the same command to measure them again"
             )
             progress.write(message)
-            progress.event("failed", message, error=message)
+            # failed_points: an isolating parent continues with its other targets (as here).
+            progress.event("failed", message, error=message, failed_points=failed)
             return EXIT_FAILED
         elapsed = time.monotonic() - started
         message = f"published {len(published)} targets into {request.bundle_dir} in {elapsed:.1f}s"
@@ -215,6 +223,171 @@ def _acquire(
         progress.write(f"error: {exc}")
         progress.event("failed", str(exc), error=str(exc))
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        progress.write("cancelled; samples are kept: rerun the same command to resume")
+        progress.event("cancelled", "cancelled; samples kept for resume")
+        return EXIT_CANCELLED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _isolated(args: argparse.Namespace, plans: Sequence[PointPlan]) -> bool:
+    """Whether each target runs in its own child process (``--isolate-targets``).
+
+    ``auto`` isolates the vLLM paths on CUDA: in one process, ranks measured later were
+    slower than the same ranks measured by a fresh process (docs/acquisition.md says more),
+    and a fresh process per target is the only state reset that covers vLLM's own
+    process-wide state (workspaces, compiled kernels, allocator). The torch reference path
+    keeps one process: it has no such state and the children's start-up would dominate.
+    """
+    if args.only_target is not None or len(plans) < 2:
+        return False
+    if args.isolate_targets == "auto":
+        return bool(args.device == "cuda" and args.backend != "torch-reference")
+    return bool(args.isolate_targets == "on")
+
+
+class _ChildFeed:
+    """Turns a child's progress events into the parent's, so that one reporter counts the
+    whole command: points resumed and measured, totals changed by admission, ETA."""
+
+    def __init__(self, progress: ProgressReporter, planned: int) -> None:
+        self.progress = progress
+        self.planned = planned
+        self.done = 0
+        self.last = time.monotonic()
+        self.failed: dict[str, object] | None = None
+
+    def feed(self, event: dict[str, object]) -> None:
+        phase = str(event.get("phase"))
+        target = event.get("target")
+        if isinstance(target, str):
+            self.progress.set_target(target)
+        total = event.get("points_total")
+        # The child's first event counts its plan before admission; admission may change it.
+        if isinstance(total, int) and phase != "plan" and total != self.planned:
+            self.progress.total += total - self.planned
+            self.planned = total
+        done = event.get("points_done")
+        message = str(event.get("message", ""))
+        if phase == "measure" and isinstance(done, int) and done > self.done:
+            count, self.done = done - self.done, done
+            if message.startswith("resumed:"):
+                self.progress.skipped(count)
+            else:
+                now = time.monotonic()
+                share, self.last = (now - self.last) / count, now
+                for _ in range(count):
+                    self.progress.measured(share, message)
+            return
+        if phase == "failed":
+            self.failed = event
+            return
+        if phase in ("admission", "build", "measure", "publish"):
+            self.last = time.monotonic()
+            self.progress.event(phase, message)
+
+
+def _run_child(child_argv: list[str], write_fd: int, read_fd: int, feed: _ChildFeed) -> int:
+    """Run one child to its end, relaying its progress events; its exit status."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "acquisition", *child_argv], pass_fds=(write_fd,)
+    )
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, encoding="utf-8") as events:
+            for line in events:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    feed.feed(record)
+        return child.wait()
+    except BaseException:
+        # Cancelled (SIGINT, SIGTERM) or broken: the child stops and keeps its samples.
+        child.send_signal(signal.SIGTERM)
+        child.wait()
+        raise
+
+
+def _acquire_isolated(
+    request: AcquisitionRequest,
+    argv: Sequence[str],
+    plans: list[PointPlan],
+    progress: ProgressReporter,
+    clock: PhaseClock,
+) -> int:
+    """Each target by ``python -m acquisition ARGV --only-target KEY``, one after another.
+
+    A child is the same command restricted to one target: it resumes from the same
+    checkpoint, publishes under the same ``.meta.lock``, appends its own record to
+    ``--phase-log`` and reports its progress through a pipe that the parent relays. The
+    parent imports no torch and never touches the device.
+    """
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    started = time.monotonic()
+    failed: list[str] = []
+    published = 0
+    try:
+        for plan in plans:
+            key = target_key(plan.target)
+            read_fd, write_fd = os.pipe()
+            child_argv = [
+                *argv,
+                "--only-target",
+                key,
+                "--isolate-targets",
+                "off",
+                "--no-progress-bar",
+                "--progress-json",
+                f"/dev/fd/{write_fd}",
+            ]
+            feed = _ChildFeed(progress, len(plan.points))
+            progress.set_target(key)
+            clock.set_target(key)
+            progress.event("build", f"starting a child process for {key}")
+            try:
+                with clock.phase("isolated_target"):
+                    status = _run_child(child_argv, write_fd, read_fd, feed)
+            finally:
+                clock.set_target("run")
+            if status == 0:
+                published += 1
+                continue
+            error = feed.failed or {}
+            points = error.get("failed_points")
+            if status == EXIT_FAILED and isinstance(points, list):
+                failed.extend(str(p) for p in points)
+                continue
+            if status in (EXIT_CANCELLED, -signal.SIGINT, -signal.SIGTERM):
+                raise KeyboardInterrupt(f"child for {key} cancelled")
+            message = str(error.get("error") or f"the child process for {key} exited {status}")
+            progress.event(
+                "failed",
+                message,
+                **{
+                    k: v for k, v in error.items() if k in ("error", "failures", "trace", "reasons")
+                },
+            )
+            return status if status in (EXIT_FAILED, EXIT_DECLINED) else EXIT_FAILED
+        if failed:
+            message = (
+                f"{len(failed)} expert points failed the stability control (first: {failed[0]}); "
+                "nothing was published for their targets; rerun the same command to measure "
+                "them again"
+            )
+            progress.write(message)
+            progress.event("failed", message, error=message, failed_points=failed)
+            return EXIT_FAILED
+        elapsed = time.monotonic() - started
+        message = (
+            f"published {published} targets into {request.bundle_dir} in isolated processes "
+            f"in {elapsed:.1f}s"
+        )
+        progress.write(message)
+        progress.event("done", message, bundle=str(request.bundle_dir))
+        return 0
     except KeyboardInterrupt:
         progress.write("cancelled; samples are kept: rerun the same command to resume")
         progress.event("cancelled", "cancelled; samples kept for resume")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from acquisition.catalog import MoeModel
 
-__all__ = ["DegreeError", "Deployment", "select_deployments", "targets_for"]
+__all__ = ["DegreeError", "Deployment", "select_deployments", "select_ranks", "targets_for"]
 
 
 class DegreeError(ValueError):
@@ -128,3 +128,27 @@ def targets_for(model: MoeModel, deployments: Sequence[Deployment]) -> list[MoeT
             for rank in range(deployment.ep)
         )
     return targets
+
+
+def select_ranks(targets: Sequence[MoeTarget], ranks: Sequence[int] | None) -> list[MoeTarget]:
+    """The targets whose EP rank is in ``ranks`` (None: all), in the same order.
+
+    A filter only, like ``--ep``: a rank that no selected deployment has is an error (never a
+    reason to add a deployment), so a typo cannot silently measure nothing.
+    """
+    if ranks is None:
+        return list(targets)
+    if not ranks:
+        raise DegreeError("--ranks needs at least one rank", field="ranks")
+    if len(set(ranks)) != len(ranks):
+        raise DegreeError(f"--ranks lists a rank twice: {list(ranks)}", field="ranks")
+    present = {t.rank for t in targets}
+    unknown = sorted(r for r in ranks if r not in present)
+    if unknown:
+        eps = sorted({t.ep for t in targets})
+        raise DegreeError(
+            f"--ranks {unknown}: no selected deployment has such an EP rank (selected EP "
+            f"degrees {eps}; ranks are 0..EP-1)",
+            field="ranks",
+        )
+    return [t for t in targets if t.rank in set(ranks)]

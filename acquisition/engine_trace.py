@@ -71,15 +71,17 @@ class Block:
             "nccl_us": [round(a.duration_us, 3) for a in self.nccl],
             "nccl_names": [a.name[:80] for a in self.nccl],
             "excluded_activities": self.excluded,
-            "activities": [[a.name[:80], a.category, round(a.start_us, 3), round(a.duration_us, 3)]
-                           for a in self.activities],
+            "activities": [
+                [a.name[:80], a.category, round(a.start_us, 3), round(a.duration_us, 3)]
+                for a in self.activities
+            ],
         }
 
 
 def _index(name: str, prefix: str) -> int | None:
     if not name.startswith(prefix + "#"):
         return None
-    tail = name[len(prefix) + 1:]
+    tail = name[len(prefix) + 1 :]
     return int(tail) if tail.isdigit() else None
 
 
@@ -140,7 +142,9 @@ def attribute_blocks(
                 owners.add(order[i][0])
                 launch = (pid, tid, ts)
         if len(owners) > 1:
-            raise EngineTraceError(f"{act.name!r} (correlation {act.correlation}) is claimed by blocks {sorted(owners)}")
+            raise EngineTraceError(
+                f"{act.name!r} (correlation {act.correlation}) is claimed by blocks {sorted(owners)}"
+            )
         if not owners:
             continue
         k = owners.pop()
@@ -150,8 +154,15 @@ def attribute_blocks(
             continue
         owned[k].append((launch[2], act))
     return [
-        Block(k, r[0], r[1], r[2], r[3], tuple(a for _, a in sorted(owned[k], key=lambda x: (x[0], x[1].start_us))),
-              dropped[k])
+        Block(
+            k,
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            tuple(a for _, a in sorted(owned[k], key=lambda x: (x[0], x[1].start_us))),
+            dropped[k],
+        )
         for k, r in sorted(ranges.items())
     ]
 
@@ -162,5 +173,7 @@ def last_arriver_transfer_us(per_rank_nccl_us: Sequence[Sequence[float]]) -> lis
     """
     counts = {len(r) for r in per_rank_nccl_us}
     if len(counts) != 1:
-        raise EngineTraceError(f"ranks launched different numbers of NCCL kernels in one block: {sorted(counts)}")
+        raise EngineTraceError(
+            f"ranks launched different numbers of NCCL kernels in one block: {sorted(counts)}"
+        )
     return [min(col) for col in zip(*per_rank_nccl_us, strict=True)]

@@ -82,7 +82,9 @@ def load_rank_files(directory: Path) -> list[dict[str, Any]]:
     ranks = [json.loads(p.read_text()) for p in files]
     for i, r in enumerate(ranks):
         if r.get("rank") != i or not r.get("ok"):
-            raise ValidationDataError(f"{directory}: rank file {i} is rank {r.get('rank')} with ok={r.get('ok')}")
+            raise ValidationDataError(
+                f"{directory}: rank file {i} is rank {r.get('rank')} with ok={r.get('ok')}"
+            )
     return ranks
 
 
@@ -97,26 +99,42 @@ def load_forwards(evidence: Path, routing: str) -> tuple[list[Forward], list[dic
             raise ValidationDataError(f"{routing}: ranks ran different plans")
         if len(r["blocks"]) != len(plan) * reps:
             raise ValidationDataError(
-                f"{routing} rank {r['rank']}: {len(r['blocks'])} block forwards for {len(plan)} steps x {reps} reps")
+                f"{routing} rank {r['rank']}: {len(r['blocks'])} block forwards for {len(plan)} steps x {reps} reps"
+            )
     out = []
     for f in range(len(plan) * reps):
         rep, step = divmod(f, len(plan))
         blocks = [r["blocks"][f] for r in ranks]
         tokens = tuple(int(b["tokens"]) for b in blocks)
         if list(tokens) != plan[step]:
-            raise ValidationDataError(f"{routing} forward {f}: the blocks saw {tokens} tokens, the plan says {plan[step]}")
+            raise ValidationDataError(
+                f"{routing} forward {f}: the blocks saw {tokens} tokens, the plan says {plan[step]}"
+            )
         counts = np.array([b["expert_counts"] for b in blocks], dtype=np.int64)
         top_k = int(ranks[0]["moe"][0]["top_k"])
         for i, n in enumerate(tokens):
             if int(counts[i].sum()) != n * top_k:
-                raise ValidationDataError(f"{routing} forward {f} rank {i}: {counts[i].sum()} pairs for {n} tokens")
-        out.append(Forward(routing, rep, step, tokens, counts, tuple(float(b["compute_us"]) for b in blocks),
-                           tuple(tuple(float(x) for x in b["nccl_us"]) for b in blocks),
-                           tuple(blocks[0]["nccl_names"])))
+                raise ValidationDataError(
+                    f"{routing} forward {f} rank {i}: {counts[i].sum()} pairs for {n} tokens"
+                )
+        out.append(
+            Forward(
+                routing,
+                rep,
+                step,
+                tokens,
+                counts,
+                tuple(float(b["compute_us"]) for b in blocks),
+                tuple(tuple(float(x) for x in b["nccl_us"]) for b in blocks),
+                tuple(blocks[0]["nccl_names"]),
+            )
+        )
     return out, ranks
 
 
-def dispatch_launches(evidence: Path, routing: str, row_bytes: Sequence[int]) -> list[GroupedLaunch]:
+def dispatch_launches(
+    evidence: Path, routing: str, row_bytes: Sequence[int]
+) -> list[GroupedLaunch]:
     """The engine's grouped dispatch kernels at equal counts, one launch per step: the median over
     the step's repetitions of the last-arriving rank's first NCCL kernel (one AllGather kernel for
     hidden states, top-k weights and ids), each operation sized from the contract's row widths."""
@@ -128,10 +146,16 @@ def dispatch_launches(evidence: Path, routing: str, row_bytes: Sequence[int]) ->
     out = []
     for step, fs in sorted(by_step.items()):
         if not all("AllGather" in f.nccl_names[0] for f in fs):
-            raise ValidationDataError(f"{routing} step {step}: the first NCCL kernel is not the grouped AllGather")
+            raise ValidationDataError(
+                f"{routing} step {step}: the first NCCL kernel is not the grouped AllGather"
+            )
         ranks, rows = len(fs[0].tokens), fs[0].tokens[0]
         measured = float(statistics.median(min(r[0] for r in f.nccl_us) for f in fs))
-        out.append(GroupedLaunch("all_gather", ranks, tuple(ranks * rows * int(w) for w in row_bytes), measured))
+        out.append(
+            GroupedLaunch(
+                "all_gather", ranks, tuple(ranks * rows * int(w) for w in row_bytes), measured
+            )
+        )
     return out
 
 
@@ -143,7 +167,12 @@ def local_load(counts: np.ndarray, expert_map: Sequence[int]) -> tuple[int, int]
 
 
 def compare(
-    forwards: Sequence[Forward], ranks_info: Sequence[dict[str, Any]], *, bundle: str, cluster_path: str, policy: str,
+    forwards: Sequence[Forward],
+    ranks_info: Sequence[dict[str, Any]],
+    *,
+    bundle: str,
+    cluster_path: str,
+    policy: str,
     tile_cost_us: float | None = None,
 ) -> list[dict[str, Any]]:
     """One row per forward and rank: measured and estimated compute, transfer, wait, N/A/M."""
@@ -168,19 +197,31 @@ def compare(
         transfer_est = float(est.transfer_us[i, 0]) if est.transfer_us is not None else float("nan")
         for r in range(dp):
             a, m = local_load(f.global_counts, maps[r])
-            rows.append({
-                "routing": f.routing, "policy": policy, "rep": f.rep, "step": f.step, "rank": r,
-                "tokens": list(f.tokens), "N": int(est.routing.tokens[i]),
-                "A_measured": a, "M_measured": m,
-                "A_estimate": int(est.routing.activated_experts[i, r]),
-                "M_estimate": int(est.routing.local_assignments[i, r]),
-                "compute_measured_us": f.compute_us[r],
-                "compute_estimate_us": float(est.compute_us[i, r]),
-                "components_estimate_us": {c: float(v[i, r]) for c, v in est.components.items()},
-                "transfer_measured_us": f.transfer_us, "transfer_estimate_us": transfer_est,
-                "nccl_measured_us": list(f.nccl_us[r]),
-                "wait_measured_us": f.wait_us[r], "wait_estimate_us": float(est.wait_us[i, r]),
-            })
+            rows.append(
+                {
+                    "routing": f.routing,
+                    "policy": policy,
+                    "rep": f.rep,
+                    "step": f.step,
+                    "rank": r,
+                    "tokens": list(f.tokens),
+                    "N": int(est.routing.tokens[i]),
+                    "A_measured": a,
+                    "M_measured": m,
+                    "A_estimate": int(est.routing.activated_experts[i, r]),
+                    "M_estimate": int(est.routing.local_assignments[i, r]),
+                    "compute_measured_us": f.compute_us[r],
+                    "compute_estimate_us": float(est.compute_us[i, r]),
+                    "components_estimate_us": {
+                        c: float(v[i, r]) for c, v in est.components.items()
+                    },
+                    "transfer_measured_us": f.transfer_us,
+                    "transfer_estimate_us": transfer_est,
+                    "nccl_measured_us": list(f.nccl_us[r]),
+                    "wait_measured_us": f.wait_us[r],
+                    "wait_estimate_us": float(est.wait_us[i, r]),
+                }
+            )
     return rows
 
 
@@ -195,13 +236,30 @@ def per_step(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((row["routing"], row["policy"], row["step"], row["rank"]), []).append(row)
     out = []
     for (routing, policy, step, rank), rs in sorted(groups.items()):
-        med = {k: float(statistics.median(r[k] for r in rs)) for k in (
-            "compute_measured_us", "compute_estimate_us", "transfer_measured_us", "transfer_estimate_us",
-            "wait_measured_us", "wait_estimate_us")}
-        out.append({"routing": routing, "policy": policy, "step": step, "rank": rank, "tokens": rs[0]["tokens"],
-                    "reps": len(rs), **med,
-                    "compute_error": _rel(med["compute_estimate_us"], med["compute_measured_us"]),
-                    "transfer_error": _rel(med["transfer_estimate_us"], med["transfer_measured_us"])})
+        med = {
+            k: float(statistics.median(r[k] for r in rs))
+            for k in (
+                "compute_measured_us",
+                "compute_estimate_us",
+                "transfer_measured_us",
+                "transfer_estimate_us",
+                "wait_measured_us",
+                "wait_estimate_us",
+            )
+        }
+        out.append(
+            {
+                "routing": routing,
+                "policy": policy,
+                "step": step,
+                "rank": rank,
+                "tokens": rs[0]["tokens"],
+                "reps": len(rs),
+                **med,
+                "compute_error": _rel(med["compute_estimate_us"], med["compute_measured_us"]),
+                "transfer_error": _rel(med["transfer_estimate_us"], med["transfer_measured_us"]),
+            }
+        )
     return out
 
 
@@ -212,34 +270,60 @@ def summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ce = [abs(s["compute_error"]) for s in ss]
         te = [abs(s["transfer_error"]) for s in ss if s["rank"] == 0]
         out[f"{key[0]}/{key[1]}"] = {
-            "compute_abs_error_median": float(statistics.median(ce)), "compute_abs_error_max": max(ce),
-            "compute_within_goal": (statistics.median(ce) <= COMPUTE_MEDIAN_GOAL and max(ce) <= COMPUTE_MAX_GOAL),
-            "transfer_abs_error_median": float(statistics.median(te)), "transfer_abs_error_max": max(te),
-            "transfer_steps_within_25pct": sum(e <= TRANSFER_GOAL for e in te), "steps": len(te),
+            "compute_abs_error_median": float(statistics.median(ce)),
+            "compute_abs_error_max": max(ce),
+            "compute_within_goal": (
+                statistics.median(ce) <= COMPUTE_MEDIAN_GOAL and max(ce) <= COMPUTE_MAX_GOAL
+            ),
+            "transfer_abs_error_median": float(statistics.median(te)),
+            "transfer_abs_error_max": max(te),
+            "transfer_steps_within_25pct": sum(e <= TRANSFER_GOAL for e in te),
+            "steps": len(te),
         }
     return out
 
 
-def run(evidence: Path, bundle: str, cluster: str, tile_cost_us: float | None = None) -> dict[str, Any]:
+def run(
+    evidence: Path, bundle: str, cluster: str, tile_cost_us: float | None = None
+) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for routing in ROUTINGS:
         forwards, info = load_forwards(evidence, routing)
         for policy in POLICIES[routing]:
-            rows += compare(forwards, info, bundle=bundle, cluster_path=cluster, policy=policy,
-                            tile_cost_us=tile_cost_us)
+            rows += compare(
+                forwards,
+                info,
+                bundle=bundle,
+                cluster_path=cluster,
+                policy=policy,
+                tile_cost_us=tile_cost_us,
+            )
     steps = per_step(rows)
     extra = {} if tile_cost_us is None else {"tile_cost_us": tile_cost_us}
-    return {"bundle": bundle, "cluster": cluster, **extra, "summary": summary(steps), "steps": steps, "forwards": rows}
+    return {
+        "bundle": bundle,
+        "cluster": cluster,
+        **extra,
+        "summary": summary(steps),
+        "steps": steps,
+        "forwards": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("evidence", type=Path)
     p.add_argument("--bundle", required=True)
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", type=Path)
-    p.add_argument("--tile-cost-us", type=float, default=None,
-                   help="issue 18: charge the histogram policy's extra row tiles at this cost (us per tile)")
+    p.add_argument(
+        "--tile-cost-us",
+        type=float,
+        default=None,
+        help="issue 18: charge the histogram policy's extra row tiles at this cost (us per tile)",
+    )
     args = p.parse_args(argv)
     result = run(args.evidence, args.bundle, args.cluster, args.tile_cost_us)
     text = json.dumps(result, indent=1)

@@ -52,6 +52,7 @@ PHASES: dict[str, str] = {
     "statistics": "medians, the B/2B control and verdicts",
     "checkpoint": "samples.jsonl records, flush and fsync",
     "publish": "contract, coverage and the validated bundle write",
+    "isolated_target": "a target's child process (--isolate-targets; the child logs its phases)",
     "other": "everything no phase above claims (progress, bookkeeping)",
 }
 

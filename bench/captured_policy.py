@@ -24,7 +24,9 @@ H200 = Path(__file__).resolve().parents[1] / "bundles/H200/Qwen/Qwen3-30B-A3B-In
 
 def skewed_profile(steps: int = 400, layers: int = 8, seed: int = 0) -> RoutingProfile:
     rng = np.random.default_rng(seed)
-    sizes = np.where(rng.random(steps) < 0.8, rng.integers(1, 128, steps), rng.integers(128, 4096, steps))
+    sizes = np.where(
+        rng.random(steps) < 0.8, rng.integers(1, 128, steps), rng.integers(128, 4096, steps)
+    )
     counts = np.zeros((steps, layers, 128), dtype=np.int64)
     bias = [-1.2 * np.log(rng.permutation(128) + 1.0) for _ in range(layers)]
     for layer in range(layers):
@@ -34,9 +36,17 @@ def skewed_profile(steps: int = 400, layers: int = 8, seed: int = 0) -> RoutingP
             picked = np.argpartition(-scores, 7, axis=1)[:, :8]
             counts[s, layer] = np.bincount(picked.ravel(), minlength=128)
     return RoutingProfile.create(
-        model={"name": "synthetic", "global_experts": 128, "top_k": 8, "layers": list(range(layers))},
+        model={
+            "name": "synthetic",
+            "global_experts": 128,
+            "top_k": 8,
+            "layers": list(range(layers)),
+        },
         workload={"prompts_sha256": "", "prompts": 0, "prompt_tokens": 0, "generated_tokens": 0},
-        step_tokens=sizes, counts=counts, router="synthetic zipf 1.2", source="synthetic",
+        step_tokens=sizes,
+        counts=counts,
+        router="synthetic zipf 1.2",
+        source="synthetic",
     )
 
 
@@ -46,7 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     t = time.perf_counter()
     profile = skewed_profile()
-    print(f"profile: {profile.steps} steps x {len(profile.layers)} layers in {time.perf_counter() - t:.1f} s")
+    print(
+        f"profile: {profile.steps} steps x {len(profile.layers)} layers in {time.perf_counter() - t:.1f} s"
+    )
     tables = ComponentTables(H200)
     rng = np.random.default_rng(1)
     steps = rng.integers(1, 1024, size=(args.steps, 2))
@@ -54,8 +66,10 @@ def main() -> None:
         ("balanced", {"policy": "balanced"}),
         ("captured", {"policy": "captured", "profile": profile, "layer": 7}),
         ("captured, all layers", {"policy": "captured", "profile": profile}),
-        ("captured expectation", {"policy": "captured", "profile": profile, "layer": 7,
-                                  "captured_expectation": True}),
+        (
+            "captured expectation",
+            {"policy": "captured", "profile": profile, "layer": 7, "captured_expectation": True},
+        ),
     ):
         t = time.perf_counter()
         tables.estimate_batch(steps, tp=1, dp=2, **options)

@@ -2,6 +2,7 @@
 
     python bench/estimate_bench.py                 # everything: in process, CLI, REST
     python bench/estimate_bench.py --skip-rest     # in process and CLI only
+    python bench/estimate_bench.py --rest-only --port 8114   # the REST figures only
 
 Steps: random padded token counts in [1, 2048] per DP rank (seed 7) on the shipped H200 bundle's
 TP1/DP2/EP2 deployment (both ranks), balanced routing unless stated. Each estimate is one MoE
@@ -267,9 +268,37 @@ def rest(scratch: Path, port: int) -> list[dict[str, Any]]:
             out.append({"name": f"REST lookup of the same steps: 2 requests (one per rank) of "
                         f"{3 * steps_each} queries", "steps_per_s": steps_each / per_s,
                         "p50_ms": round(p50, 3), "errors": r["errors"]})
+        out += remote_tables(f"http://{bind}", cluster)
     finally:
         server.terminate()
         server.wait(timeout=30)
+    return out
+
+
+def remote_tables(url: str, cluster_raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Python client: typed results rebuilt from the answers (events included)."""
+    try:
+        from moetables.client import RemoteTables
+    except ImportError:
+        return []
+    if not hasattr(RemoteTables, "estimate"):  # a tree from before the client's estimate
+        return []
+    from moetables.comm import parse_cluster
+
+    cluster = parse_cluster(cluster_raw, source=str(FIXTURE))
+    named: dict[str, Any] = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16"}
+    out = []
+    with RemoteTables(url, **named) as tables:
+        one = steps(200, seed=11)
+        tables.estimate(one[0].tolist(), tp=1, dp=2, cluster=cluster)  # pins the bundle
+        t = best(lambda: [tables.estimate(row, tp=1, dp=2, cluster=cluster)
+                          for row in one.tolist()], repeat=2)
+        out.append({"name": "RemoteTables.estimate, 1 step per call (typed LayerEstimate)",
+                    "steps_per_s": 200 / t})
+        many = steps(10_000, seed=11)
+        t = best(lambda: tables.estimate_batch(many, tp=1, dp=2, cluster=cluster), repeat=2)
+        out.append({"name": "RemoteTables.estimate_batch, 10,000 steps (1,000 per request, "
+                    "typed BatchEstimate)", "steps_per_s": 10_000 / t})
     return out
 
 
@@ -280,12 +309,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8102)
     parser.add_argument("--skip-rest", action="store_true")
     parser.add_argument("--skip-cli", action="store_true")
+    parser.add_argument("--rest-only", action="store_true")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="estimate-bench-"))
     results = []
     try:
-        results += in_process(args.steps)
-        if not args.skip_cli:
+        if not args.rest_only:
+            results += in_process(args.steps)
+        if not args.skip_cli and not args.rest_only:
             results += cli(scratch, args.cli_steps)
         if not args.skip_rest:
             results += rest(scratch, args.port)

@@ -137,19 +137,27 @@ def torch_reference_against_vllm() -> None:
     expert_bytes = 3 * 2048 * 768 * 2  # gate, up and down projections of one expert, bf16
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for active, colour in ((8, "tab:blue"), (64, "tab:green")):
-        for deployment, style, name in ((vllm, "-", "vLLM TritonExperts"),
-                                        (torch_ref, "--", "torch-reference")):
+        for deployment, style, name in (
+            (vllm, "-", "vLLM TritonExperts"),
+            (torch_ref, "--", "torch-reference"),
+        ):
             xs, ys = _lookup_line(deployment, tokens, active)
             ax.plot(xs, ys, style, color=colour, label=f"{name}, A={active}")
         bound = active * expert_bytes / 4.8e12 * 1e6
-        ax.axhline(bound, color=colour, linestyle=":", linewidth=1,
-                   label=f"A={active} weights / 4.8 TB/s ({bound:.1f} us)")
+        ax.axhline(
+            bound,
+            color=colour,
+            linestyle=":",
+            linewidth=1,
+            label=f"A={active} weights / 4.8 TB/s ({bound:.1f} us)",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("N, gathered rows into the expert kernel")
     ax.set_ylabel("experts time (us, eager, summed CUDA activity)")
-    ax.set_title("H200, Qwen3-30B-A3B bf16, TP1/DP2/EP2 rank 0: balanced M, A = min(A, M)",
-                 fontsize=10)
+    ax.set_title(
+        "H200, Qwen3-30B-A3B bf16, TP1/DP2/EP2 rank 0: balanced M, A = min(A, M)", fontsize=10
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()

@@ -26,17 +26,24 @@ VALID_HEAD = b"hardware: X\nmodel: m\nvariant: v\n"
 def cases() -> dict[str, bytes]:
     return {
         "billion laughs (444 B, aliases)": LAUGHS,
-        "4 MiB of YAML in one string (at the size limit)": VALID_HEAD + b"notes: '"
-        + b"x" * (4 * 1024 * 1024 - 50) + b"'\n",
-        "4.5 MiB of YAML (past the size limit)": VALID_HEAD + b"n: '" + b"x" * (4608 * 1024)
+        "4 MiB of YAML in one string (at the size limit)": VALID_HEAD
+        + b"notes: '"
+        + b"x" * (4 * 1024 * 1024 - 50)
+        + b"'\n",
+        "4.5 MiB of YAML (past the size limit)": VALID_HEAD
+        + b"n: '"
+        + b"x" * (4608 * 1024)
         + b"'\n",
         "99,990 nodes (at the node limit)": VALID_HEAD + b"n: [" + b"1," * 99_980 + b"1]\n",
-        "100,001 nodes (past the node limit)": VALID_HEAD + b"n: [" + b"1," * 100_000
-        + b"1]\n",
-        "100,000 nested [ (depth attack)": VALID_HEAD + b"n: " + b"[" * 100_000
-        + b"]" * 100_000 + b"\n",
+        "100,001 nodes (past the node limit)": VALID_HEAD + b"n: [" + b"1," * 100_000 + b"1]\n",
+        "100,000 nested [ (depth attack)": VALID_HEAD
+        + b"n: "
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"\n",
         "65 levels (past the depth limit)": VALID_HEAD + b"n: " + b"[" * 65 + b"]" * 65 + b"\n",
-        "global_experts 50,000,000": VALID_HEAD + (
+        "global_experts 50,000,000": VALID_HEAD
+        + (
             b"per_tp:\n  1:\n    moe_components:\n      schema: moe-components\n"
             b"      entries:\n      - target: {tp: 1, dp: 1, ep: 1, rank: 0, "
             b"sequence_parallel: false}\n        table: t.csv\n        contract: {target: {tp: 1,"
@@ -64,8 +71,7 @@ def main() -> None:
             validate_bundle(folder)
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
-            print(f"| {name} | {best * 1000:.1f} ms | {peak / 2**20:.1f} MiB | "
-                  f"{problem[:90]} |")
+            print(f"| {name} | {best * 1000:.1f} ms | {peak / 2**20:.1f} MiB | {problem[:90]} |")
 
 
 if __name__ == "__main__":

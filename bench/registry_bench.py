@@ -50,10 +50,14 @@ def lookup_queries(count: int, seed: int = 7) -> list[dict[str, Any]]:
         else:
             n = rng.randint(1, 4096)
             m = 4 * n
-            queries.append({
-                "component": "experts", "tokens": n,
-                "activated_experts": rng.randint(1, min(64, m)), "local_assignments": m,
-            })
+            queries.append(
+                {
+                    "component": "experts",
+                    "tokens": n,
+                    "activated_experts": rng.randint(1, min(64, m)),
+                    "local_assignments": m,
+                }
+            )
     return queries
 
 
@@ -68,9 +72,14 @@ def current_queries(count: int, seed: int = 11) -> list[dict[str, Any]]:
         n = rng.randint(2, 128)
         a = rng.randint(1, min(8, 2 * n))
         m = rng.randint(a, n * min(2, a))
-        queries.append({
-            "component": "experts", "tokens": n, "activated_experts": a, "local_assignments": m,
-        })
+        queries.append(
+            {
+                "component": "experts",
+                "tokens": n,
+                "activated_experts": a,
+                "local_assignments": m,
+            }
+        )
     return queries
 
 
@@ -91,8 +100,9 @@ def drop_postgres() -> None:
 
 
 def manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [PY, "manage.py", *args], cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -110,8 +120,16 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
 def load(
     base: str, path: str, body: Path | None, requests: int, concurrency: int
 ) -> dict[str, Any]:
-    cmd = [PY, str(REPO / "bench" / "registry_load.py"), "--url", base + path,
-           "--requests", str(requests), "--concurrency", str(concurrency)]
+    cmd = [
+        PY,
+        str(REPO / "bench" / "registry_load.py"),
+        "--url",
+        base + path,
+        "--requests",
+        str(requests),
+        "--concurrency",
+        str(concurrency),
+    ]
     if body is not None:
         cmd += ["--body-file", str(body)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -129,9 +147,14 @@ def main() -> None:
 
     scratch = Path(tempfile.mkdtemp(prefix="registry-bench-"))
     # DJANGO_DEBUG=0 is production: it needs its own key; plain HTTP on loopback.
-    env = {**os.environ, "REGISTRY_VAR_DIR": str(scratch), "DJANGO_DEBUG": "0",
-           "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-           "DJANGO_HTTPS": "0"}
+    env = {
+        **os.environ,
+        "REGISTRY_VAR_DIR": str(scratch),
+        "DJANGO_DEBUG": "0",
+        "DJANGO_LOG_LEVEL": "WARNING",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "DJANGO_HTTPS": "0",
+    }
     env.pop("DATABASE_URL", None)
     if args.postgres:
         env["DATABASE_URL"] = scratch_postgres()
@@ -139,13 +162,25 @@ def main() -> None:
     try:
         manage(env, "migrate", "--noinput")
         manage(env, "import_bundle", "bundles")
-        subprocess.run([PY, str(REPO / "bench" / "registry_synthetic.py"), "--count",
-                        str(args.bundles)], cwd=REPO, env=env, check=True)
+        subprocess.run(
+            [PY, str(REPO / "bench" / "registry_synthetic.py"), "--count", str(args.bundles)],
+            cwd=REPO,
+            env=env,
+            check=True,
+        )
         target = {"tp": 1, "dp": 2, "rank": 0, "sequence_parallel": False}
-        shipped = {"hardware": "RTXPRO6000", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507",
-                   "variant": "bf16", "target": target}
-        synthetic = {"hardware": "SYNTHETIC-BENCH-1", "model": "synthetic/bench-moe-0001",
-                     "variant": "fp8", "target": target}
+        shipped = {
+            "hardware": "RTXPRO6000",
+            "model": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+            "variant": "bf16",
+            "target": target,
+        }
+        synthetic = {
+            "hardware": "SYNTHETIC-BENCH-1",
+            "model": "synthetic/bench-moe-0001",
+            "variant": "fp8",
+            "target": target,
+        }
         bodies = {}
         for name, envelope, queries in (
             ("1", shipped, lookup_queries(1)),
@@ -156,11 +191,22 @@ def main() -> None:
             path.write_text(json.dumps({**envelope, "queries": queries}))
             bodies[name] = path
         bind = f"127.0.0.1:{args.port}"
-        gunicorn = [str(REPO / ".venv" / "bin" / "gunicorn"), "--bind", bind, "--workers", "2",
-                    "--worker-class", "gthread", "--threads", str(args.threads),
-                    "--log-level", "warning"]
-        baseline = subprocess.Popen([*gunicorn, "registry_baseline_wsgi:app"],
-                                    cwd=REPO / "bench", env=env)
+        gunicorn = [
+            str(REPO / ".venv" / "bin" / "gunicorn"),
+            "--bind",
+            bind,
+            "--workers",
+            "2",
+            "--worker-class",
+            "gthread",
+            "--threads",
+            str(args.threads),
+            "--log-level",
+            "warning",
+        ]
+        baseline = subprocess.Popen(
+            [*gunicorn, "registry_baseline_wsgi:app"], cwd=REPO / "bench", env=env
+        )
         base = f"http://{bind}"
         wait_ready(base + "/", baseline)
         results = []
@@ -173,18 +219,43 @@ def main() -> None:
         server = subprocess.Popen([*gunicorn, "config.wsgi"], cwd=REPO, env=env)
         wait_ready(base + "/api/v1/", server)
         scenarios = [
-            ("lookup, 10,000 queries per request (shipped historical bundle)", "/api/v1/lookup",
-             bodies["10k"], 30, 1),
-            ("lookup, 10,000 queries per request (SYNTHETIC current-layout bundle)",
-             "/api/v1/lookup", bodies["10k-current"], 60, 1),
+            (
+                "lookup, 10,000 queries per request (shipped historical bundle)",
+                "/api/v1/lookup",
+                bodies["10k"],
+                30,
+                1,
+            ),
+            (
+                "lookup, 10,000 queries per request (SYNTHETIC current-layout bundle)",
+                "/api/v1/lookup",
+                bodies["10k-current"],
+                60,
+                1,
+            ),
             ("lookup, 1 query per request", "/api/v1/lookup", bodies["1"], 3000, 1),
             ("lookup, 1 query per request", "/api/v1/lookup", bodies["1"], 6000, 4),
-            (f"bundle list, {args.bundles + 1} bundles, default page (50)", "/api/v1/bundles/",
-             None, 300, 1),
-            (f"bundle list, {args.bundles + 1} bundles, filtered tp=2&dp=2",
-             "/api/v1/bundles/?tp=2&dp=2", None, 300, 1),
-            (f"bundle list, {args.bundles + 1} bundles, limit=1000", "/api/v1/bundles/?limit=1000",
-             None, 30, 1),
+            (
+                f"bundle list, {args.bundles + 1} bundles, default page (50)",
+                "/api/v1/bundles/",
+                None,
+                300,
+                1,
+            ),
+            (
+                f"bundle list, {args.bundles + 1} bundles, filtered tp=2&dp=2",
+                "/api/v1/bundles/?tp=2&dp=2",
+                None,
+                300,
+                1,
+            ),
+            (
+                f"bundle list, {args.bundles + 1} bundles, limit=1000",
+                "/api/v1/bundles/?limit=1000",
+                None,
+                30,
+                1,
+            ),
         ]
         for name, path, body, requests, concurrency in scenarios:
             result = load(base, path, body, requests, concurrency)
@@ -192,12 +263,16 @@ def main() -> None:
             results.append(result)
         database = "PostgreSQL 127.0.0.1" if args.postgres else "SQLite"
         database += f", {args.threads} thread{'s' if args.threads != 1 else ''} per worker"
-        print(f"\n| scenario ({database}) | requests | concurrency | p50 ms | p90 ms | p99 ms "
-              "| req/s | errors |")
+        print(
+            f"\n| scenario ({database}) | requests | concurrency | p50 ms | p90 ms | p99 ms "
+            "| req/s | errors |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in results:
-            print(f"| {r['name']} | {r['requests']} | {r['concurrency']} | {r['p50_ms']} | "
-                  f"{r['p90_ms']} | {r['p99_ms']} | {r['requests_per_s']} | {r['errors']} |")
+            print(
+                f"| {r['name']} | {r['requests']} | {r['concurrency']} | {r['p50_ms']} | "
+                f"{r['p90_ms']} | {r['p99_ms']} | {r['requests_per_s']} | {r['errors']} |"
+            )
         print()
         for r in results:
             print(json.dumps(r))

@@ -49,8 +49,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         synthetic = write_bundle(
             Path(work) / "synthetic" / "fp8",
-            {"hardware": "SYNTHETIC-BENCH-1", "model": "synthetic/bench-moe-0001",
-             "variant": "fp8"},
+            {
+                "hardware": "SYNTHETIC-BENCH-1",
+                "model": "synthetic/bench-moe-0001",
+                "variant": "fp8",
+            },
             synthetic_specs(1, 1, 2),
         )
         for name, root, queries in (

@@ -63,7 +63,9 @@ def synthetic_specs(index: int, tp: int, dp: int) -> list[Any]:
             "complete": True,
             "completed_rounds": 1,
             "conditioning_summary": {
-                "checked_points": 0, "failed_points": 0, "max_relative_change": 0.0,
+                "checked_points": 0,
+                "failed_points": 0,
+                "max_relative_change": 0.0,
             },
         }
         specs.append(TableSpec(target=target, contract=contract, coverage=coverage, rows=rows))

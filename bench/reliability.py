@@ -41,9 +41,12 @@ def main() -> None:
 
     var = Path(tempfile.mkdtemp(prefix="reliability-"))
     os.environ.update(
-        DJANGO_SETTINGS_MODULE="config.settings", REGISTRY_VAR_DIR=str(var),
-        DJANGO_ALLOWED_HOSTS="testserver,localhost", REGISTRY_UPLOAD_THROTTLE="",
-        REGISTRY_JOB_THROTTLE="", REGISTRY_SIGNIN_THROTTLE="",
+        DJANGO_SETTINGS_MODULE="config.settings",
+        REGISTRY_VAR_DIR=str(var),
+        DJANGO_ALLOWED_HOSTS="testserver,localhost",
+        REGISTRY_UPLOAD_THROTTLE="",
+        REGISTRY_JOB_THROTTLE="",
+        REGISTRY_SIGNIN_THROTTLE="",
     )
     import django
 
@@ -80,11 +83,11 @@ def main() -> None:
     good = refused_good = 0
     for index in range(args.archives):
         if index % 50 == 0:  # a control: a valid bundle (a new variant) must be accepted
-            valid = tar_gz(_set_meta(members, lambda m, i=index: m.__setitem__(
-                "variant", f"bf16-control-{i}")))
+            valid = tar_gz(
+                _set_meta(members, lambda m, i=index: m.__setitem__("variant", f"bf16-control-{i}"))
+            )
             good += 1
-            if upload_and_check(client, Hostile("valid control", valid, False), var,
-                                report) != 201:
+            if upload_and_check(client, Hostile("valid control", valid, False), var, report) != 201:
                 refused_good += 1
             continue
         hostile = make_hostile(random.Random(args.seed * 1_000_003 + index), members)
@@ -104,38 +107,51 @@ def main() -> None:
     app = get_wsgi_application()
     start = time.perf_counter()
     anonymous = run_schema(app, args.schema_examples, seed=args.seed)
-    signed_in = run_schema(app, args.schema_examples, seed=args.seed,
-                           headers={"Authorization": f"Token {key}"})
+    signed_in = run_schema(
+        app, args.schema_examples, seed=args.seed, headers={"Authorization": f"Token {key}"}
+    )
     schema_s = time.perf_counter() - start
 
     summary: dict[str, Any] = {
         "database": connection.vendor,
         "archives": {
-            "uploads": report.uploads, "refused": report.refused, "accepted": report.accepted,
-            "valid_controls": good, "valid_controls_refused": refused_good,
+            "uploads": report.uploads,
+            "refused": report.refused,
+            "accepted": report.accepted,
+            "valid_controls": good,
+            "valid_controls_refused": refused_good,
             "server_errors": len(report.server_errors or []),
             "accepted_bad": len(report.accepted_bad or []),
             "left_behind": len(report.left_behind or []),
             "seconds": round(archive_s, 1),
-            "examples": (report.server_errors or []) [:3] + (report.accepted_bad or [])[:3]
+            "examples": (report.server_errors or [])[:3]
+            + (report.accepted_bad or [])[:3]
             + (report.left_behind or [])[:3],
             "by_mutation": {
-                name: {"count": len(times),
-                       "median_ms": round(1000 * statistics.median(times), 1),
-                       "max_ms": round(1000 * max(times), 1)}
+                name: {
+                    "count": len(times),
+                    "median_ms": round(1000 * statistics.median(times), 1),
+                    "max_ms": round(1000 * max(times), 1),
+                }
                 for name, times in sorted(latency.items())
             },
         },
         "schemathesis": {
-            label: {"calls": run.calls, "server_errors": run.server_errors,
-                    "failures": len(run.failures), "statuses": dict(sorted(run.statuses.items())),
-                    "examples": list(run.failures)[:5]}
+            label: {
+                "calls": run.calls,
+                "server_errors": run.server_errors,
+                "failures": len(run.failures),
+                "statuses": dict(sorted(run.statuses.items())),
+                "examples": list(run.failures)[:5],
+            }
             for label, run in (("anonymous", anonymous), ("token", signed_in))
         },
         "schemathesis_seconds": round(schema_s, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "limits": {k: settings.REGISTRY[k] for k in (
-            "MAX_ARCHIVE_BYTES", "MAX_UNPACKED_BYTES", "MAX_FILES", "USER_QUOTA_BYTES")},
+        "limits": {
+            k: settings.REGISTRY[k]
+            for k in ("MAX_ARCHIVE_BYTES", "MAX_UNPACKED_BYTES", "MAX_FILES", "USER_QUOTA_BYTES")
+        },
     }
     text = json.dumps(summary, indent=2)
     print(text)

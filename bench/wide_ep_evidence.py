@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -97,54 +98,64 @@ def stability(bundle: Path, dp: int, rank: int) -> dict[str, Any]:
     }
 
 
-def agreement(bundle: Path, dp: int) -> dict[str, dict[str, Any]]:
-    """Each rank against rank 0, point by point on their common keys, per component."""
+def compare_rows(base: dict[Key, float], other: dict[Key, float]) -> dict[str, Any]:
+    """``other`` against ``base``, point by point on their common keys, per component."""
+    per: dict[str, Any] = {"common_points": len(base.keys() & other.keys())}
+    per["only_rank0"] = len(base.keys() - other.keys())
+    per["only_this_rank"] = len(other.keys() - base.keys())
+    for component in ("gate_routing", "experts", "finalize_copy"):
+        common = [k for k in base.keys() & other.keys() if k[0] == component]
+        if not common:
+            continue
+        diffs = [abs(other[k] - base[k]) / base[k] for k in common]
+        worst = max(common, key=lambda k: abs(other[k] - base[k]) / base[k])
+        per[component] = {
+            "points": len(diffs),
+            "median_rel_diff": statistics.median(diffs),
+            "max_rel_diff": max(diffs),
+            "max_at": list(worst[2:]),
+            "within_3pct": sum(d <= 0.03 for d in diffs) / len(diffs),
+        }
+    return per
+
+
+def agreement(
+    bundle: Path, dp: int, ranks: Iterable[int] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each rank (default: 1..dp-1) against rank 0, point by point on their common keys, per
+    component (``compare_rows``)."""
     base = rank_rows(bundle, dp, 0)
-    out: dict[str, dict[str, Any]] = {}
-    for rank in range(1, dp):
-        other = rank_rows(bundle, dp, rank)
-        per: dict[str, Any] = {"common_points": len(base.keys() & other.keys())}
-        per["only_rank0"] = len(base.keys() - other.keys())
-        per["only_this_rank"] = len(other.keys() - base.keys())
-        for component in ("gate_routing", "experts", "finalize_copy"):
-            diffs = [
-                abs(other[k] - base[k]) / base[k]
-                for k in base.keys() & other.keys()
-                if k[0] == component
-            ]
-            worst = max(
-                (k for k in base.keys() & other.keys() if k[0] == component),
-                key=lambda k: abs(other[k] - base[k]) / base[k],
-            )
-            per[component] = {
-                "points": len(diffs),
-                "median_rel_diff": statistics.median(diffs),
-                "max_rel_diff": max(diffs),
-                "max_at": list(worst[2:]),
-                "within_3pct": sum(d <= 0.03 for d in diffs) / len(diffs),
-            }
-        out[f"rank{rank}_vs_rank0"] = per
-    return out
+    return {
+        f"rank{rank}_vs_rank0": compare_rows(base, rank_rows(bundle, dp, rank))
+        for rank in (range(1, dp) if ranks is None else ranks)
+    }
 
 
 BANDS = ((1, 64), (65, 512), (513, 1 << 20))
 
 
-def order(bundle: Path, dp: int) -> dict[str, dict[str, float]]:
+def signed_bands(base: dict[Key, float], other: dict[Key, float]) -> dict[str, float]:
+    """Signed median of (other / base - 1) over common expert rows with A > 0, per band of N
+    (a band without such rows is left out)."""
+    out: dict[str, float] = {}
+    for lo, hi in BANDS:
+        ratios = [
+            other[k] / base[k] - 1
+            for k in base
+            if k in other and k[0] == "experts" and k[3] > 0 and lo <= k[2] <= hi
+        ]
+        if ratios:
+            out[f"N{lo}-{hi}"] = statistics.median(ratios)
+    return out
+
+
+def order(bundle: Path, dp: int, ranks: Iterable[int] | None = None) -> dict[str, dict[str, float]]:
     """Signed median of (rank / rank 0 - 1) over expert rows with A > 0, per band of N."""
     base = rank_rows(bundle, dp, 0)
-    out: dict[str, dict[str, float]] = {}
-    for rank in range(1, dp):
-        other = rank_rows(bundle, dp, rank)
-        out[f"rank{rank}"] = {
-            f"N{lo}-{hi}": statistics.median(
-                other[k] / base[k] - 1
-                for k in base
-                if k[0] == "experts" and k[3] > 0 and lo <= k[2] <= hi
-            )
-            for lo, hi in BANDS
-        }
-    return out
+    return {
+        f"rank{rank}": signed_bands(base, rank_rows(bundle, dp, rank))
+        for rank in (range(1, dp) if ranks is None else ranks)
+    }
 
 
 def _resumed_process(bundle: Path) -> tuple[float, dict[int, set[Key]]]:

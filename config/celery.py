@@ -39,8 +39,11 @@ def schedule_housekeeping(sender: Celery, **_: Any) -> None:
     every = settings.REGISTRY["JOB_SWEEP_S"]
     if every > 0:
         sender.add_periodic_task(
-            float(every), sender.signature(SWEEP_TASK), name=SWEEP_TASK,
-            queue="default", expires=float(every),
+            float(every),
+            sender.signature(SWEEP_TASK),
+            name=SWEEP_TASK,
+            queue="default",
+            expires=float(every),
         )
 
 

@@ -17,19 +17,21 @@ from django.http import HttpRequest, HttpResponse
 
 __all__ = ["DEFAULT_POLICY", "FILE_POLICY", "ContentSecurityPolicyMiddleware"]
 
-DEFAULT_POLICY = "; ".join([
-    "default-src 'self'",
-    "script-src 'self'",
-    "style-src 'self' 'unsafe-inline'",
-    "img-src 'self' data: blob:",
-    "font-src 'self' data:",
-    "connect-src 'self'",
-    "worker-src 'self' blob:",
-    "object-src 'none'",
-    "base-uri 'none'",
-    "form-action 'self'",
-    "frame-ancestors 'none'",
-])
+DEFAULT_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "worker-src 'self' blob:",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
 # A stored file is data: nothing in it may run, load or be framed, even if a browser were
 # talked into rendering it.
 FILE_POLICY = "default-src 'none'; sandbox; frame-ancestors 'none'"

@@ -10,7 +10,9 @@ as vLLM pads them. For each step and DP rank the MoE layer is gate_routing over 
 rows, the experts over the gathered rows with balanced routing (R41: M = N*k*L/E local
 token-expert pairs and the expected number of distinct local experts for that many
 choices), and finalize_copy over its own rows; the step's MoE time is its slower rank's. The
-logical collectives between them are left out (they are not measured components).
+logical collectives between them are left out (they are not measured components). The same
+steps also go through the layer estimate (``estimate_batch``: the block's trace, with waits),
+in process and over REST alike.
 
 Remotely ``RemoteTables`` asks the registry that ``bash scripts/run.sh`` serves for the best
 H200 bundle of that model for the target (covering it, native vLLM first, newest vLLM, newest
@@ -45,6 +47,9 @@ class Totals:
     decode_us: float
     prefill_us: float
     refused: int  # queries outside measured support (none for these steps)
+    # The same steps through the layer estimate (`estimate_batch`: balanced routing, the
+    # block's trace, no cluster, so compute and waits only), decode and prefill together.
+    estimate_us: float
 
 
 def workload(steps: int, seed: int) -> dict[str, npt.NDArray[np.int64]]:
@@ -88,7 +93,10 @@ def simulate(tables: Any, steps: int = 1000, seed: int = 0) -> Totals:
     counts = workload(steps, seed)
     decode, refused_d = moe_layer_us(tables, counts["decode"])
     prefill, refused_p = moe_layer_us(tables, counts["prefill"])
-    return Totals(float(np.nansum(decode)), float(np.nansum(prefill)), refused_d + refused_p)
+    estimate = sum(float(np.nansum(tables.estimate_batch(c, tp=TP, dp=DP).layer_compute_us))
+                   for c in counts.values())
+    return Totals(float(np.nansum(decode)), float(np.nansum(prefill)), refused_d + refused_p,
+                  estimate)
 
 
 def shipped_folder(sha256: str) -> Path | None:
@@ -110,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.local_only:
         local = simulate(ComponentTables(BUNDLE), args.steps, args.seed)
         print(f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
-              f"over {args.steps} steps each ({local.refused} refused)")
+              f"over {args.steps} steps each ({local.refused} refused); "
+              f"layer estimate {local.estimate_us:.3f} us")
         return 0
     try:
         remote_tables = RemoteTables(args.url, **NAME, retries=1)
@@ -126,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     local = simulate(ComponentTables(folder), args.steps, args.seed)
     print(f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
-          f"over {args.steps} steps each ({local.refused} refused), {folder.relative_to(BUNDLES)}")
-    print(f"registry   : decode {remote.decode_us:.3f} us, prefill {remote.prefill_us:.3f} us "
-          f"(bundle {answerer['id']}, {answerer['backend']}, vLLM {answerer['vllm_version']})")
+          f"over {args.steps} steps each ({local.refused} refused), layer estimate "
+          f"{local.estimate_us:.3f} us, {folder.relative_to(BUNDLES)}")
+    print(f"registry   : decode {remote.decode_us:.3f} us, prefill {remote.prefill_us:.3f} us, "
+          f"layer estimate {remote.estimate_us:.3f} us (bundle {answerer['id']}, {answerer['backend']}, vLLM {answerer['vllm_version']})")
     same = remote == local and not math.isnan(local.decode_us)
     print("identical totals" if same else "TOTALS DIFFER")
     return 0 if same else 1

@@ -43,18 +43,38 @@ def timeline_figure(answer: dict[str, Any]) -> dict[str, Any]:
 
     for e in answer["events"]:
         if e["kind"] == "compute":
-            add("compute", e["rank"], e["start_us"], e["end_us"] - e["start_us"],
-                f"{e['name']}: {e['end_us'] - e['start_us']:.2f} µs")
+            add(
+                "compute",
+                e["rank"],
+                e["start_us"],
+                e["end_us"] - e["start_us"],
+                f"{e['name']}: {e['end_us'] - e['start_us']:.2f} µs",
+            )
             continue
-        add("wait", e["rank"], e["start_us"], e["wait_us"],
-            f"{e['name']}: wait {e['wait_us']:.2f} µs")
+        add(
+            "wait",
+            e["rank"],
+            e["start_us"],
+            e["wait_us"],
+            f"{e['name']}: wait {e['wait_us']:.2f} µs",
+        )
         if e["transfer_us"] is not None:
-            add("transfer", e["rank"], e["start_us"] + e["wait_us"], e["transfer_us"],
-                f"{e['name']}: transfer {e['transfer_us']:.2f} µs, {e['bytes']} bytes sent")
+            add(
+                "transfer",
+                e["rank"],
+                e["start_us"] + e["wait_us"],
+                e["transfer_us"],
+                f"{e['name']}: transfer {e['transfer_us']:.2f} µs, {e['bytes']} bytes sent",
+            )
     data = [
         {
-            "type": "bar", "orientation": "h", "name": kind, "marker": {"color": COLORS[kind]},
-            "hovertemplate": "%{text}<extra>%{y}</extra>", "textposition": "none", **bar,
+            "type": "bar",
+            "orientation": "h",
+            "name": kind,
+            "marker": {"color": COLORS[kind]},
+            "hovertemplate": "%{text}<extra>%{y}</extra>",
+            "textposition": "none",
+            **bar,
         }
         for kind, bar in bars.items()
         if bar["x"]
@@ -97,8 +117,9 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
     bundle = get_object_or_404(Bundle, pk=pk)
     deployments = _deployments(bundle)
     params = request.GET
-    clusters = sorted(p.stem for p in cluster_dir().glob("*.yaml")) if cluster_dir().is_dir() \
-        else []
+    clusters = (
+        sorted(p.stem for p in cluster_dir().glob("*.yaml")) if cluster_dir().is_dir() else []
+    )
     default = next((d for d in deployments if d[1] > 1), deployments[0] if deployments else None)
     chosen = params.get("deployment") or (_value(default) if default else "")
     form = {
@@ -124,15 +145,23 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
         "profiles": RoutingProfileRecord.objects.order_by("-published_at", "-id").values(
             "pk", "model", "router", "global_experts", "top_k"
         )[:100],
-        "clusters": clusters, "form": form, "answer": None, "error": None, "charts": {},
+        "clusters": clusters,
+        "form": form,
+        "answer": None,
+        "error": None,
+        "charts": {},
     }
     if "tokens" in params:
         try:
             tp, dp, sp = (int(v) for v in form["deployment"].split("/"))
             raw: dict[str, Any] = {
-                "tp": tp, "dp": dp, "sequence_parallel": bool(sp),
+                "tp": tp,
+                "dp": dp,
+                "sequence_parallel": bool(sp),
                 "tokens": [int(n) for n in form["tokens"].replace(" ", "").split(",") if n],
-                "policy": form["policy"], "seed": int(form["seed"] or 0), "mode": form["mode"],
+                "policy": form["policy"],
+                "seed": int(form["seed"] or 0),
+                "mode": form["mode"],
             }
             for key in ("expert_counts", "active_curve", "load_shares"):
                 if form[key].strip():

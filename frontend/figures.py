@@ -221,6 +221,7 @@ def expert_points_figure(rows: ComponentTable, mode: str = "eager") -> dict[str,
         "name": "measured rows",
         "hovertemplate": "N=%{x}<br>A=%{y}<br>M=%{customdata}<br>%{z:.2f} µs<extra></extra>",
     }
+
     def axis3d(title: str, values: Any) -> dict[str, Any]:
         axis = _log(title, values)
         axis.pop("minor", None)  # 3-D scenes have no minor ticks
@@ -456,8 +457,7 @@ def compare_figures(
                     "y": [round(float(t), 4) for t in times],
                     "text": [f"A={a}" for a in active.tolist()],
                     "name": f"experts/{mode}: {name}",
-                    "marker": {"size": 4, "symbol": symbols[index % len(symbols)],
-                               "opacity": 0.7},
+                    "marker": {"size": 4, "symbol": symbols[index % len(symbols)], "opacity": 0.7},
                 }
             )
         tokens, active, pairs, _ = _expert_rows(rows_a, mode)
@@ -473,8 +473,10 @@ def compare_figures(
                     "mode": "markers",
                     "x": tokens[ok].tolist(),
                     "y": _nulls(got_b.time_us[ok] / got_a.time_us[ok]),
-                    "text": [f"A={a} M={m}" for a, m in zip(active[ok].tolist(),
-                                                           pairs[ok].tolist(), strict=True)],
+                    "text": [
+                        f"A={a} M={m}"
+                        for a, m in zip(active[ok].tolist(), pairs[ok].tolist(), strict=True)
+                    ],
                     "marker": {"size": 5},
                     "name": f"experts/{mode}: {name} ({refused} points outside its support)",
                 }
@@ -510,6 +512,7 @@ def compare_figures(
     ]
     return figures, disjoint
 
+
 _OK = "#1f77b4"
 _BAD = "#d62728"
 _RETRIED = "#ff7f0e"
@@ -518,8 +521,12 @@ _RETRIED = "#ff7f0e"
 def _band(tolerance: float) -> list[dict[str, Any]]:
     return [
         {
-            "type": "line", "xref": "paper", "x0": 0, "x1": 1,
-            "y0": tolerance * 100, "y1": tolerance * 100,
+            "type": "line",
+            "xref": "paper",
+            "x0": 0,
+            "x1": 1,
+            "y0": tolerance * 100,
+            "y1": tolerance * 100,
             "line": {"color": _BAD, "dash": "dash"},
         }
     ]
@@ -528,8 +535,13 @@ def _band(tolerance: float) -> list[dict[str, Any]]:
 def _band_note(tolerance: float) -> list[dict[str, Any]]:
     return [
         {
-            "xref": "paper", "x": 1, "y": tolerance * 100, "text": f"tolerance {tolerance:.0%}",
-            "showarrow": False, "yanchor": "bottom", "xanchor": "right",
+            "xref": "paper",
+            "x": 1,
+            "y": tolerance * 100,
+            "text": f"tolerance {tolerance:.0%}",
+            "showarrow": False,
+            "yanchor": "bottom",
+            "xanchor": "right",
         }
     ]
 
@@ -545,18 +557,22 @@ def _point_label(p: dict[str, Any]) -> str:
     )
 
 
-def _groups(points: list[dict[str, Any]], retried: set[tuple[int, int, int]]) -> list[
-    tuple[str, str, str, list[dict[str, Any]]]
-]:
+def _groups(
+    points: list[dict[str, Any]], retried: set[tuple[int, int, int]]
+) -> list[tuple[str, str, str, list[dict[str, Any]]]]:
     """Passed first attempts, retried points' passing attempts, failed attempts."""
+
     def key(p: dict[str, Any]) -> tuple[int, int, int]:
         return (p["tokens"], p["activated_experts"], p["local_assignments"])
 
     return [
-        ("passed", _OK, "circle",
-         [p for p in points if p["passed"] and key(p) not in retried]),
-        ("passed after a retry", _RETRIED, "diamond",
-         [p for p in points if p["passed"] and key(p) in retried]),
+        ("passed", _OK, "circle", [p for p in points if p["passed"] and key(p) not in retried]),
+        (
+            "passed after a retry",
+            _RETRIED,
+            "diamond",
+            [p for p in points if p["passed"] and key(p) in retried],
+        ),
         ("failed attempt", _BAD, "x", [p for p in points if not p["passed"]]),
     ]
 
@@ -573,7 +589,8 @@ def stability_figures(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     tolerance = float(payload["quality"]["tolerance"])
     retried = {
         (p["tokens"], p["activated_experts"], p["local_assignments"])
-        for p in points if p["attempt"] > 0
+        for p in points
+        if p["attempt"] > 0
     }
     groups = _groups(points, retried)
     figures: dict[str, dict[str, Any]] = {}
@@ -583,28 +600,55 @@ def stability_figures(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         high = max(max(p["b_median_us"], p["b2_median_us"]) for p in pairs) * 1.1
         line = [low, high]
         traces: list[dict[str, Any]] = [
-            {"type": "scatter", "mode": "lines", "x": line, "y": line, "name": "2B = B",
-             "line": {"color": "#7f7f7f", "width": 1}, "hoverinfo": "skip"},
-            {"type": "scatter", "mode": "lines", "x": line,
-             "y": [v * (1 + tolerance) for v in line], "name": f"+{tolerance:.0%} band",
-             "line": {"color": _BAD, "dash": "dash", "width": 1}, "hoverinfo": "skip"},
-            {"type": "scatter", "mode": "lines", "x": line,
-             "y": [v * (1 - tolerance) for v in line], "name": f"−{tolerance:.0%} band",
-             "line": {"color": _BAD, "dash": "dash", "width": 1}, "hoverinfo": "skip",
-             "showlegend": False},
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": line,
+                "y": line,
+                "name": "2B = B",
+                "line": {"color": "#7f7f7f", "width": 1},
+                "hoverinfo": "skip",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": line,
+                "y": [v * (1 + tolerance) for v in line],
+                "name": f"+{tolerance:.0%} band",
+                "line": {"color": _BAD, "dash": "dash", "width": 1},
+                "hoverinfo": "skip",
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": line,
+                "y": [v * (1 - tolerance) for v in line],
+                "name": f"−{tolerance:.0%} band",
+                "line": {"color": _BAD, "dash": "dash", "width": 1},
+                "hoverinfo": "skip",
+                "showlegend": False,
+            },
         ]
         for name, color, symbol, group in groups:
             group = [p for p in group if p in pairs]
             if group:
-                traces.append({
-                    "type": "scatter", "mode": "markers", "name": name,
-                    "x": [p["b_median_us"] for p in group],
-                    "y": [p["b2_median_us"] for p in group],
-                    "text": [_point_label(p) for p in group],
-                    "marker": {"color": color, "symbol": symbol, "size": 6 if symbol != "circle"
-                               else 5, "opacity": 0.8},
-                    "hovertemplate": "%{text}<extra></extra>",
-                })
+                traces.append(
+                    {
+                        "type": "scatter",
+                        "mode": "markers",
+                        "name": name,
+                        "x": [p["b_median_us"] for p in group],
+                        "y": [p["b2_median_us"] for p in group],
+                        "text": [_point_label(p) for p in group],
+                        "marker": {
+                            "color": color,
+                            "symbol": symbol,
+                            "size": 6 if symbol != "circle" else 5,
+                            "opacity": 0.8,
+                        },
+                        "hovertemplate": "%{text}<extra></extra>",
+                    }
+                )
         figures["stability_b2b"] = {
             "data": traces,
             "layout": _layout(
@@ -621,20 +665,23 @@ def stability_figures(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
         traces = []
         for name, color, symbol, group in groups:
             if group:
-                traces.append({
-                    "type": "scatter", "mode": "markers", "name": name,
-                    "x": [p[key] for p in group],
-                    "y": [round(p["relative_change"] * 100, 4) for p in group],
-                    "text": [_point_label(p) for p in group],
-                    "marker": {"color": color, "symbol": symbol, "size": 6, "opacity": 0.8},
-                    "hovertemplate": "%{text}<br>%{y:.2f} %<extra></extra>",
-                })
+                traces.append(
+                    {
+                        "type": "scatter",
+                        "mode": "markers",
+                        "name": name,
+                        "x": [p[key] for p in group],
+                        "y": [round(p["relative_change"] * 100, 4) for p in group],
+                        "text": [_point_label(p) for p in group],
+                        "marker": {"color": color, "symbol": symbol, "size": 6, "opacity": 0.8},
+                        "hovertemplate": "%{text}<br>%{y:.2f} %<extra></extra>",
+                    }
+                )
         figures[f"stability_{axis}"] = {
             "data": traces,
             "layout": _layout(
                 f"Stability: relative change |2B − B| / B over {key.replace('_', ' ')}",
-                xaxis=_log(title, [p[key] for p in points]) if log
-                else {"title": {"text": title}},
+                xaxis=_log(title, [p[key] for p in points]) if log else {"title": {"text": title}},
                 yaxis={"title": {"text": "relative change (%)"}, "rangemode": "tozero"},
                 shapes=_band(tolerance),
                 annotations=_band_note(tolerance),
@@ -660,29 +707,44 @@ def conservation_figure(payload: dict[str, Any]) -> dict[str, Any] | None:
     if not forwards:
         return None
     labels = [f"N={f['tokens']} (forward {f['forward']})" for f in forwards]
-    names = [c for c in _PART_COLORS if c != "outside_scopes"
-             and any(c in f["components_us"] for f in forwards)]
+    names = [
+        c
+        for c in _PART_COLORS
+        if c != "outside_scopes" and any(c in f["components_us"] for f in forwards)
+    ]
     traces: list[dict[str, Any]] = []
     for name in names:
-        traces.append({
-            "type": "bar", "name": name, "x": labels,
-            "y": [f["components_us"].get(name, 0.0) for f in forwards],
-            "marker": {"color": _PART_COLORS[name]},
-            "hovertemplate": f"{name}: %{{y:.3f}} µs<extra></extra>",
-        })
-    traces.append({
-        "type": "bar", "name": "outside every scope", "x": labels,
-        "y": [f["outside_scopes_us"] for f in forwards],
-        "marker": {"color": _PART_COLORS["outside_scopes"]},
-        "hovertemplate": "outside: %{y:.3f} µs<extra></extra>",
-    })
-    traces.append({
-        "type": "scatter", "mode": "markers", "name": "native forward total",
-        "x": labels, "y": [f["native_total_us"] for f in forwards],
-        "marker": {"symbol": "line-ew-open", "size": 28, "color": "#000",
-                   "line": {"width": 3}},
-        "hovertemplate": "whole forward: %{y:.3f} µs<extra></extra>",
-    })
+        traces.append(
+            {
+                "type": "bar",
+                "name": name,
+                "x": labels,
+                "y": [f["components_us"].get(name, 0.0) for f in forwards],
+                "marker": {"color": _PART_COLORS[name]},
+                "hovertemplate": f"{name}: %{{y:.3f}} µs<extra></extra>",
+            }
+        )
+    traces.append(
+        {
+            "type": "bar",
+            "name": "outside every scope",
+            "x": labels,
+            "y": [f["outside_scopes_us"] for f in forwards],
+            "marker": {"color": _PART_COLORS["outside_scopes"]},
+            "hovertemplate": "outside: %{y:.3f} µs<extra></extra>",
+        }
+    )
+    traces.append(
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": "native forward total",
+            "x": labels,
+            "y": [f["native_total_us"] for f in forwards],
+            "marker": {"symbol": "line-ew-open", "size": 28, "color": "#000", "line": {"width": 3}},
+            "hovertemplate": "whole forward: %{y:.3f} µs<extra></extra>",
+        }
+    )
     return {
         "data": traces,
         "layout": _layout(

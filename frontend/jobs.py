@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
 
-
 def _form_fields(data: Any, errors: dict[str, list[str]]) -> list[dict[str, Any]]:
     fields = []
     for f in job_parameter_fields():

@@ -16,7 +16,16 @@ from registry.services.figures import load_deployment
 from registry.services.quality import conservation_payload, stability_payload
 
 FILTER_KEYS = (
-    "q", "hardware", "model", "variant", "vllm_version", "tp", "dp", "ep", "backend", "kernel",
+    "q",
+    "hardware",
+    "model",
+    "variant",
+    "vllm_version",
+    "tp",
+    "dp",
+    "ep",
+    "backend",
+    "kernel",
     "layout",
 )
 
@@ -85,27 +94,36 @@ def contract_summary(contract: dict[str, Any], meta: dict[str, Any]) -> dict[str
         backend["dtypes"] if isinstance(backend.get("dtypes"), Mapping) else {}
     )
     backend_name = _first(
-        _text(contract.get("native_backend")), _text(contract.get("backend")),
-        _text(backend.get("native_backend")), _text(region.get("backend")),
+        _text(contract.get("native_backend")),
+        _text(contract.get("backend")),
+        _text(backend.get("native_backend")),
+        _text(region.get("backend")),
     )
     adapter = _text(backend.get("name"))
     return {
         "GPU": _first(
-            _text(_get(contract, "gpu", "name")), _text(contract.get("gpu")),
-            _text(origin.get("device_name")), _text(meta.get("gpu")),
+            _text(_get(contract, "gpu", "name")),
+            _text(contract.get("gpu")),
+            _text(origin.get("device_name")),
+            _text(meta.get("gpu")),
         ),
         "vLLM": _first(
-            _text(contract.get("vllm_version")), _text(_get(contract, "versions", "vllm")),
-            _text(backend.get("vllm_version")), _text(region.get("vllm_version")),
+            _text(contract.get("vllm_version")),
+            _text(_get(contract, "versions", "vllm")),
+            _text(backend.get("vllm_version")),
+            _text(region.get("vllm_version")),
             _text(meta.get("vllm_version")),
         ),
         "torch": _first(
-            _text(contract.get("torch_version")), _text(_get(contract, "versions", "torch")),
+            _text(contract.get("torch_version")),
+            _text(_get(contract, "versions", "torch")),
             _text(origin.get("torch_version")),
         ),
         "CUDA": _first(
-            _text(contract.get("cuda_version")), _text(_get(contract, "versions", "cuda")),
-            _text(origin.get("cuda_version")), _text(meta.get("cuda_version")),
+            _text(contract.get("cuda_version")),
+            _text(_get(contract, "versions", "cuda")),
+            _text(origin.get("cuda_version")),
+            _text(meta.get("cuda_version")),
         ),
         "backend": f"{backend_name} ({adapter})" if adapter and backend_name else backend_name,
         "geometry": (
@@ -113,8 +131,11 @@ def contract_summary(contract: dict[str, Any], meta: dict[str, Any]) -> dict[str
             f"L={contract.get('local_experts')} ({_first(contract.get('placement'), 'linear')})"
         ),
         "dtypes": _first(
-            _text(contract.get("input_dtype")), _text(region.get("input_dtype")),
-            ", ".join(f"{k} {v}" for k, v in dtypes.items() if k in ("hidden_states", "expert_weights")),
+            _text(contract.get("input_dtype")),
+            _text(region.get("input_dtype")),
+            ", ".join(
+                f"{k} {v}" for k, v in dtypes.items() if k in ("hidden_states", "expert_weights")
+            ),
         ),
         "conditioning": (
             f"{_first(_get(contract, 'expert_conditioning', 'schema'), 'B/2B banks')}, "
@@ -135,8 +156,11 @@ def coverage_summary(table: DeploymentTable) -> dict[str, str]:
         "table sha256": table.table_sha256,
         "conditioning": (
             f"{stability.checked} checked, {stability.failed} failed, max change "
-            + (f"{stability.max_relative_change:.2%}" if stability.max_relative_change is not None
-               else "n/a")
+            + (
+                f"{stability.max_relative_change:.2%}"
+                if stability.max_relative_change is not None
+                else "n/a"
+            )
             + f" (from {stability.source})"
         ),
     }
@@ -157,7 +181,9 @@ def _mode(table: DeploymentTable, raw: str | None) -> str:
     return "eager" if "eager" in modes else modes[0]
 
 
-def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | None) -> dict[str, Any]:
+def table_context(
+    table: DeploymentTable, raw_m: str | None, raw_mode: str | None
+) -> dict[str, Any]:
     loaded = load_deployment(table)
     geometry = loaded.lookups.entry.geometry
     mode = _mode(table, raw_mode)
@@ -193,9 +219,13 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         charts["conservation"] = fig
     sel = loaded.rows.select(EXPERTS, mode) & (loaded.rows.activated_experts > 0)
     example = (
-        (int(loaded.rows.tokens[sel][0]), int(loaded.rows.activated_experts[sel][0]),
-         int(loaded.rows.local_assignments[sel][0]))
-        if sel.any() else (1, 1, geometry.top_k)
+        (
+            int(loaded.rows.tokens[sel][0]),
+            int(loaded.rows.activated_experts[sel][0]),
+            int(loaded.rows.local_assignments[sel][0]),
+        )
+        if sel.any()
+        else (1, 1, geometry.top_k)
     )
     return {
         "table": table,
@@ -210,7 +240,8 @@ def table_context(table: DeploymentTable, raw_m: str | None, raw_mode: str | Non
         "graph_missing": raw_mode == "graph" and mode != "graph",
         "compact_change": (
             f"{stability.max_relative_change:.2%}"
-            if stability.max_relative_change is not None else "n/a"
+            if stability.max_relative_change is not None
+            else "n/a"
         ),
         "contract": contract_summary(table.contract, table.bundle.meta),
         "coverage": coverage_summary(table),
@@ -230,8 +261,10 @@ def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str
     """One playground query: the time and the measured rows behind it, or why it is refused."""
     component = str(params.get("component") or EXPERTS)
     mode = _mode(table, params.get("mode"))
-    n, a, m = _int(params.get("tokens")), _int(params.get("activated_experts")), _int(
-        params.get("local_assignments")
+    n, a, m = (
+        _int(params.get("tokens")),
+        _int(params.get("activated_experts")),
+        _int(params.get("local_assignments")),
     )
     context: dict[str, Any] = {"component": component, "mode": mode, "query": (n, a, m)}
     if n is None or (component == EXPERTS and (a is None or m is None)):
@@ -241,10 +274,18 @@ def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str
         if component == EXPERTS:
             assert a is not None and m is not None
             found = explain_expert(loaded.lookups, loaded.rows, n, a, m, mode)
-            return {**context, "time_us": found.time_us, "vertices": found.vertices,
-                    "rule": found.rule}
-        return {**context, "time_us": loaded.lookups.time_us(component, n, mode=mode),
-                "vertices": (), "rule": "linear interpolation over the component's own rows"}
+            return {
+                **context,
+                "time_us": found.time_us,
+                "vertices": found.vertices,
+                "rule": found.rule,
+            }
+        return {
+            **context,
+            "time_us": loaded.lookups.time_us(component, n, mode=mode),
+            "vertices": (),
+            "rule": "linear interpolation over the component's own rows",
+        }
     except QueryError as exc:
         return {**context, "error": "invalid", "message": str(exc)}
     except CoverageError as exc:
@@ -256,15 +297,26 @@ def table_label(table: DeploymentTable) -> str:
     return f"#{b.pk} {b.hardware} {b.model} {b.variant} · {table}"
 
 
-def compare_context(raw_a: str | None, raw_b: str | None,
-                    raw_also: list[str] | None = None) -> dict[str, Any]:
+def compare_context(
+    raw_a: str | None, raw_b: str | None, raw_also: list[str] | None = None
+) -> dict[str, Any]:
     """Two tables (a, b) and any more (``also``) overlaid; a given id that names no table is a
     404, never another table. With no ids at all, two defaults are chosen."""
     tables = list(
-        DeploymentTable.objects.select_related("bundle").only(
-            "id", "tp", "dp", "ep", "rank", "sequence_parallel",
-            "bundle__id", "bundle__hardware", "bundle__model", "bundle__variant",
-        ).order_by("-bundle__published_at", "bundle_id", "tp", "dp", "rank")[:500]
+        DeploymentTable.objects.select_related("bundle")
+        .only(
+            "id",
+            "tp",
+            "dp",
+            "ep",
+            "rank",
+            "sequence_parallel",
+            "bundle__id",
+            "bundle__hardware",
+            "bundle__model",
+            "bundle__variant",
+        )
+        .order_by("-bundle__published_at", "bundle_id", "tp", "dp", "rank")[:500]
     )
     options = [(t.pk, table_label(t)) for t in tables]
     ids = [t.pk for t in tables]
@@ -294,13 +346,22 @@ def compare_context(raw_a: str | None, raw_b: str | None,
         *[(name, lt.lookups, lt.rows) for name, lt in zip(names, loaded, strict=True)]
     )
     context.update(
-        first=chosen[0], second=chosen[1], names=names, chosen=list(zip(chosen, names,
-                                                                         strict=True)),
-        disjoint=disjoint, charts={f"compare{i}": fig for i, fig in enumerate(found)},
+        first=chosen[0],
+        second=chosen[1],
+        names=names,
+        chosen=list(zip(chosen, names, strict=True)),
+        disjoint=disjoint,
+        charts={f"compare{i}": fig for i, fig in enumerate(found)},
     )
     return context
 
+
 __all__ = [
-    "FILTER_KEYS", "bundle_summary", "compare_context", "filter_choices", "lookup_answer",
-    "recent_jobs", "table_context",
+    "FILTER_KEYS",
+    "bundle_summary",
+    "compare_context",
+    "filter_choices",
+    "lookup_answer",
+    "recent_jobs",
+    "table_context",
 ]

@@ -22,8 +22,17 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
 LIST_FIELDS = (
-    "id", "hardware", "model", "variant", "layout", "vllm_version", "published_at", "sha256",
-    "size", "targets", "source",
+    "id",
+    "hardware",
+    "model",
+    "variant",
+    "layout",
+    "vllm_version",
+    "published_at",
+    "sha256",
+    "size",
+    "targets",
+    "source",
 )
 
 
@@ -63,7 +72,8 @@ def _storage_safe(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
         except BlobDriftError as exc:
             return HttpResponse(
                 f"A stored file of this bundle is missing or damaged: {exc}",
-                status=503, content_type="text/plain; charset=utf-8",
+                status=503,
+                content_type="text/plain; charset=utf-8",
             )
 
     return wrapped
@@ -115,9 +125,14 @@ def coverage_request(request: HttpRequest) -> HttpResponse:
     data = request.POST
     try:
         cell = {
-            "hardware": data["hardware"], "model": data["model"], "variant": data["variant"],
-            "backend": data["backend"], "tp": int(data["tp"]), "dp": int(data["dp"]),
-            "rank": int(data["rank"]), "sequence_parallel": data["sequence_parallel"] == "1",
+            "hardware": data["hardware"],
+            "model": data["model"],
+            "variant": data["variant"],
+            "backend": data["backend"],
+            "tp": int(data["tp"]),
+            "dp": int(data["dp"]),
+            "rank": int(data["rank"]),
+            "sequence_parallel": data["sequence_parallel"] == "1",
         }
         made, _ = request_cell(request.user, cell)
     except (KeyError, ValueError, NotAllowed) as exc:

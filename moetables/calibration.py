@@ -119,7 +119,9 @@ class Sweep:
 def parse_sweep(document: Mapping[str, Any]) -> Sweep:
     """Validate a sweep document (as the script writes it) into a :class:`Sweep`."""
     if document.get("schema") != SWEEP_SCHEMA:
-        raise CalibrationError(f"not a sweep record: schema is {document.get('schema')!r}, expected {SWEEP_SCHEMA!r}")
+        raise CalibrationError(
+            f"not a sweep record: schema is {document.get('schema')!r}, expected {SWEEP_SCHEMA!r}"
+        )
     ranks = document.get("ranks")
     if not isinstance(ranks, int) or ranks < 2:
         raise CalibrationError(f"sweep 'ranks' must be an integer >= 2, got {ranks!r}")
@@ -131,18 +133,28 @@ def parse_sweep(document: Mapping[str, Any]) -> Sweep:
         if op not in OPS:
             raise CalibrationError(f"point {i}: unknown op {op!r}")
         if not isinstance(per_rank, int) or per_rank <= 0:
-            raise CalibrationError(f"point {i} ({op}): bytes_per_rank must be a positive integer, got {per_rank!r}")
+            raise CalibrationError(
+                f"point {i} ({op}): bytes_per_rank must be a positive integer, got {per_rank!r}"
+            )
         if not isinstance(times, list) or len(times) != ranks:
-            raise CalibrationError(f"point {i} ({op}, {per_rank} B): rank_times_us needs one list per rank ({ranks})")
+            raise CalibrationError(
+                f"point {i} ({op}, {per_rank} B): rank_times_us needs one list per rank ({ranks})"
+            )
         lengths = {len(t) for t in times}
         if len(lengths) != 1 or 0 in lengths:
-            raise CalibrationError(f"point {i} ({op}, {per_rank} B): every rank needs the same, non-zero iteration count")
+            raise CalibrationError(
+                f"point {i} ({op}, {per_rank} B): every rank needs the same, non-zero iteration count"
+            )
         clean = tuple(tuple(float(v) for v in t) for t in times)
         if any(not np.isfinite(v) or v <= 0 for t in clean for v in t):
-            raise CalibrationError(f"point {i} ({op}, {per_rank} B): kernel times must be finite and positive")
+            raise CalibrationError(
+                f"point {i} ({op}, {per_rank} B): kernel times must be finite and positive"
+            )
         size = rec.get("size_bytes", nccl_size(op, ranks, per_rank))
         if size != nccl_size(op, ranks, per_rank):
-            raise CalibrationError(f"point {i} ({op}): size_bytes {size} disagrees with {per_rank} B per rank")
+            raise CalibrationError(
+                f"point {i} ({op}): size_bytes {size} disagrees with {per_rank} B per rank"
+            )
         points.append(SweepPoint(op, ranks, per_rank, int(size), clean))
     if not points:
         raise CalibrationError("the sweep has no points")
@@ -172,12 +184,19 @@ class CollectiveFit:
 
     def line_us(self, size_bytes: float) -> float:
         """The straight line: alpha + factor x S / the large-size bandwidth."""
-        return self.alpha_us + bus_factor(self.op, self.ranks) * size_bytes / (self.bus_bandwidth_GBps * 1e3)
+        return self.alpha_us + bus_factor(self.op, self.ranks) * size_bytes / (
+            self.bus_bandwidth_GBps * 1e3
+        )
 
     def model_us(self, size_bytes: float) -> float:
         """The shipped model: the line's alpha, the bandwidth from the table (if any)."""
-        return _table_time(self.alpha_us, bus_factor(self.op, self.ranks), self.bus_bandwidth_GBps,
-                           self.bandwidth_by_size, size_bytes)
+        return _table_time(
+            self.alpha_us,
+            bus_factor(self.op, self.ranks),
+            self.bus_bandwidth_GBps,
+            self.bandwidth_by_size,
+            size_bytes,
+        )
 
     @property
     def max_relative_error(self) -> float:
@@ -212,21 +231,33 @@ def fit_collective(
     small = [p for p in points if p.bytes_per_rank <= small_max_bytes_per_rank]
     if len(large) < 2:
         raise CalibrationError(
-            f"{op}: the bandwidth fit needs at least 2 sizes >= {large_min_bytes_per_rank} B per rank, got {len(large)}")
+            f"{op}: the bandwidth fit needs at least 2 sizes >= {large_min_bytes_per_rank} B per rank, got {len(large)}"
+        )
     if not small:
-        raise CalibrationError(f"{op}: the latency fit needs a size <= {small_max_bytes_per_rank} B per rank")
+        raise CalibrationError(
+            f"{op}: the latency fit needs a size <= {small_max_bytes_per_rank} B per rank"
+        )
     x = np.array([p.x_bytes for p in large])
     y = np.array([p.time_us for p in large])
     slope, _intercept = np.polyfit(x, y, 1)
     if not slope > 0:
-        raise CalibrationError(f"{op}: the large messages give a non-positive slope ({slope}); the sweep is not usable")
+        raise CalibrationError(
+            f"{op}: the large messages give a non-positive slope ({slope}); the sweep is not usable"
+        )
     bus_gbps = 1.0 / (float(slope) * 1e3)
     # alpha: least squares of t - slope*x over the small sizes with the slope fixed = their mean.
     alpha = float(np.mean([p.time_us - slope * p.x_bytes for p in small]))
     if alpha < 0:
         raise CalibrationError(f"{op}: the small messages give a negative latency ({alpha:.3f} us)")
-    fit = CollectiveFit(op, ranks, alpha, bus_gbps, tuple(p.bytes_per_rank for p in large),
-                        tuple(p.bytes_per_rank for p in small), ())
+    fit = CollectiveFit(
+        op,
+        ranks,
+        alpha,
+        bus_gbps,
+        tuple(p.bytes_per_rank for p in large),
+        tuple(p.bytes_per_rank for p in small),
+        (),
+    )
     residuals = tuple((p.bytes_per_rank, p.time_us, fit.line_us(p.size_bytes)) for p in points)
     table: tuple[tuple[int, float], ...] = ()
     loo: tuple[tuple[int, float, float], ...] = ()
@@ -234,26 +265,51 @@ def fit_collective(
         if not 0 < table_min_share < 1:
             raise CalibrationError(f"table_min_share must be in (0, 1), got {table_min_share}")
         factor = bus_factor(op, ranks)
-        first = next((i for i, p in enumerate(points) if p.time_us - alpha >= table_min_share * p.time_us), None)
+        first = next(
+            (i for i, p in enumerate(points) if p.time_us - alpha >= table_min_share * p.time_us),
+            None,
+        )
         tabled = list(points[first:]) if first is not None else []
         if len(tabled) < 2:
             raise CalibrationError(
                 f"{op}: fewer than 2 sizes whose bandwidth term is >= {table_min_share:.0%} of the time; "
-                "no bandwidth table can be fitted")
+                "no bandwidth table can be fitted"
+            )
         if any(p.time_us <= alpha for p in tabled):
-            raise CalibrationError(f"{op}: a tabled size is not slower than the latency; the sweep is not usable")
-        table = tuple((p.size_bytes, factor * p.size_bytes / ((p.time_us - alpha) * 1e3)) for p in tabled)
+            raise CalibrationError(
+                f"{op}: a tabled size is not slower than the latency; the sweep is not usable"
+            )
+        table = tuple(
+            (p.size_bytes, factor * p.size_bytes / ((p.time_us - alpha) * 1e3)) for p in tabled
+        )
         loo = tuple(
-            (p.bytes_per_rank, p.time_us,
-             _table_time(alpha, factor, bus_gbps, table[:i] + table[i + 1:], p.size_bytes))
-            for i, p in enumerate(tabled))
-    return CollectiveFit(op, ranks, alpha, bus_gbps, fit.large_bytes_per_rank, fit.small_bytes_per_rank, residuals,
-                         table, loo)
+            (
+                p.bytes_per_rank,
+                p.time_us,
+                _table_time(alpha, factor, bus_gbps, table[:i] + table[i + 1 :], p.size_bytes),
+            )
+            for i, p in enumerate(tabled)
+        )
+    return CollectiveFit(
+        op,
+        ranks,
+        alpha,
+        bus_gbps,
+        fit.large_bytes_per_rank,
+        fit.small_bytes_per_rank,
+        residuals,
+        table,
+        loo,
+    )
 
 
 def fit_sweep(sweep: Sweep, **kwargs: Any) -> dict[str, CollectiveFit]:
     """Fit every op the sweep measured, in the cluster file's order."""
-    return {op: fit_collective(sweep.of(op), **kwargs) for op in OPS if any(p.op == op for p in sweep.points)}
+    return {
+        op: fit_collective(sweep.of(op), **kwargs)
+        for op in OPS
+        if any(p.op == op for p in sweep.points)
+    }
 
 
 @dataclass(frozen=True)
@@ -280,14 +336,20 @@ def fit_group_op_us(fits: Mapping[str, CollectiveFit], launches: Sequence[Groupe
     launches, per operation beyond the first, is ``group_op_us`` (never below zero).
     """
     if len(launches) < 3:
-        raise CalibrationError(f"the per-operation cost needs at least 3 grouped launches, got {len(launches)}")
+        raise CalibrationError(
+            f"the per-operation cost needs at least 3 grouped launches, got {len(launches)}"
+        )
     excess = []
     for launch in launches:
         if len(launch.sizes_bytes) < 2:
-            raise CalibrationError(f"a grouped launch needs at least 2 operations, got {launch.sizes_bytes}")
+            raise CalibrationError(
+                f"a grouped launch needs at least 2 operations, got {launch.sizes_bytes}"
+            )
         fit = fits.get(launch.op)
         if fit is None or fit.ranks != launch.ranks:
-            raise CalibrationError(f"no {launch.op} fit over {launch.ranks} ranks for a grouped launch")
+            raise CalibrationError(
+                f"no {launch.op} fit over {launch.ranks} ranks for a grouped launch"
+            )
         excess.append((launch.measured_us - launch.model_us(fit)) / (len(launch.sizes_bytes) - 1))
     return max(0.0, float(statistics.median(excess)))
 
@@ -306,25 +368,37 @@ def cluster_document(
     when some op carries a bandwidth-by-size table, else version 1."""
     missing = [op for op in OPS if op not in fits]
     if missing:
-        raise CalibrationError(f"the cluster description needs all five collectives; missing {', '.join(missing)}")
+        raise CalibrationError(
+            f"the cluster description needs all five collectives; missing {', '.join(missing)}"
+        )
     for key in ("hardware", "software", "command", "measured_at"):
         if not provenance.get(key):
             raise CalibrationError(f"provenance needs {key!r}")
     collectives: dict[str, dict[str, Any]] = {}
     for op in OPS:
-        entry: dict[str, Any] = {"alpha_us": round(fits[op].alpha_us, 3),
-                                 "bus_bandwidth_GBps": round(fits[op].bus_bandwidth_GBps, 2)}
+        entry: dict[str, Any] = {
+            "alpha_us": round(fits[op].alpha_us, 3),
+            "bus_bandwidth_GBps": round(fits[op].bus_bandwidth_GBps, 2),
+        }
         if fits[op].bandwidth_by_size:
-            entry["bandwidth_by_size"] = [[int(size), round(bw, 2)] for size, bw in fits[op].bandwidth_by_size]
+            entry["bandwidth_by_size"] = [
+                [int(size), round(bw, 2)] for size, bw in fits[op].bandwidth_by_size
+            ]
         collectives[op] = entry
     return {
         "schema": "moe-cluster",
-        "version": 2 if group_op_us is not None or any(f.bandwidth_by_size for f in fits.values()) else 1,
+        "version": 2
+        if group_op_us is not None or any(f.bandwidth_by_size for f in fits.values())
+        else 1,
         "name": name,
         "description": description,
         "provenance": dict(provenance),
-        "link_classes": {link: {"collectives": collectives,
-                                **({"group_op_us": round(group_op_us, 3)} if group_op_us is not None else {})}},
+        "link_classes": {
+            link: {
+                "collectives": collectives,
+                **({"group_op_us": round(group_op_us, 3)} if group_op_us is not None else {}),
+            }
+        },
         "groups": [{"link": link, "ranks": [int(r) for r in ranks]}],
     }
 

@@ -225,8 +225,10 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     # A file of steps: each line answered on its own line, refusals included.
     if counts is not None and not (isinstance(counts, list) and len(counts) == len(steps)):
-        print("error: with a file of steps, --expert-counts must hold one list per step",
-              file=sys.stderr)
+        print(
+            "error: with a file of steps, --expert-counts must hold one list per step",
+            file=sys.stderr,
+        )
         return 1
     batched = _estimate_together(args, tables, cluster, steps, counts)
     if batched is not None:
@@ -238,8 +240,11 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
         try:
             if isinstance(step, QueryError):
                 raise step
-            tokens, own = (step.get("tokens"), step.get("expert_counts")) if isinstance(
-                step, dict) else (step, None)
+            tokens, own = (
+                (step.get("tokens"), step.get("expert_counts"))
+                if isinstance(step, dict)
+                else (step, None)
+            )
             step_counts = own if own is not None else (counts[i] if counts is not None else None)
             request = parse_estimate_request(_estimate_request(args, tokens, step_counts))
             answer = answer_estimate(tables, request, cluster)
@@ -335,7 +340,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument("--dp", type=int, required=True)
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument(
-        "--tokens", required=True,
+        "--tokens",
+        required=True,
         help="padded tokens per DP rank, n0,n1,...; or a JSONL file of steps (one answer each)",
     )
     p.add_argument("--policy", default="balanced", choices=list(POLICIES))
@@ -356,23 +362,36 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     )
     p.add_argument("--cluster", help="cluster description YAML (schema moe-cluster)")
     p.add_argument("--mode", default="eager", choices=["eager", "graph"])
-    p.add_argument("--no-events", action="store_true",
-                   help="leave out the per-rank trace events (smaller, faster answers)")
-    p.add_argument("--rank-expert-counts", action="store_true",
-                   help="add each rank's pairs per local expert (expert_range, expert_counts); "
-                   "histogram, round_robin and random policies")
-    p.add_argument("--capture-sizes", help="graph mode: capture sizes, s0,s1,... (default: "
-                   "the contract's)")
-    p.add_argument("--tile-cost-us", type=float,
-                   help="issue 18: us per expert-kernel row tile beyond the table's balanced "
-                   "tiles (counting policies; docs/estimate.md)")
+    p.add_argument(
+        "--no-events",
+        action="store_true",
+        help="leave out the per-rank trace events (smaller, faster answers)",
+    )
+    p.add_argument(
+        "--rank-expert-counts",
+        action="store_true",
+        help="add each rank's pairs per local expert (expert_range, expert_counts); "
+        "histogram, round_robin and random policies",
+    )
+    p.add_argument(
+        "--capture-sizes", help="graph mode: capture sizes, s0,s1,... (default: the contract's)"
+    )
+    p.add_argument(
+        "--tile-cost-us",
+        type=float,
+        help="issue 18: us per expert-kernel row tile beyond the table's balanced "
+        "tiles (counting policies; docs/estimate.md)",
+    )
     p = sub.add_parser("export", help="write the bundle for another simulator")
     p.add_argument("bundle")
     p.add_argument("--format", required=True, choices=("llmservingsim", "aiconfigurator"))
     p.add_argument("--out", required=True, help="an empty or new folder")
     args = parser.parse_args(argv)
     handler = {
-        "validate": _validate, "info": _info, "lookup": _lookup, "estimate": _estimate,
+        "validate": _validate,
+        "info": _info,
+        "lookup": _lookup,
+        "estimate": _estimate,
         "export": _export,
     }[args.command]
     return handler(args, out or sys.stdout)

@@ -24,6 +24,7 @@ the core stays numpy, scipy and pyyaml.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import http.client
 import json
@@ -44,7 +45,10 @@ import numpy as np
 import numpy.typing as npt
 
 from moetables.bundle import EXPERTS, open_bundle
+from moetables.comm import Cluster
 from moetables.errors import BundleError, CoverageError, QueryError
+from moetables.estimate import BatchEstimate, LayerEstimate
+from moetables.estimate_json import batch_from_dicts, layer_from_dict
 from moetables.geometry import MoeTarget
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.lookup.queries import (
@@ -54,10 +58,19 @@ from moetables.lookup.queries import (
     parse_request,
 )
 from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables
+from moetables.profiles import RoutingProfile
+from moetables.routing import ActiveCurve
 
 __all__ = ["RegistryError", "RemoteDeployment", "RemoteTables", "manifest_sha256"]
 
 LOOKUP_PATH = "/api/v1/lookup"
+ESTIMATE_PATH = "/api/v1/estimate"
+# Options of ComponentTables.estimate, as the REST request names them.
+_OPTIONS = frozenset({
+    "expert_counts", "active_curve", "load_shares", "seed", "capture_sizes", "profile", "layer",
+    "captured_expectation", "tile_cost_us",
+})
+_COUNTING = frozenset({"histogram", "round_robin", "random", "captured"})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _CODES = {"out_of_support": OUT_OF_SUPPORT, "invalid": INVALID}
 
@@ -67,11 +80,13 @@ class RegistryError(OSError):
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars as the JSON numbers they are."""
+    """numpy scalars as the JSON numbers they are; dates as ISO strings."""
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, np.floating):
         return float(value)
+    if isinstance(value, datetime.date):  # a cluster file's unquoted measured_at, read by YAML
+        return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
@@ -186,6 +201,24 @@ def _failure(url: str, status: int, data: bytes) -> Exception:
     return RegistryError(f"{url}: HTTP {status}: {message}")
 
 
+def _tokens(value: Any) -> Any:
+    """Arrays as the JSON lists they are."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_tokens(v) for v in value]
+    return value
+
+
+def _local_cluster(cluster: Cluster | str | None) -> Cluster | None:
+    if isinstance(cluster, str):
+        raise QueryError(
+            f"cluster: {cluster!r} names a cluster the registry ships; answering from the "
+            "cached bundle needs a loaded Cluster (moetables.load_cluster)"
+        )
+    return cluster
+
+
 class RemoteDeployment:
     """One deployment rank answered by the registry: ``DeploymentTables``' interface."""
 
@@ -224,6 +257,28 @@ class RemoteDeployment:
                 default=_plain,
             ).encode())
         return answers
+
+    def estimate(
+        self, tokens_per_rank: Sequence[int], policy: str = "balanced",
+        cluster: Cluster | str | None = None, mode: str = "eager", **options: Any,
+    ) -> LayerEstimate:
+        """The layer estimate of this rank's deployment (as ``DeploymentTables.estimate``)."""
+        t = self.target
+        return self._tables.estimate(
+            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
+            policy=policy, cluster=cluster, mode=mode, **options,
+        )
+
+    def estimate_batch(
+        self, tokens_per_rank: Any, policy: str = "balanced",
+        cluster: Cluster | str | None = None, mode: str = "eager", **options: Any,
+    ) -> BatchEstimate:
+        """`estimate` for many steps (as ``DeploymentTables.estimate_batch``)."""
+        t = self.target
+        return self._tables.estimate_batch(
+            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
+            policy=policy, cluster=cluster, mode=mode, **options,
+        )
 
     def _ask(self, body: bytes) -> list[dict[str, Any]]:
         answers: list[dict[str, Any]] = self._tables._post(body)["answers"]
@@ -393,6 +448,7 @@ class RemoteTables:
         retries: int = 4,
         backoff_s: float = 0.1,
         batch_size: int = 10_000,
+        estimate_steps: int = 1_000,
     ) -> None:
         selection = {k: v for k, v in (
             ("bundle", bundle), ("hardware", hardware), ("model", model),
@@ -404,8 +460,10 @@ class RemoteTables:
             raise QueryError(str(exc)) from None
         if offline and cache_dir is None:
             raise ValueError("offline=True needs a cache_dir to answer from")
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        if batch_size < 1 or estimate_steps < 1:
+            raise ValueError("batch_size and estimate_steps must be at least 1")
+        # Steps per estimate request: an answer with its events is about 5 KB a step.
+        self.estimate_steps = estimate_steps
         self.selection = selection
         self.batch_size = batch_size
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -433,8 +491,8 @@ class RemoteTables:
 
     # --- HTTP ----------------------------------------------------------------------------
 
-    def _post(self, body: bytes) -> dict[str, Any]:
-        status, _, data = self._http.request("POST", LOOKUP_PATH, body)
+    def _post(self, body: bytes, path: str = LOOKUP_PATH) -> dict[str, Any]:
+        status, _, data = self._http.request("POST", path, body)
         if status != 200:
             raise _failure(self.url, status, data)
         answer: dict[str, Any] = json.loads(data)
@@ -506,6 +564,144 @@ class RemoteTables:
             )
         table = next(t for t in detail["tables"] if t["target"] == target.as_dict())
         return RemoteDeployment(self, target, answerer, table["components"], table["modes"])
+
+    # --- the layer estimate --------------------------------------------------------------
+
+    def estimate(
+        self,
+        tokens_per_rank: Sequence[int],
+        *,
+        tp: int,
+        dp: int,
+        sequence_parallel: bool = False,
+        policy: str = "balanced",
+        cluster: Cluster | str | None = None,
+        mode: str = "eager",
+        **options: Any,
+    ) -> LayerEstimate:
+        """``ComponentTables.estimate``, answered by the registry (POST /api/v1/estimate) from
+        the bundle this object pins for the deployment, or in process from a cached bundle.
+
+        ``cluster``: a loaded `Cluster` (sent inline) or the name of a cluster the registry
+        ships; ``profile`` (captured policy): a `RoutingProfile` or a published profile's id.
+        """
+        local = self._estimator(tp, dp, sequence_parallel)
+        if isinstance(local, ComponentTables):
+            return local.estimate(
+                tokens_per_rank, tp=tp, dp=dp, sequence_parallel=sequence_parallel,
+                policy=policy, cluster=_local_cluster(cluster), mode=mode, **options,
+            )
+        body = self._estimate_body(local, tp, dp, sequence_parallel, policy, cluster, mode,
+                                   options)
+        body["tokens"] = _tokens(tokens_per_rank)
+        if policy in _COUNTING and not options.get("captured_expectation"):
+            body["rank_expert_counts"] = True
+        answer = self._post(json.dumps(body, default=_plain).encode(), ESTIMATE_PATH)
+        return layer_from_dict(answer)
+
+    def estimate_batch(
+        self,
+        tokens_per_rank: Any,
+        *,
+        tp: int,
+        dp: int,
+        sequence_parallel: bool = False,
+        policy: str = "balanced",
+        cluster: Cluster | str | None = None,
+        mode: str = "eager",
+        **options: Any,
+    ) -> BatchEstimate:
+        """``ComponentTables.estimate_batch`` over REST: ``estimate_steps`` steps a request
+        (the seeded policies, random and captured draws, in one request: step i draws from
+        the stream (seed, i) of its request)."""
+        local = self._estimator(tp, dp, sequence_parallel)
+        if isinstance(local, ComponentTables):
+            return local.estimate_batch(
+                tokens_per_rank, tp=tp, dp=dp, sequence_parallel=sequence_parallel,
+                policy=policy, cluster=_local_cluster(cluster), mode=mode, **options,
+            )
+        body = self._estimate_body(local, tp, dp, sequence_parallel, policy, cluster, mode,
+                                   options)
+        steps = _tokens(tokens_per_rank)
+        if not isinstance(steps, list) or not steps:
+            raise QueryError("tokens_per_rank must be a non-empty list of steps (steps, dp)")
+        counts = body.pop("expert_counts", None)
+        per_expert = policy in _COUNTING and not options.get("captured_expectation")
+        if per_expert:
+            body["rank_expert_counts"] = True
+        seeded = policy == "random" or (
+            policy == "captured" and not options.get("captured_expectation")
+        )
+        size = len(steps) if seeded else self.estimate_steps
+        answers: list[dict[str, Any]] = []
+        for start in range(0, len(steps), size):
+            part = {**body, "steps": steps[start:start + size]}
+            if counts is not None:
+                part["expert_counts"] = counts[start:start + size] if isinstance(
+                    counts, list) else counts
+            got = self._post(json.dumps(part, default=_plain).encode(), ESTIMATE_PATH)["answers"]
+            for j, answer in enumerate(got):
+                # A refusal names its step within its request: renumbered as in the call.
+                message = answer.get("message")
+                if start and isinstance(message, str) and message.startswith(f"step {j}:"):
+                    answer["message"] = f"step {start + j}:" + message[len(f"step {j}:"):]
+            answers += got
+        return batch_from_dicts(
+            answers, tp=tp, dp=dp, sequence_parallel=sequence_parallel,
+            components=local.components, policy=policy, mode=mode, tokens=steps,
+            cluster=cluster.name if isinstance(cluster, Cluster) else cluster,
+            expert_counts=per_expert,
+        )
+
+    def _estimator(
+        self, tp: int, dp: int, sequence_parallel: bool
+    ) -> RemoteDeployment | ComponentTables:
+        """Rank 0's deployment (which pins the bundle), or the cached bundle's tables."""
+        try:
+            first = self.deployment(tp, dp, 0, sequence_parallel)
+        except CoverageError as exc:
+            raise CoverageError(
+                f"the TP{tp}/DP{dp} layer needs every rank's table; rank 0: {exc}"
+            ) from None
+        if isinstance(first, RemoteDeployment):
+            return first
+        for tables in self._local.values():  # the cached bundle that answered rank 0
+            if tables.deployment(tp, dp, 0, sequence_parallel) is first:
+                return tables
+        raise AssertionError("a cached deployment comes from a cached bundle")
+
+    def _estimate_body(
+        self, first: RemoteDeployment, tp: int, dp: int, sequence_parallel: bool, policy: str,
+        cluster: Cluster | str | None, mode: str, options: dict[str, Any],
+    ) -> dict[str, Any]:
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise TypeError(f"estimate() got an unexpected keyword argument {unknown[0]!r}")
+        body: dict[str, Any] = {
+            "bundle": first.answerer["sha256"], "tp": tp, "dp": dp,
+            "sequence_parallel": sequence_parallel, "policy": policy, "mode": mode,
+        }
+        if isinstance(cluster, Cluster):
+            if cluster.raw is None:
+                raise QueryError("cluster: this Cluster was not read from a description "
+                                 "(parse_cluster/load_cluster), so it cannot be sent")
+            body["cluster"] = dict(cluster.raw)
+        elif cluster is not None:
+            body["cluster"] = cluster
+        for key, value in options.items():
+            if value is None:
+                continue
+            if key == "captured_expectation":
+                if value:
+                    body["profile_draw"] = "expectation"
+            elif key == "profile" and isinstance(value, RoutingProfile):
+                body["profile"] = value.to_json()
+            elif key == "active_curve" and isinstance(value, ActiveCurve):
+                body["active_curve"] = [list(p) for p in zip(value.tokens, value.active,
+                                                             strict=True)]
+            else:
+                body[key] = _tokens(value)
+        return body
 
     # --- the download-once cache ---------------------------------------------------------
 

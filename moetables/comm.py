@@ -33,6 +33,7 @@ see the same transfer time) are still given.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import math
 from collections.abc import Mapping, Sequence
@@ -185,6 +186,9 @@ class Cluster:
     link_classes: Mapping[str, LinkClass]
     groups: tuple[LinkGroup, ...]
     source: str = "<memory>"
+    # The description as read (a plain mapping), so that it can be sent elsewhere inline:
+    # RemoteTables hands a loaded cluster to the registry's estimate this way.
+    raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     # Link classes per participant tuple, found once (the groups never change).
     _memo: dict[tuple[int, ...], list[LinkClass]] = field(
         default_factory=dict, compare=False, repr=False
@@ -372,6 +376,7 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
         link_classes=classes,
         groups=tuple(groups),
         source=source,
+        raw=copy.deepcopy(raw),  # the caller's mapping may change later; this may not
     )
 
 

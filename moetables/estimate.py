@@ -89,6 +89,7 @@ __all__ = [
     "LayerEstimate",
     "LayerEstimator",
     "RankEstimate",
+    "StepArrays",
     "TraceEvent",
     "capture_sizes_of",
     "pad_to_capture",
@@ -291,8 +292,9 @@ class LayerEstimate:
 
 
 @dataclass(slots=True)
-class _StepArrays:
-    """Per trace step, arrays over (steps, ep): arrival, start, end; collectives' extras."""
+class StepArrays:
+    """Per trace step, arrays over (steps, ep): arrival, start, end; collectives' extras.
+    Public for `moetables.estimate_json`, which rebuilds them from a registry's answers."""
 
     arrive: FloatArray
     start: FloatArray
@@ -322,7 +324,7 @@ class BatchEstimate:
     cluster: str | None
     notes: tuple[str, ...]
     graph: npt.NDArray[np.bool_] | None = None
-    _steps: list[_StepArrays] | None = None
+    _steps: list[StepArrays] | None = None
 
     def __len__(self) -> int:
         return int(self.code.shape[0])
@@ -913,7 +915,7 @@ class LayerEstimator:
         compute = np.zeros((steps, ep))
         wait = np.zeros((steps, ep))
         transfer = np.zeros((steps, ep)) if cluster is not None else None
-        kept: list[_StepArrays] = []
+        kept: list[StepArrays] = []
         runs = launch_runs(self.trace.steps)
         # Transfers of every member of a launch, computed at its first member (R44: one NCCL
         # kernel for collectives launched together; each member keeps its own name and bytes).
@@ -925,7 +927,7 @@ class LayerEstimator:
                 start = clock
                 clock = clock + t
                 compute += t
-                kept.append(_StepArrays(arrive, start, clock, []))
+                kept.append(StepArrays(arrive, start, clock, []))
                 continue
             timings = []
             start_all = clock.copy()
@@ -961,7 +963,7 @@ class LayerEstimator:
                     end = begin
                 clock[:, g] = end[:, None]
                 timings.append((group, size, shares, equal, begin, tr, w))
-            kept.append(_StepArrays(arrive, start_all, clock, timings))
+            kept.append(StepArrays(arrive, start_all, clock, timings))
         bad = code != OK
         final = clock
         layer_compute = final.max(axis=1) if transfer is None else _without_transfers(

@@ -28,6 +28,7 @@ _FIELDS = {
     "profile", "layer", "profile_draw", "tile_cost_us",
 }
 PROFILE_DRAWS = ("sample", "expectation")
+_INT64_MAX = 2**63 - 1
 # Policies that count pairs per expert, so that each rank's per-expert counts exist
 # (captured: when drawn, not as its expectation).
 COUNTING_POLICIES = ("histogram", "round_robin", "random", "captured")
@@ -73,6 +74,10 @@ def _int_list(value: Any, what: str, problems: list[str]) -> list[int] | None:
         isinstance(v, bool) or not isinstance(v, int) for v in value
     ):
         problems.append(f"{what}: must be a non-empty list of integers, got {value!r}")
+        return None
+    too_big = [v for v in value if abs(v) > _INT64_MAX]
+    if too_big:  # numpy would overflow: named here rather than a server error
+        problems.append(f"{what}: {too_big[0]} does not fit a 64-bit integer")
         return None
     return value
 

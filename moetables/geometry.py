@@ -242,22 +242,30 @@ class ExpertGeometry:
         if a == 0 and m == 0:
             if self.all_remote_possible:
                 return ""
-            return (f"A=M=0 means every token's {k} experts are remote, but only {remote} of "
-                    f"the {self.global_experts} experts live on other ranks")
+            return (
+                f"A=M=0 means every token's {k} experts are remote, but only {remote} of "
+                f"the {self.global_experts} experts live on other ranks"
+            )
         if a < 1:
             return f"A={a} with M={m}: local pairs need at least one active local expert"
         if a > local:
             return f"A={a} active experts, but this rank owns only {local} experts"
         low, high = self.assignment_bounds(n, a)
         if m < a:
-            return (f"M={m} pairs cannot keep A={a} experts busy: every active expert has at "
-                    "least one token-expert pair")
+            return (
+                f"M={m} pairs cannot keep A={a} experts busy: every active expert has at "
+                "least one token-expert pair"
+            )
         if m < low:
-            return (f"each of the N={n} tokens picks {k} distinct experts and only {remote} "
-                    f"are remote, so at least {k - remote} per token are local: M >= {low}")
+            return (
+                f"each of the N={n} tokens picks {k} distinct experts and only {remote} "
+                f"are remote, so at least {k - remote} per token are local: M >= {low}"
+            )
         if m > high:
-            return (f"each of the N={n} tokens picks at most min(k={k}, A={a}) = {min(k, a)} "
-                    f"of the active local experts: M <= {high}")
+            return (
+                f"each of the N={n} tokens picks at most min(k={k}, A={a}) = {min(k, a)} "
+                f"of the active local experts: M <= {high}"
+            )
         return ""
 
     def balanced_total(self, tokens: int) -> int:

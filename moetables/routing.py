@@ -99,9 +99,7 @@ def _expert_ranges(global_experts: int, ep: int) -> tuple[tuple[int, int], ...]:
     ranges = []
     for rank in range(ep):
         owned = [
-            e
-            for e, local in enumerate(linear_expert_map(global_experts, ep, rank))
-            if local >= 0
+            e for e, local in enumerate(linear_expert_map(global_experts, ep, rank)) if local >= 0
         ]
         ranges.append((owned[0], owned[-1] + 1))
     return tuple(ranges)
@@ -211,9 +209,7 @@ class BatchRouting:
                     expert_counts=counts,
                 )
             )
-        return StepRouting(
-            self.policy, tuple(int(n) for n in self.padded_tokens[i]), tuple(ranks)
-        )
+        return StepRouting(self.policy, tuple(int(n) for n in self.padded_tokens[i]), tuple(ranks))
 
 
 def _counts_array(tokens_per_rank: object, dp: int) -> IntArray:
@@ -506,23 +502,26 @@ def route_batch(
     if policy != "histogram" and expert_counts is not None:
         raise QueryError(f"expert counts belong to the histogram policy, not {policy!r}")
     if policy != "custom" and (active_curve is not None or load_shares is not None):
-        raise QueryError(f"an active-expert curve and load shares belong to the custom policy, "
-                         f"not {policy!r}")
+        raise QueryError(
+            f"an active-expert curve and load shares belong to the custom policy, not {policy!r}"
+        )
     if policy != "captured" and (profile is not None or layer is not None):
-        raise QueryError(f"a routing profile and layer belong to the captured policy, not {policy!r}")
+        raise QueryError(
+            f"a routing profile and layer belong to the captured policy, not {policy!r}"
+        )
     histogram: IntArray | None = None
     captured_loads: tuple[IntArray, IntArray] | None = None
     if policy == "captured":
         if profile is None:
             raise QueryError("captured policy needs a routing profile")
         if not isinstance(profile, RoutingProfile):
-            raise QueryError("captured policy: profile must be a RoutingProfile "
-                             "(moetables.profiles.read_profile)")
+            raise QueryError(
+                "captured policy: profile must be a RoutingProfile "
+                "(moetables.profiles.read_profile)"
+            )
         _check_seed(policy, seed)
         position = _profile_layer(profile, layer)
-        if (profile.global_experts, profile.top_k) != (
-            deployment.global_experts, deployment.top_k
-        ):
+        if (profile.global_experts, profile.top_k) != (deployment.global_experts, deployment.top_k):
             raise QueryError(
                 f"captured policy: the profile routes E={profile.global_experts} top-"
                 f"{profile.top_k}, the deployment has E={deployment.global_experts} top-"

@@ -67,9 +67,11 @@ class NamespaceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for grant in grants:
             grant.granted_by = request.user
             grant.save()
-            record_change(request.user, "namespace.grant", grant.namespace,
-                          user=grant.user.get_username())
+            record_change(
+                request.user, "namespace.grant", grant.namespace, user=grant.user.get_username()
+            )
         for gone in formset.deleted_objects:
-            record_change(request.user, "namespace.revoke", gone.namespace,
-                          user=gone.user.get_username())
+            record_change(
+                request.user, "namespace.revoke", gone.namespace, user=gone.user.get_username()
+            )
             gone.delete()

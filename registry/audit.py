@@ -19,8 +19,12 @@ __all__ = ["StateChange", "record_change"]
 class StateChange(models.Model):
     at = models.DateTimeField(default=timezone.now)
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-        related_name="+", help_text="who made the change; empty for the worker or a command",
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="who made the change; empty for the worker or a command",
     )
     # The name as it was, so the record outlives a deleted account.
     actor_name = models.CharField(max_length=150, blank=True)
@@ -35,7 +39,9 @@ class StateChange(models.Model):
 
     def __str__(self) -> str:
         who = self.actor_name or "system"
-        return f"{self.at:%Y-%m-%d %H:%M:%S} {who} {self.action} {self.target_type} {self.target_id}"
+        return (
+            f"{self.at:%Y-%m-%d %H:%M:%S} {who} {self.action} {self.target_type} {self.target_id}"
+        )
 
 
 def record_change(actor: Any, action: str, target: models.Model, **detail: Any) -> StateChange:

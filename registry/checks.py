@@ -57,8 +57,10 @@ def check_datetime(value: dt.datetime) -> str | None:
         return f"{value.isoformat()} is outside the representable range of dates"
     low, high = MEASURED_AT_RANGE
     if not low <= utc < high:
-        return (f"{value.isoformat()} is outside the accepted range "
-                f"{low:%Y-%m-%d} .. {high:%Y-%m-%d} (UTC)")
+        return (
+            f"{value.isoformat()} is outside the accepted range "
+            f"{low:%Y-%m-%d} .. {high:%Y-%m-%d} (UTC)"
+        )
     return None
 
 
@@ -82,7 +84,9 @@ def json_problems(value: Any, where: str, depth: int = 0) -> Iterator[str]:
             yield from json_problems(item, f"{where}.{index}", depth + 1)
 
 
-def check_row(instance: models.Model, where: str, sources: dict[str, str] | None = None) -> list[str]:
+def check_row(
+    instance: models.Model, where: str, sources: dict[str, str] | None = None
+) -> list[str]:
     """Every reason a field of the unsaved ``instance`` would not fit its column.
 
     ``where`` names the row's origin (a file); ``sources`` maps a field to a more precise name

@@ -55,7 +55,9 @@ class BundleFilterSet(django_filters.FilterSet):
             Q(backend__icontains=value) | Q(kernel__icontains=value)
         )
         return queryset.filter(
-            Q(hardware__icontains=value) | Q(model__icontains=value) | Q(variant__icontains=value)
+            Q(hardware__icontains=value)
+            | Q(model__icontains=value)
+            | Q(variant__icontains=value)
             | Exists(tables)
         )
 

@@ -54,7 +54,10 @@ class Bundle(models.Model):
         max_length=512, blank=True, help_text="upload file name, imported path or job id"
     )
     published_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
 
@@ -168,8 +171,12 @@ class DeploymentTable(models.Model):
     def brief(self) -> dict[str, Any]:
         """The table as a bundle list shows it."""
         return {
-            "deployment": str(self), **self.target, "backend": self.backend,
-            "kernel": self.kernel, "native": self.native, "vllm_version": self.vllm_version,
+            "deployment": str(self),
+            **self.target,
+            "backend": self.backend,
+            "kernel": self.kernel,
+            "native": self.native,
+            "vllm_version": self.vllm_version,
         }
 
     @property

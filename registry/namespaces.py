@@ -18,7 +18,10 @@ class Namespace(models.Model):
     hardware = models.CharField(max_length=128)
     model = models.CharField(max_length=256)
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="owned_namespaces",
         help_text="empty: claimed by an import or a job, so only staff and grantees publish",
     )
@@ -39,7 +42,10 @@ class NamespaceGrant(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="namespace_grants"
     )
     granted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     granted_at = models.DateTimeField(default=timezone.now)

@@ -80,8 +80,7 @@ def can_delete_routing_profile(user: Any, profile: RoutingProfileRecord) -> bool
     """Its publisher or staff: a profile is an input to estimates, not a measurement others
     build tables on, so its owner may withdraw it."""
     return is_staff(user) or (
-        _active(user) and profile.published_by_id is not None
-        and profile.published_by_id == user.pk
+        _active(user) and profile.published_by_id is not None and profile.published_by_id == user.pk
     )
 
 

@@ -63,8 +63,9 @@ class ThrottledModelBackend(ModelBackend):
 
 
 @receiver(user_login_failed)
-def _count_failure(sender: Any, credentials: dict[str, Any], request: Any = None,
-                   **kwargs: Any) -> None:
+def _count_failure(
+    sender: Any, credentials: dict[str, Any], request: Any = None, **kwargs: Any
+) -> None:
     rate = signin_rate()
     if rate is None:
         return

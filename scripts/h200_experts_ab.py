@@ -48,8 +48,8 @@ def main(out: str) -> int:
 
     def weights(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         if kind == "acquisition":  # acquisition.adapters.vllm_modular: randn scaled by fan-in
-            w13 = torch.randn((L, 2 * INTER, H), generator=gen, device=dev) * H ** -0.5
-            w2 = torch.randn((L, H, INTER), generator=gen, device=dev) * INTER ** -0.5
+            w13 = torch.randn((L, 2 * INTER, H), generator=gen, device=dev) * H**-0.5
+            w2 = torch.randn((L, H, INTER), generator=gen, device=dev) * INTER**-0.5
         else:  # vLLM's dummy loader: uniform in [-1e-3, 1e-3]
             w13 = torch.empty((L, 2 * INTER, H), device=dev).uniform_(-1e-3, 1e-3, generator=gen)
             w2 = torch.empty((L, H, INTER), device=dev).uniform_(-1e-3, 1e-3, generator=gen)
@@ -58,7 +58,9 @@ def main(out: str) -> int:
     def hidden(kind: str, n: int) -> torch.Tensor:
         if kind == "acquisition":
             return torch.randn((n, H), generator=gen, device=dev).to(torch.bfloat16)
-        return torch.empty((n, H), device=dev).uniform_(-1e-3, 1e-3, generator=gen).to(torch.bfloat16)
+        return (
+            torch.empty((n, H), device=dev).uniform_(-1e-3, 1e-3, generator=gen).to(torch.bfloat16)
+        )
 
     def routing(kind: str, n: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         if kind == "stimulus":
@@ -70,7 +72,12 @@ def main(out: str) -> int:
             w, ids = torch.topk(torch.softmax(scores, dim=-1), K, dim=-1)
             w = (w / w.sum(dim=-1, keepdim=True)).float()
         local = ids[ids < L]
-        return ids.to(torch.int64), w.to(torch.float32), int(torch.unique(local).numel()), int(local.numel())
+        return (
+            ids.to(torch.int64),
+            w.to(torch.float32),
+            int(torch.unique(local).numel()),
+            int(local.numel()),
+        )
 
     results = []
     for n in (4096, 2048):
@@ -83,8 +90,9 @@ def main(out: str) -> int:
                     ids, tw, a, m = routing(route, n)
                     rec.update(A=a, M=m)
 
-                    call = functools.partial(fused_experts, x, w13, w2, tw, ids, global_num_experts=E,
-                                             expert_map=emap)
+                    call = functools.partial(
+                        fused_experts, x, w13, w2, tw, ids, global_num_experts=E, expert_map=emap
+                    )
 
                     for _ in range(3):
                         call()
@@ -94,21 +102,40 @@ def main(out: str) -> int:
                         for _ in range(iters):
                             call()
                         torch.cuda.synchronize()
-                    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                                     key=lambda e: e.time_range.start)
+                    kernels = sorted(
+                        (
+                            e
+                            for e in prof.events()
+                            if e.device_type == torch.autograd.DeviceType.CUDA
+                        ),
+                        key=lambda e: e.time_range.start,
+                    )
                     per = len(kernels) // iters
-                    sums = [sum(e.time_range.elapsed_us() for e in kernels[i * per:(i + 1) * per]) for i in range(iters)]
+                    sums = [
+                        sum(e.time_range.elapsed_us() for e in kernels[i * per : (i + 1) * per])
+                        for i in range(iters)
+                    ]
                     names: dict[str, list[float]] = {}
                     for e in kernels:
                         names.setdefault(e.name[:50], []).append(e.time_range.elapsed_us())
-                    rec.update(kernels_per_call=per, kernel_sum_us=statistics.median(sums), sums=sums,
-                               by_kernel={k: round(sum(v) / iters, 3) for k, v in names.items()})
+                    rec.update(
+                        kernels_per_call=per,
+                        kernel_sum_us=statistics.median(sums),
+                        sums=sums,
+                        by_kernel={k: round(sum(v) / iters, 3) for k, v in names.items()},
+                    )
                 except Exception:
                     rec["error"] = traceback.format_exc()[-1500:]
                 results.append(rec)
-                print(json.dumps({k: v for k, v in rec.items() if k not in ("sums", "by_kernel")}), flush=True)
-    meta = {"gpu": torch.cuda.get_device_name(0), "uuid": str(torch.cuda.get_device_properties(0).uuid),
-            "torch": torch.__version__}
+                print(
+                    json.dumps({k: v for k, v in rec.items() if k not in ("sums", "by_kernel")}),
+                    flush=True,
+                )
+    meta = {
+        "gpu": torch.cuda.get_device_name(0),
+        "uuid": str(torch.cuda.get_device_properties(0).uuid),
+        "torch": torch.__version__,
+    }
     Path(out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     return 0
 

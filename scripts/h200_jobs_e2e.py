@@ -37,8 +37,9 @@ JOB = {
 }
 
 
-def call(base: str, method: str, path: str, body: Any = None,
-         token: str | None = None) -> tuple[int, Any]:
+def call(
+    base: str, method: str, path: str, body: Any = None, token: str | None = None
+) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(base + path, data=data, method=method)
     request.add_header("Accept", "application/json")
@@ -79,11 +80,18 @@ def main() -> int:
     seen = None
     while True:
         status, job = call(args.base, "GET", f"/api/v1/jobs/{job_id}/")
-        view = (job["state"], job["phase"], job["points_done"], job["points_total"],
-                job["eta_seconds"])
+        view = (
+            job["state"],
+            job["phase"],
+            job["points_done"],
+            job["points_total"],
+            job["eta_seconds"],
+        )
         if view != seen:
-            log(f"GET /api/v1/jobs/{job_id}/ -> {status} state={view[0]} phase={view[1]} "
-                f"points={view[2]}/{view[3]} eta_s={view[4]}")
+            log(
+                f"GET /api/v1/jobs/{job_id}/ -> {status} state={view[0]} phase={view[1]} "
+                f"points={view[2]}/{view[3]} eta_s={view[4]}"
+            )
             seen = view
         if job["state"] in ("succeeded", "failed", "cancelled"):
             break
@@ -93,8 +101,10 @@ def main() -> int:
             break
         time.sleep(2)
     (args.out / "job.json").write_text(json.dumps(job, indent=2) + "\n")
-    log(f"job {job_id} ended: state={job['state']} error={job.get('error')!r} "
-        f"after {time.monotonic() - started:.1f}s")
+    log(
+        f"job {job_id} ended: state={job['state']} error={job.get('error')!r} "
+        f"after {time.monotonic() - started:.1f}s"
+    )
     if job["state"] != "succeeded":
         log("log tail:\n" + (job.get("log_tail") or ""))
         return 1
@@ -102,27 +112,34 @@ def main() -> int:
     bundle_id = bundle_ref["id"] if isinstance(bundle_ref, dict) else bundle_ref
     status, bundle = call(args.base, "GET", f"/api/v1/bundles/{bundle_id}/")
     (args.out / "bundle.json").write_text(json.dumps(bundle, indent=2) + "\n")
-    log(f"GET /api/v1/bundles/{bundle_id}/ -> {status} sha256={bundle.get('sha256')} "
-        f"tables={len(bundle.get('tables', []))}")
-    download = urllib.request.urlopen(f"{args.base}/api/v1/bundles/{bundle_id}/download",
-                                      timeout=60)
+    log(
+        f"GET /api/v1/bundles/{bundle_id}/ -> {status} sha256={bundle.get('sha256')} "
+        f"tables={len(bundle.get('tables', []))}"
+    )
+    download = urllib.request.urlopen(
+        f"{args.base}/api/v1/bundles/{bundle_id}/download", timeout=60
+    )
     archive = args.out / "published_bundle.tar.gz"
     archive.write_bytes(download.read())
-    log(f"GET /api/v1/bundles/{bundle_id}/download -> {download.status} "
-        f"{archive.stat().st_size} bytes, ETag {download.headers.get('ETag')}")
+    log(
+        f"GET /api/v1/bundles/{bundle_id}/download -> {download.status} "
+        f"{archive.stat().st_size} bytes, ETag {download.headers.get('ETag')}"
+    )
     target = bundle["tables"][0]["target"]
     queries = [
         {"component": "gate_routing", "tokens": 64},
-        {"component": "experts", "tokens": 64, "activated_experts": 64,
-         "local_assignments": 512},
+        {"component": "experts", "tokens": 64, "activated_experts": 64, "local_assignments": 512},
         {"component": "experts", "tokens": 1, "activated_experts": 8, "local_assignments": 8},
     ]
-    body = {"bundle": bundle_id,
-            "target": {key: target[key] for key in ("tp", "dp", "rank")},
-            "queries": queries}
+    body = {
+        "bundle": bundle_id,
+        "target": {key: target[key] for key in ("tp", "dp", "rank")},
+        "queries": queries,
+    }
     status, answer = call(args.base, "POST", "/api/v1/lookup", body)
-    (args.out / "lookup.json").write_text(json.dumps({"request": body, "answer": answer},
-                                                     indent=2) + "\n")
+    (args.out / "lookup.json").write_text(
+        json.dumps({"request": body, "answer": answer}, indent=2) + "\n"
+    )
     log(f"POST /api/v1/lookup -> {status} {json.dumps(answer)[:400]}")
     return 0 if status == 200 else 1
 

@@ -42,7 +42,9 @@ def cmd_prompts(args: argparse.Namespace) -> int:
     lengths = [rng.choice((16, 64, 128, 256, 512, 1024)) for _ in range(args.count)]
     with open(args.out, "w") as f:
         for n in lengths:
-            f.write(json.dumps({"prompt_token_ids": [rng.randrange(1000, 150000) for _ in range(n)]}))
+            f.write(
+                json.dumps({"prompt_token_ids": [rng.randrange(1000, 150000) for _ in range(n)]})
+            )
             f.write("\n")
     print(f"{args.out}: {args.count} prompts, {sum(lengths)} tokens")
     return 0
@@ -53,18 +55,34 @@ def same_run_profile(forwards: list[Any], top_k: int) -> Any:
 
     counts = np.array([f.global_counts for f in forwards], dtype=np.int64)[:, None, :]
     return RoutingProfile.create(
-        model={"name": "Qwen/Qwen3-30B-A3B-Instruct-2507 (validation run)",
-               "global_experts": int(counts.shape[2]), "top_k": top_k, "layers": [0]},
-        workload={"prompts_sha256": "", "prompts": len(forwards),
-                  "prompt_tokens": int(counts.sum()) // top_k, "generated_tokens": 0},
-        step_tokens=[sum(f.tokens) for f in forwards], counts=counts,
+        model={
+            "name": "Qwen/Qwen3-30B-A3B-Instruct-2507 (validation run)",
+            "global_experts": int(counts.shape[2]),
+            "top_k": top_k,
+            "layers": [0],
+        },
+        workload={
+            "prompts_sha256": "",
+            "prompts": len(forwards),
+            "prompt_tokens": int(counts.sum()) // top_k,
+            "generated_tokens": 0,
+        },
+        step_tokens=[sum(f.tokens) for f in forwards],
+        counts=counts,
         command="scripts/h200_routing_capture.py compare (from the validation run's own capture)",
-        router="validation", source="vllm",
+        router="validation",
+        source="vllm",
     )
 
 
-def estimate_rows(forwards: list[Any], info: list[dict[str, Any]], tables: Any, cluster: Any,
-                  name: str, **options: Any) -> list[dict[str, Any]]:
+def estimate_rows(
+    forwards: list[Any],
+    info: list[dict[str, Any]],
+    tables: Any,
+    cluster: Any,
+    name: str,
+    **options: Any,
+) -> list[dict[str, Any]]:
     from acquisition.estimate_validation import local_load
 
     tokens = np.array([f.tokens for f in forwards], dtype=np.int64)
@@ -76,24 +94,37 @@ def estimate_rows(forwards: list[Any], info: list[dict[str, Any]], tables: Any, 
     for i, f in enumerate(forwards):
         for r in range(len(info)):
             a, m = local_load(f.global_counts, maps[r])
-            rows.append({
-                "policy": name, "step": f.step, "rep": f.rep, "rank": r, "tokens": list(f.tokens),
-                "A_measured": a, "M_measured": m,
-                "A_estimate": int(est.routing.activated_experts[i, r]),
-                "M_estimate": int(est.routing.local_assignments[i, r]),
-                "compute_measured_us": f.compute_us[r],
-                "compute_estimate_us": float(est.compute_us[i, r]),
-            })
+            rows.append(
+                {
+                    "policy": name,
+                    "step": f.step,
+                    "rep": f.rep,
+                    "rank": r,
+                    "tokens": list(f.tokens),
+                    "A_measured": a,
+                    "M_measured": m,
+                    "A_estimate": int(est.routing.activated_experts[i, r]),
+                    "M_estimate": int(est.routing.local_assignments[i, r]),
+                    "compute_measured_us": f.compute_us[r],
+                    "compute_estimate_us": float(est.compute_us[i, r]),
+                }
+            )
     return rows
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rel = [abs(r["compute_estimate_us"] - r["compute_measured_us"]) / r["compute_measured_us"]
-           for r in rows]
+    rel = [
+        abs(r["compute_estimate_us"] - r["compute_measured_us"]) / r["compute_measured_us"]
+        for r in rows
+    ]
     m_err = [abs(r["M_estimate"] - r["M_measured"]) / max(1, r["M_measured"]) for r in rows]
-    return {"forwards_x_ranks": len(rows), "compute_rel_err_median": statistics.median(rel),
-            "compute_rel_err_max": max(rel), "M_rel_err_median": statistics.median(m_err),
-            "M_rel_err_max": max(m_err)}
+    return {
+        "forwards_x_ranks": len(rows),
+        "compute_rel_err_median": statistics.median(rel),
+        "compute_rel_err_max": max(rel),
+        "M_rel_err_median": statistics.median(m_err),
+        "M_rel_err_max": max(m_err),
+    }
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -116,36 +147,72 @@ def cmd_compare(args: argparse.Namespace) -> int:
         profile = read_profile(evidence / f"{router}.routing.npz")
         layer = profile.layers[0]
         runs: dict[str, list[dict[str, Any]]] = {
-            "balanced": estimate_rows(forwards, info, tables, cluster, "balanced", policy="balanced"),
-            "captured": estimate_rows(forwards, info, tables, cluster, "captured", policy="captured",
-                                      profile=profile, layer=layer, seed=0),
+            "balanced": estimate_rows(
+                forwards, info, tables, cluster, "balanced", policy="balanced"
+            ),
+            "captured": estimate_rows(
+                forwards,
+                info,
+                tables,
+                cluster,
+                "captured",
+                policy="captured",
+                profile=profile,
+                layer=layer,
+                seed=0,
+            ),
             "captured-expectation": estimate_rows(
-                forwards, info, tables, cluster, "captured-expectation", policy="captured",
-                profile=profile, layer=layer, captured_expectation=True),
+                forwards,
+                info,
+                tables,
+                cluster,
+                "captured-expectation",
+                policy="captured",
+                profile=profile,
+                layer=layer,
+                captured_expectation=True,
+            ),
             "captured-same-run": estimate_rows(
-                forwards, info, tables, cluster, "captured-same-run", policy="captured",
-                profile=same_run_profile(forwards, top_k), layer=0, seed=0),
+                forwards,
+                info,
+                tables,
+                cluster,
+                "captured-same-run",
+                policy="captured",
+                profile=same_run_profile(forwards, top_k),
+                layer=0,
+                seed=0,
+            ),
             "histogram": estimate_rows(
-                forwards, info, tables, cluster, "histogram", policy="histogram",
-                expert_counts=np.array([f.global_counts for f in forwards], dtype=np.int64)),
+                forwards,
+                info,
+                tables,
+                cluster,
+                "histogram",
+                policy="histogram",
+                expert_counts=np.array([f.global_counts for f in forwards], dtype=np.int64),
+            ),
         }
         result["routers"][router] = {
             "profile": {"file": f"{router}.routing.npz", **profile.summary()},
             "summary": {name: summarise(rows) for name, rows in runs.items()},
             "rows": runs,
         }
-        print(f"{router}: imbalance of the captured layer {layer}: "
-              f"{profile.imbalance()[0]:.2f}")
+        print(f"{router}: imbalance of the captured layer {layer}: {profile.imbalance()[0]:.2f}")
         for name, s in result["routers"][router]["summary"].items():
-            print(f"  {name:22s} compute err median {s['compute_rel_err_median']:.1%} "
-                  f"max {s['compute_rel_err_max']:.1%}; M err median {s['M_rel_err_median']:.1%}")
+            print(
+                f"  {name:22s} compute err median {s['compute_rel_err_median']:.1%} "
+                f"max {s['compute_rel_err_max']:.1%}; M err median {s['M_rel_err_median']:.1%}"
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("prompts", help="write the capture's prompt set")
     q.add_argument("--out", required=True)

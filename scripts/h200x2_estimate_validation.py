@@ -46,12 +46,14 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 # ---- the step plan (generic over the DP size) ---------------------------------------------------
 
+
 def step_plan(dp: int) -> list[list[int]]:
     """Per-rank token counts of each step: equal steps, then unequal ones (alternating and ramps).
 
     Between 4 and 2048 tokens per rank (the engine's ``max_num_batched_tokens``); for DP > 2 the
     alternating patterns repeat over the ranks and the ramps spread between their ends.
     """
+
     def alt(a: int, b: int) -> list[int]:
         return [a if r % 2 == 0 else b for r in range(dp)]
 
@@ -59,12 +61,23 @@ def step_plan(dp: int) -> list[list[int]]:
         return [round(a + (b - a) * r / (dp - 1)) for r in range(dp)]
 
     plan = [[n] * dp for n in (4, 64, 256, 1024, 2048)]
-    plan += [alt(4, 2048), alt(2048, 4), alt(16, 512), alt(512, 16), ramp(100, 1500), alt(777, 333),
-             alt(2000, 37), alt(1536, 1024), ramp(1800, 50), alt(128, 1024)]
+    plan += [
+        alt(4, 2048),
+        alt(2048, 4),
+        alt(16, 512),
+        alt(512, 16),
+        ramp(100, 1500),
+        alt(777, 333),
+        alt(2000, 37),
+        alt(1536, 1024),
+        ramp(1800, 50),
+        alt(128, 1024),
+    ]
     return plan
 
 
 # ---- worker side (runs inside the engine's worker process through apply_model) -----------------
+
 
 def _state(model: Any) -> dict[str, Any]:
     st = getattr(model, "_gpuest", None)
@@ -124,14 +137,22 @@ def install(model: Any) -> dict[str, Any]:
     mk = getattr(qm, "moe_kernel", None)
     emap = runner.expert_map
     return {
-        "block": block_name, "block_class": type(block).__name__, "runner_class": type(runner).__name__,
+        "block": block_name,
+        "block_class": type(block).__name__,
+        "runner_class": type(runner).__name__,
         "router_class": type(runner.router).__name__,
         "quant_method": type(qm).__name__ if qm is not None else None,
         "prepare_finalize": type(getattr(mk, "prepare_finalize", None)).__name__,
         "experts_class": type(getattr(mk, "fused_experts", None)).__name__,
-        "ep_size": mc.ep_size, "ep_rank": mc.ep_rank, "dp_size": mc.dp_size, "dp_rank": mc.dp_rank,
-        "global_experts": experts, "local_experts": mc.num_local_experts, "top_k": int(runner.router.top_k),
-        "expert_map": emap.tolist() if emap is not None else None, "device": str(dev),
+        "ep_size": mc.ep_size,
+        "ep_rank": mc.ep_rank,
+        "dp_size": mc.dp_size,
+        "dp_rank": mc.dp_rank,
+        "global_experts": experts,
+        "local_experts": mc.num_local_experts,
+        "top_k": int(runner.router.top_k),
+        "expert_map": emap.tolist() if emap is not None else None,
+        "device": str(dev),
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev),
         "uuid": str(torch.cuda.get_device_properties(dev).uuid) if dev.type == "cuda" else None,
     }
@@ -179,9 +200,17 @@ def stop_profile(model: Any, trace_path: str) -> dict[str, Any]:
 
 # ---- the rank process ---------------------------------------------------------------------------
 
-def rank_main(rank: int, dp: int, port: int, args: argparse.Namespace, model_dir: str, barrier: Any) -> None:
-    os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank), VLLM_DP_SIZE=str(dp),
-                      VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT=str(port))
+
+def rank_main(
+    rank: int, dp: int, port: int, args: argparse.Namespace, model_dir: str, barrier: Any
+) -> None:
+    os.environ.update(
+        VLLM_DP_RANK=str(rank),
+        VLLM_DP_RANK_LOCAL=str(rank),
+        VLLM_DP_SIZE=str(dp),
+        VLLM_DP_MASTER_IP="127.0.0.1",
+        VLLM_DP_MASTER_PORT=str(port),
+    )
     out_dir = Path(args.out) / _subdir(args)
     log: dict[str, Any] = {"rank": rank, "dp": dp, "routing": args.routing, "ok": False}
     try:
@@ -192,14 +221,31 @@ def rank_main(rank: int, dp: int, port: int, args: argparse.Namespace, model_dir
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import h200x2_estimate_validation as probe  # by reference: the worker imports it by name
 
-        log["versions"] = {"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.version.cuda}
+        log["versions"] = {
+            "vllm": vllm.__version__,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        }
         log["env"] = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "VLLM_"))}
         t0 = time.time()
-        llm = LLM(model=model_dir, load_format="dummy", hf_overrides={"num_hidden_layers": 1}, enforce_eager=True,
-                  max_model_len=4096, max_num_batched_tokens=2048, max_num_seqs=128, skip_tokenizer_init=True,
-                  gpu_memory_utilization=0.3, generation_config="vllm", dtype="bfloat16",
-                  attention_backend="TRITON_ATTN", enable_expert_parallel=True, kv_cache_memory_bytes=1 << 30,
-                  enable_prefix_caching=False, seed=1234 + rank)
+        llm = LLM(
+            model=model_dir,
+            load_format="dummy",
+            hf_overrides={"num_hidden_layers": 1},
+            enforce_eager=True,
+            max_model_len=4096,
+            max_num_batched_tokens=2048,
+            max_num_seqs=128,
+            skip_tokenizer_init=True,
+            gpu_memory_utilization=0.3,
+            generation_config="vllm",
+            dtype="bfloat16",
+            attention_backend="TRITON_ATTN",
+            enable_expert_parallel=True,
+            kv_cache_memory_bytes=1 << 30,
+            enable_prefix_caching=False,
+            seed=1234 + rank,
+        )
         log["engine_start_s"] = round(time.time() - t0, 1)
         log["moe"] = llm.apply_model(probe.install)
         plan = step_plan(dp)
@@ -232,15 +278,21 @@ def rank_main(rank: int, dp: int, port: int, args: argparse.Namespace, model_dir
         if args.keep_trace:
             import gzip
 
-            with open(trace, "rb") as src, gzip.open(out_dir / f"trace_rank{rank}.json.gz", "wb") as dst:
+            with (
+                open(trace, "rb") as src,
+                gzip.open(out_dir / f"trace_rank{rank}.json.gz", "wb") as dst,
+            ):
                 shutil.copyfileobj(src, dst)
     except BaseException:
         log["tb"] = traceback.format_exc()[-4000:]
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / f"rank{rank}.json", "w") as f:
         json.dump(log, f, indent=None, separators=(",", ":"), default=str)
-    print(f"rank {rank} ok={log['ok']} blocks={len(log.get('blocks', []))} "
-          f"{log.get('tb', '')[-1500:]}", flush=True)
+    print(
+        f"rank {rank} ok={log['ok']} blocks={len(log.get('blocks', []))} "
+        f"{log.get('tb', '')[-1500:]}",
+        flush=True,
+    )
 
 
 def _subdir(args: argparse.Namespace) -> str:
@@ -269,16 +321,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
     # The engine's worker processes import this module (and acquisition.engine_trace) by name.
     extra = [str(Path(__file__).resolve().parent), str(ROOT)]
-    os.environ["PYTHONPATH"] = os.pathsep.join(extra + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        extra + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     sys.path[:0] = extra
     model_dir = tempfile.mkdtemp(prefix="gpuest-qwen3-")
-    shutil.copy(ROOT / "acquisition/catalog/Qwen/Qwen3-30B-A3B-Instruct-2507/config.json", model_dir)
+    shutil.copy(
+        ROOT / "acquisition/catalog/Qwen/Qwen3-30B-A3B-Instruct-2507/config.json", model_dir
+    )
     (Path(args.out) / _subdir(args)).mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(args.dp)
     t0 = time.time()
-    procs = [ctx.Process(target=rank_main, args=(r, args.dp, args.port, args, model_dir, barrier))
-             for r in range(args.dp)]
+    procs = [
+        ctx.Process(target=rank_main, args=(r, args.dp, args.port, args, model_dir, barrier))
+        for r in range(args.dp)
+    ]
     for p in procs:
         p.start()
     deadline = time.time() + args.timeout
@@ -293,20 +351,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure on the GPU machine")
     r.add_argument("--dp", type=int, default=2)
     r.add_argument("--routing", choices=("simulator", "native"), required=True)
     r.add_argument("--out", required=True)
-    r.add_argument("--strategy", default="uniform_random",
-                   help="simulator: VLLM_MOE_ROUTING_SIMULATION_STRATEGY (e.g. normal_routing; "
-                   "written under <out>/<strategy> unless uniform_random)")
+    r.add_argument(
+        "--strategy",
+        default="uniform_random",
+        help="simulator: VLLM_MOE_ROUTING_SIMULATION_STRATEGY (e.g. normal_routing; "
+        "written under <out>/<strategy> unless uniform_random)",
+    )
     r.add_argument("--reps", type=int, default=3)
     r.add_argument("--port", type=int, default=29571)
     r.add_argument("--timeout", type=float, default=420.0)
-    r.add_argument("--keep-trace", action="store_true", help="also write each rank's Chrome trace (gzip)")
-    sub.add_parser("plan", help="print the step plan for --dp").add_argument("--dp", type=int, default=2)
+    r.add_argument(
+        "--keep-trace", action="store_true", help="also write each rank's Chrome trace (gzip)"
+    )
+    sub.add_parser("plan", help="print the step plan for --dp").add_argument(
+        "--dp", type=int, default=2
+    )
     args = p.parse_args(argv)
     if args.cmd == "plan":
         print(json.dumps(step_plan(args.dp)))

@@ -58,11 +58,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, result_p
     if cuda:
         torch.cuda.set_device(rank)
         dev = torch.device("cuda", rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                device_id=dev)
+        dist.init_process_group(
+            "nccl",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            device_id=dev,
+        )
     else:  # the script's own CPU check: gloo collectives, CPU operator events instead of kernels
         dev = torch.device("cpu")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
         torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     # Barriers over gloo: an NCCL barrier is itself an all-reduce kernel inside the profiled window.
     cpu = dist.new_group(backend="gloo")
@@ -106,7 +113,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, result_p
                 barrier()
                 t_wall = time.perf_counter()
                 if cuda:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start, end = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
                     start.record()
                 for _ in range(args.iters):
                     launch(op, n)
@@ -121,14 +131,25 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, result_p
         # Each size: --iters kernels of the op, nothing else (barriers run over gloo).
         if len(timed) != len(sizes) * args.iters:
             names = sorted({e.name[:60] for e in prof.events()})[:40]
-            raise RuntimeError(f"rank {rank} {op}: {len(timed)} timed events for {len(sizes)} sizes x "
-                               f"{args.iters} iterations; names seen: {names}")
+            raise RuntimeError(
+                f"rank {rank} {op}: {len(timed)} timed events for {len(sizes)} sizes x "
+                f"{args.iters} iterations; names seen: {names}"
+            )
         for i, nbytes in enumerate(sizes):
-            chunk = timed[i * args.iters:(i + 1) * args.iters]
-            points.append({"op": op, "bytes_per_rank": nbytes,
-                           "size_bytes": nbytes * world if op in ("all_gather", "reduce_scatter") else nbytes,
-                           "rank": rank, "kernel_us": [round(e.time_range.elapsed_us(), 3) for e in chunk],
-                           "kernel_name": chunk[0].name[:120], "loop_event_us": round(loop_us[i], 3)})
+            chunk = timed[i * args.iters : (i + 1) * args.iters]
+            points.append(
+                {
+                    "op": op,
+                    "bytes_per_rank": nbytes,
+                    "size_bytes": nbytes * world
+                    if op in ("all_gather", "reduce_scatter")
+                    else nbytes,
+                    "rank": rank,
+                    "kernel_us": [round(e.time_range.elapsed_us(), 3) for e in chunk],
+                    "kernel_name": chunk[0].name[:120],
+                    "loop_event_us": round(loop_us[i], 3),
+                }
+            )
         if rank == 0:
             print(f"{op}: done ({len(sizes)} sizes)", flush=True)
     gathered: list[Any] = [None] * world
@@ -136,30 +157,65 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, result_p
     if rank == 0:
         merged = []
         for rec in gathered[0]:
-            same = [next(p for p in gathered[r] if p["op"] == rec["op"] and p["bytes_per_rank"] == rec["bytes_per_rank"])
-                    for r in range(world)]
-            merged.append({"op": rec["op"], "bytes_per_rank": rec["bytes_per_rank"], "size_bytes": rec["size_bytes"],
-                           "kernel_name": rec["kernel_name"],
-                           "rank_times_us": [p["kernel_us"] for p in same],
-                           "rank_loop_event_us": [p["loop_event_us"] for p in same]})
-        meta = {"gpu": torch.cuda.get_device_properties(0).name if cuda else "cpu (dry run)", "gpus": world,
-                "torch": torch.__version__, "cuda": torch.version.cuda,
-                "nccl": ".".join(str(v) for v in torch.cuda.nccl.version()) if cuda else None,
-                "python": platform.python_version(),
-                "dtype": "bfloat16", "iters": args.iters, "warmup": args.warmup,
-                "env": {k: os.environ.get(k) for k in sorted(os.environ) if k.startswith("NCCL_")},
-                "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "command": "python3 " + " ".join(sys.argv), "timing": "torch.profiler CUDA kernel durations, per rank",
-                "uuids": [str(torch.cuda.get_device_properties(i).uuid) for i in range(world)] if cuda else []}
+            same = [
+                next(
+                    p
+                    for p in gathered[r]
+                    if p["op"] == rec["op"] and p["bytes_per_rank"] == rec["bytes_per_rank"]
+                )
+                for r in range(world)
+            ]
+            merged.append(
+                {
+                    "op": rec["op"],
+                    "bytes_per_rank": rec["bytes_per_rank"],
+                    "size_bytes": rec["size_bytes"],
+                    "kernel_name": rec["kernel_name"],
+                    "rank_times_us": [p["kernel_us"] for p in same],
+                    "rank_loop_event_us": [p["loop_event_us"] for p in same],
+                }
+            )
+        meta = {
+            "gpu": torch.cuda.get_device_properties(0).name if cuda else "cpu (dry run)",
+            "gpus": world,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "nccl": ".".join(str(v) for v in torch.cuda.nccl.version()) if cuda else None,
+            "python": platform.python_version(),
+            "dtype": "bfloat16",
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "env": {k: os.environ.get(k) for k in sorted(os.environ) if k.startswith("NCCL_")},
+            "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "command": "python3 " + " ".join(sys.argv),
+            "timing": "torch.profiler CUDA kernel durations, per rank",
+            "uuids": [str(torch.cuda.get_device_properties(i).uuid) for i in range(world)]
+            if cuda
+            else [],
+        }
         with open(result_path, "w") as f:
-            json.dump({"schema": "moe-nccl-sweep", "version": 1, "ranks": world, "meta": meta, "points": merged}, f,
-                      indent=1)
+            json.dump(
+                {
+                    "schema": "moe-nccl-sweep",
+                    "version": 1,
+                    "ranks": world,
+                    "meta": meta,
+                    "points": merged,
+                },
+                f,
+                indent=1,
+            )
     barrier()
     dist.destroy_process_group()
 
 
-_C10D = {"all_gather": "c10d::_allgather_base_", "reduce_scatter": "c10d::_reduce_scatter_base_",
-         "all_reduce": "c10d::allreduce_", "broadcast": "c10d::broadcast_", "reduce": "c10d::reduce_"}
+_C10D = {
+    "all_gather": "c10d::_allgather_base_",
+    "reduce_scatter": "c10d::_reduce_scatter_base_",
+    "all_reduce": "c10d::allreduce_",
+    "broadcast": "c10d::broadcast_",
+    "reduce": "c10d::reduce_",
+}
 
 
 def _is_op_event(event: Any, op: str, cuda: bool) -> bool:
@@ -170,7 +226,9 @@ def _is_op_event(event: Any, op: str, cuda: bool) -> bool:
 
     # One op per profiled session and barriers over gloo: every NCCL kernel of the session is one
     # operation of that op (names vary: NCCL runs some op/type pairs through a generic kernel).
-    return event.device_type == torch.autograd.DeviceType.CUDA and event.name.lower().startswith("nccl")
+    return event.device_type == torch.autograd.DeviceType.CUDA and event.name.lower().startswith(
+        "nccl"
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -197,61 +255,95 @@ def cmd_fit(args: argparse.Namespace) -> int:
     )
 
     sweep = load_sweep(args.sweep)
-    fits = fit_sweep(sweep, large_min_bytes_per_rank=args.large_min, small_max_bytes_per_rank=args.small_max,
-                     table_min_share=args.table_min_share)
+    fits = fit_sweep(
+        sweep,
+        large_min_bytes_per_rank=args.large_min,
+        small_max_bytes_per_rank=args.small_max,
+        table_min_share=args.table_min_share,
+    )
     meta = sweep.meta
     group_op = None
     launches: list[GroupedLaunch] = []
     if args.group_evidence:
         from acquisition.estimate_validation import dispatch_launches
 
-        launches = dispatch_launches(Path(args.group_evidence), args.group_routing,
-                                     [int(w) for w in args.group_row_bytes.split(",")])
+        launches = dispatch_launches(
+            Path(args.group_evidence),
+            args.group_routing,
+            [int(w) for w in args.group_row_bytes.split(",")],
+        )
         group_op = fit_group_op_us(fits, launches)
     provenance = {
         "hardware": f"{sweep.ranks} x {meta.get('gpu', '?')} of one host, NVLink"
-                    + (f" (GPU UUIDs {', '.join(u[:13] for u in meta.get('uuids', []))})" if meta.get("uuids") else ""),
+        + (
+            f" (GPU UUIDs {', '.join(u[:13] for u in meta.get('uuids', []))})"
+            if meta.get("uuids")
+            else ""
+        ),
         "software": f"torch {meta.get('torch')}, CUDA {meta.get('cuda')}, NCCL {meta.get('nccl')}, "
-                    f"Python {meta.get('python')}; env {json.dumps(meta.get('env', {}), sort_keys=True)}",
+        f"Python {meta.get('python')}; env {json.dumps(meta.get('env', {}), sort_keys=True)}",
         "command": f"{meta.get('command')} ; then: python scripts/h200x2_nccl_sweep.py fit {args.sweep} "
-                   f"--name {args.name} --large-min {args.large_min} --small-max {args.small_max} "
-                   f"--table-min-share {args.table_min_share}"
-                   + (f" --group-evidence {args.group_evidence} --group-routing {args.group_routing} "
-                      f"--group-row-bytes {args.group_row_bytes}" if args.group_evidence else ""),
+        f"--name {args.name} --large-min {args.large_min} --small-max {args.small_max} "
+        f"--table-min-share {args.table_min_share}"
+        + (
+            f" --group-evidence {args.group_evidence} --group-routing {args.group_routing} "
+            f"--group-row-bytes {args.group_row_bytes}"
+            if args.group_evidence
+            else ""
+        ),
         "measured_at": str(meta.get("measured_at", ""))[:10],
     }
     doc = cluster_document(
-        name=args.name, provenance=provenance, link=args.link, fits=fits, ranks=list(range(sweep.ranks)),
-        description=(f"{sweep.ranks} GPUs of one host over {args.link}, calibrated from a measured NCCL sweep "
-                     f"({meta.get('dtype')} buffers, {min(p.bytes_per_rank for p in sweep.points)} B to "
-                     f"{max(p.bytes_per_rank for p in sweep.points)} B per rank, {meta.get('iters')} back-to-back "
-                     f"operations per size, profiler kernel times, per iteration the last-arriving rank's kernel, "
-                     f"median). Bandwidth: least squares on sizes >= {args.large_min} B per rank; alpha: the "
-                     f"mean of t - x/bandwidth on sizes <= {args.small_max} B per rank. bandwidth_by_size: the "
-                     f"effective bus bandwidth x/(t - alpha) at every measured size S from the first whose "
-                     f"bandwidth term is >= {args.table_min_share:.0%} of t (where the line misses NCCL's "
-                     f"protocol changes), read linearly in log2(S)."
-                     + (f" group_op_us: the median, per operation beyond the first, of what the engine's "
-                        f"grouped dispatch kernel (all_gather of hidden states, top-k weights and ids; "
-                        f"{len(launches)} equal-count steps of the {args.group_routing} run in "
-                        f"{args.group_evidence}) took beyond this model of its operations."
-                        if args.group_evidence else "")),
-        group_op_us=group_op)
+        name=args.name,
+        provenance=provenance,
+        link=args.link,
+        fits=fits,
+        ranks=list(range(sweep.ranks)),
+        description=(
+            f"{sweep.ranks} GPUs of one host over {args.link}, calibrated from a measured NCCL sweep "
+            f"({meta.get('dtype')} buffers, {min(p.bytes_per_rank for p in sweep.points)} B to "
+            f"{max(p.bytes_per_rank for p in sweep.points)} B per rank, {meta.get('iters')} back-to-back "
+            f"operations per size, profiler kernel times, per iteration the last-arriving rank's kernel, "
+            f"median). Bandwidth: least squares on sizes >= {args.large_min} B per rank; alpha: the "
+            f"mean of t - x/bandwidth on sizes <= {args.small_max} B per rank. bandwidth_by_size: the "
+            f"effective bus bandwidth x/(t - alpha) at every measured size S from the first whose "
+            f"bandwidth term is >= {args.table_min_share:.0%} of t (where the line misses NCCL's "
+            f"protocol changes), read linearly in log2(S)."
+            + (
+                f" group_op_us: the median, per operation beyond the first, of what the engine's "
+                f"grouped dispatch kernel (all_gather of hidden states, top-k weights and ids; "
+                f"{len(launches)} equal-count steps of the {args.group_routing} run in "
+                f"{args.group_evidence}) took beyond this model of its operations."
+                if args.group_evidence
+                else ""
+            )
+        ),
+        group_op_us=group_op,
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(dump_cluster(doc), encoding="utf-8")
     for op, fit in fits.items():
         loo = max((abs(m - t) / t for _, t, m in fit.loo_residuals), default=float("nan"))
-        print(f"{op:15s} alpha {fit.alpha_us:8.2f} us  bus {fit.bus_bandwidth_GBps:8.1f} GB/s  "
-              f"line max |err| {fit.max_relative_error * 100:5.1f} %  table leave-one-out max |err| {loo * 100:5.1f} %")
+        print(
+            f"{op:15s} alpha {fit.alpha_us:8.2f} us  bus {fit.bus_bandwidth_GBps:8.1f} GB/s  "
+            f"line max |err| {fit.max_relative_error * 100:5.1f} %  table leave-one-out max |err| {loo * 100:5.1f} %"
+        )
     if group_op is not None:
-        print(f"group_op_us {group_op:.3f} from {len(launches)} grouped dispatch kernels: "
-              + ", ".join(f"{g.sizes_bytes[0] // (g.ranks * int(args.group_row_bytes.split(',')[0]))} rows {g.measured_us:.1f} us" for g in launches))
+        print(
+            f"group_op_us {group_op:.3f} from {len(launches)} grouped dispatch kernels: "
+            + ", ".join(
+                f"{g.sizes_bytes[0] // (g.ranks * int(args.group_row_bytes.split(',')[0]))} rows {g.measured_us:.1f} us"
+                for g in launches
+            )
+        )
     print(f"wrote {args.out}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure (GPU machine)")
     r.add_argument("--nproc", type=int, default=2)
@@ -262,8 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--port", type=int, default=29561)
     r.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    r.add_argument("--cpu-dry-run", action="store_true",
-                   help="gloo on CPU, operator events instead of kernels: checks the script, measures nothing useful")
+    r.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="gloo on CPU, operator events instead of kernels: checks the script, measures nothing useful",
+    )
     f = sub.add_parser("fit", help="fit and write the cluster description")
     f.add_argument("sweep")
     f.add_argument("--name", required=True)
@@ -271,14 +366,27 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", required=True)
     f.add_argument("--large-min", type=int, default=32 << 20)
     f.add_argument("--small-max", type=int, default=64 << 10)
-    f.add_argument("--table-min-share", type=float, default=0.2,
-                   help="bandwidth_by_size from the first size whose bandwidth term is at least this share of t")
-    f.add_argument("--group-evidence", help="an engine evidence directory (with validation/<routing>/rank*.json): "
-                   "group_op_us from its equal-count grouped dispatch kernels")
-    f.add_argument("--group-routing", default="native",
-                   help="which routing run (native: top-k ids int32, as the contract records)")
-    f.add_argument("--group-row-bytes", default="4096,32,32",
-                   help="bytes per row of the dispatched tensors (the contract's hidden states, top-k weights, ids)")
+    f.add_argument(
+        "--table-min-share",
+        type=float,
+        default=0.2,
+        help="bandwidth_by_size from the first size whose bandwidth term is at least this share of t",
+    )
+    f.add_argument(
+        "--group-evidence",
+        help="an engine evidence directory (with validation/<routing>/rank*.json): "
+        "group_op_us from its equal-count grouped dispatch kernels",
+    )
+    f.add_argument(
+        "--group-routing",
+        default="native",
+        help="which routing run (native: top-k ids int32, as the contract records)",
+    )
+    f.add_argument(
+        "--group-row-bytes",
+        default="4096,32,32",
+        help="bytes per row of the dispatched tensors (the contract's hidden states, top-k weights, ids)",
+    )
     args = p.parse_args(argv)
     return cmd_run(args) if args.cmd == "run" else cmd_fit(args)
 

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from acquisition.options.jobs import job_argv, markdown_table, validate_job
 from acquisition.options.parser import add_arguments, from_namespace
-from acquisition.options.resolve import command_line, default_components, plan_target, prepare
+from acquisition.options.resolve import (
+    command_line,
+    default_components,
+    plan_target,
+    prepare,
+    target_key,
+)
 from acquisition.options.schema import (
     BACKEND_NAMES,
     NON_FIELD,
@@ -49,5 +55,6 @@ __all__ = [
     "markdown_table",
     "plan_target",
     "prepare",
+    "target_key",
     "validate_job",
 ]

@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Sequence
 
 from acquisition.catalog import CatalogError, resolve_model, variant_for_dtype
-from acquisition.deployments import DegreeError, select_deployments, targets_for
+from acquisition.deployments import DegreeError, select_deployments, select_ranks, targets_for
 from acquisition.options.schema import NON_FIELD, AcquisitionOptions, OptionError
 from acquisition.plan import (
     CaptureSizes,
@@ -21,7 +21,7 @@ from acquisition.request import AcquisitionRequest
 from moetables.bundle import EXPERTS
 from moetables.geometry import ExpertGeometry, MoeTarget
 
-__all__ = ["command_line", "default_components", "plan_target", "prepare"]
+__all__ = ["command_line", "default_components", "plan_target", "prepare", "target_key"]
 
 
 def prepare(
@@ -52,7 +52,7 @@ def prepare(
         deployments = select_deployments(
             options.command, options.tp, options.tp_refresh, options.dp, options.ep
         )
-        targets = targets_for(model, deployments)
+        targets = select_ranks(targets_for(model, deployments), options.ranks)
     except DegreeError as exc:
         raise OptionError(exc.field, str(exc)) from exc
     if options.max_num_seqs > options.max_num_batched_tokens:
@@ -100,6 +100,12 @@ def prepare(
         engine_attention_backend=options.engine_attention_backend,
         engine_kv_cache_bytes=options.engine_kv_cache_bytes,
     )
+    if options.only_target is not None:
+        targets = [t for t in targets if target_key(t) == options.only_target]
+        if not targets:
+            raise OptionError(
+                "only_target", f"{options.only_target!r} is not one of the command's targets"
+            )
     try:
         plans = [plan_target(request, target, default_components(target)) for target in targets]
     except ValueError as exc:
@@ -133,3 +139,8 @@ def plan_target(
         mode=request.cudagraph_mode,
         captures=request.captures,
     )
+
+
+def target_key(target: MoeTarget) -> str:
+    """A target's name on a command line (``--only-target``), e.g. ``tp1/dp8_ep8_rank7_sp0``."""
+    return f"tp{target.tp}/{target.deployment}"

@@ -107,6 +107,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("dp", "ints", [1], "--dp", "target DP degrees"),
     Option("ep", "ints", None, "--ep", "filter over the full-EP targets TP x DP", nullable=True),
     Option(
+        "ranks",
+        "ints",
+        None,
+        "--ranks",
+        "measure only these EP ranks of the selected targets (a later run adds the others)",
+        nullable=True,
+        minimum=0,
+    ),
+    Option(
+        "isolate_targets",
+        "choice",
+        "auto",
+        "--isolate-targets",
+        "measure each target in a fresh child process (auto: on for the vLLM backends)",
+        choices=("auto", "on", "off"),
+    ),
+    Option(
         "max_num_batched_tokens",
         "int",
         2048,
@@ -264,6 +281,16 @@ OPTIONS: tuple[Option, ...] = (
         nullable=True,
         job=False,
     ),
+    Option(
+        "only_target",
+        "str",
+        None,
+        "--only-target",
+        "the one target an isolated child measures (set by the parent, e.g. tp1/dp8_ep8_rank7_sp0)",
+        nullable=True,
+        job=False,
+        hidden=True,
+    ),
     Option("no_progress_bar", "flag", False, "--no-progress-bar", "no progress bar", job=False),
     Option("dry_run", "flag", False, "--dry-run", "validate and plan, then stop", job=False),
     Option("force", "flag", False, "--force", "rejected: resume instead", job=False, hidden=True),
@@ -284,6 +311,8 @@ class AcquisitionOptions:
     group: str
     dp: list[int]
     ep: list[int] | None
+    ranks: list[int] | None
+    isolate_targets: str
     max_num_batched_tokens: int
     max_num_seqs: int
     rounds: int
@@ -303,6 +332,7 @@ class AcquisitionOptions:
     profile_batch: int
     progress_json: Path | None
     phase_log: Path | None
+    only_target: str | None
     no_progress_bar: bool
     dry_run: bool
     force: bool

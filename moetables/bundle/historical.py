@@ -121,7 +121,8 @@ def _read_entry(root: Path, tp: int, base: str, raw: Any, *, where: str) -> Tabl
     conditioning = require(contract, "expert_conditioning", dict, where=contract_name)
     if conditioning.get("schema") != HISTORICAL_CONDITIONING_SCHEMA:
         raise BundleError(
-            f"{contract_name}:expert_conditioning.schema", f"must be {HISTORICAL_CONDITIONING_SCHEMA!r}"
+            f"{contract_name}:expert_conditioning.schema",
+            f"must be {HISTORICAL_CONDITIONING_SCHEMA!r}",
         )
 
     if require(coverage, "complete", bool, where=coverage_name) is not True:

@@ -127,7 +127,9 @@ def open_bundle(path: str | Path, *, meta: dict[str, Any] | None = None) -> Bund
             )
         seen[entry.target.key] = entry
     missing = sorted(f for f in _referenced_files(meta) if not (root / f).is_file())
-    layout: Literal["current", "historical"] = "historical" if all(e.layout == "historical" for e in entries) else "current"
+    layout: Literal["current", "historical"] = (
+        "historical" if all(e.layout == "historical" for e in entries) else "current"
+    )
     return Bundle(
         root=root, layout=layout, meta=meta, entries=tuple(entries), missing_files=tuple(missing)
     )

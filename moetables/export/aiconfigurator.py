@@ -43,13 +43,52 @@ from moetables.lookup import ComponentTables
 __all__ = ["COLUMNS", "TOKEN_GRID", "moe_shape", "write_aiconfigurator"]
 
 COLUMNS = (
-    "framework", "version", "device", "op_name", "kernel_source", "moe_dtype", "num_tokens",
-    "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size",
-    "distribution", "latency",
+    "framework",
+    "version",
+    "device",
+    "op_name",
+    "kernel_source",
+    "moe_dtype",
+    "num_tokens",
+    "hidden_size",
+    "inter_size",
+    "topk",
+    "num_experts",
+    "moe_tp_size",
+    "moe_ep_size",
+    "distribution",
+    "latency",
 )
 # AIConfigurator's own num_tokens grid (its vLLM 0.24.0 H200 table), where we measured.
-TOKEN_GRID = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 512, 768,
-              1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+TOKEN_GRID = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    48,
+    64,
+    80,
+    96,
+    128,
+    160,
+    192,
+    256,
+    320,
+    384,
+    512,
+    768,
+    1024,
+    1536,
+    2048,
+    3072,
+    4096,
+    6144,
+    8192,
+    12288,
+    16384,
+)
 
 
 def _get(mapping: Any, *keys: str) -> Any:
@@ -70,12 +109,16 @@ def moe_shape(entry: TableEntry, meta: dict[str, Any]) -> tuple[dict[str, Any], 
     why: list[str] = []
     version = backend.get("vllm_version") or region.get("vllm_version") or c.get("vllm_version")
     if not version:
-        why.append(f"{where}: ran no vLLM ({backend.get('name') or 'backend unknown'}); "
-                   "AIConfigurator rows name a framework version")
+        why.append(
+            f"{where}: ran no vLLM ({backend.get('name') or 'backend unknown'}); "
+            "AIConfigurator rows name a framework version"
+        )
     quantization = _get(c, "geometry", "quantization")
     if quantization:
-        why.append(f"{where}: quantized experts ({quantization!r}) have no kernel-source "
-                   "name this export can derive")
+        why.append(
+            f"{where}: quantized experts ({quantization!r}) have no kernel-source "
+            "name this export can derive"
+        )
     kernel = backend.get("native_backend") or region.get("backend")
     expert_class = backend.get("expert_class") or region.get("expert_class") or ""
     if not kernel or not expert_class:
@@ -87,14 +130,21 @@ def moe_shape(entry: TableEntry, meta: dict[str, Any]) -> tuple[dict[str, Any], 
         why.append(f"{where}: the contract lacks the expert dtype, hidden or intermediate size")
     device = _get(c, "provenance", "device_name") or meta.get("gpu") or meta.get("hardware")
     shape = {
-        "framework": "VLLM", "version": str(version or ""), "device": str(device),
+        "framework": "VLLM",
+        "version": str(version or ""),
+        "device": str(device),
         "op_name": "moe",
         # AIConfigurator's spelling: vllm_<quant method>_<kernel>_<expert class>, lower case
         "kernel_source": f"vllm_unquantizedfusedmoe_{str(kernel).lower()}_"
-                         f"{str(expert_class).rsplit('.', 1)[-1].lower()}",
-        "moe_dtype": dtype, "hidden_size": hidden, "inter_size": inter,
-        "topk": entry.geometry.top_k, "num_experts": entry.geometry.global_experts,
-        "moe_tp_size": 1, "moe_ep_size": entry.target.ep, "distribution": "balanced",
+        f"{str(expert_class).rsplit('.', 1)[-1].lower()}",
+        "moe_dtype": dtype,
+        "hidden_size": hidden,
+        "inter_size": inter,
+        "topk": entry.geometry.top_k,
+        "num_experts": entry.geometry.global_experts,
+        "moe_tp_size": 1,
+        "moe_ep_size": entry.target.ep,
+        "distribution": "balanced",
     }
     return shape, why
 
@@ -113,12 +163,21 @@ def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> bool:
         import pyarrow.parquet as pq
     except ImportError:
         return False
-    text = {"framework", "version", "device", "op_name", "kernel_source", "moe_dtype",
-            "distribution"}
-    schema = pa.schema([
-        (c, pa.large_string() if c in text else pa.float64() if c == "latency" else pa.int64())
-        for c in COLUMNS
-    ])
+    text = {
+        "framework",
+        "version",
+        "device",
+        "op_name",
+        "kernel_source",
+        "moe_dtype",
+        "distribution",
+    }
+    schema = pa.schema(
+        [
+            (c, pa.large_string() if c in text else pa.float64() if c == "latency" else pa.int64())
+            for c in COLUMNS
+        ]
+    )
     table = pa.Table.from_pylist([{c: r[c] for c in COLUMNS} for r in rows], schema=schema)
     pq.write_table(table, path)
     return True
@@ -140,8 +199,10 @@ def write_aiconfigurator(bundle_dir: Path, out: Path) -> ExportReport:
         label = f"TP{tp}/DP{dp}{' SP' if sp else ''}"
         ranks = sorted(e.target.rank for e in entries)
         if ranks != list(range(tp * dp)):
-            left_out.append(f"{label}: ranks {ranks} of EP{tp * dp} in the bundle; the slowest "
-                            "rank of a deployment needs them all")
+            left_out.append(
+                f"{label}: ranks {ranks} of EP{tp * dp} in the bundle; the slowest "
+                "rank of a deployment needs them all"
+            )
             continue
         shapes = [moe_shape(e, bundle.meta) for e in entries]
         why = [w for _, ws in shapes for w in ws]
@@ -158,8 +219,9 @@ def write_aiconfigurator(bundle_dir: Path, out: Path) -> ExportReport:
             for entry in entries:
                 a, m = balanced_load(n, entry)
                 try:
-                    times.append(tables.deployment(tp, dp, entry.target.rank, sp).time_us(
-                        EXPERTS, n, a, m))
+                    times.append(
+                        tables.deployment(tp, dp, entry.target.rank, sp).time_us(EXPERTS, n, a, m)
+                    )
                 except (CoverageError, QueryError):
                     break
             if len(times) != len(entries):
@@ -167,11 +229,14 @@ def write_aiconfigurator(bundle_dir: Path, out: Path) -> ExportReport:
                 continue
             rows.append({**shape, "num_tokens": n, "latency": max(times) / 1000.0})
         if outside:
-            left_out.append(f"{label}: num_tokens {outside} outside measured support (left "
-                            "out, never extrapolated)")
+            left_out.append(
+                f"{label}: num_tokens {outside} outside measured support (left "
+                "out, never extrapolated)"
+            )
     if not rows:
-        raise ExportError(["nothing of this bundle can be written as AIConfigurator MoE rows",
-                           *left_out])
+        raise ExportError(
+            ["nothing of this bundle can be written as AIConfigurator MoE rows", *left_out]
+        )
     versions = sorted({r["version"] for r in rows})
     out.mkdir(parents=True, exist_ok=True)
     result = ExportReport(format="aiconfigurator", out=out, left_out=left_out)
@@ -197,13 +262,23 @@ def write_aiconfigurator(bundle_dir: Path, out: Path) -> ExportReport:
         # "complete": AIConfigurator's shared layer would otherwise fill the token counts we
         # left out from other versions' rows, i.e. invent them.
         sidecar = {
-            "schema_version": 1, "provenance": "moetables export",
+            "schema_version": 1,
+            "provenance": "moetables export",
             "runtime": {"framework": "vllm", "version": version},
-            "source": {"hardware": bundle.hardware, "model": bundle.model,
-                       "variant": bundle.variant},
-            "tables": {"moe_perf": {"status": "complete", "note": (
-                "balanced rows composed from measured moetables components; token counts "
-                "outside measured support are absent")}},
+            "source": {
+                "hardware": bundle.hardware,
+                "model": bundle.model,
+                "variant": bundle.variant,
+            },
+            "tables": {
+                "moe_perf": {
+                    "status": "complete",
+                    "note": (
+                        "balanced rows composed from measured moetables components; token counts "
+                        "outside measured support are absent"
+                    ),
+                }
+            },
         }
         (folder / "collection_meta.yaml").write_text(yaml.safe_dump(sidecar, sort_keys=False))
         result.files.append(f"moe/vllm/{version}/collection_meta.yaml")

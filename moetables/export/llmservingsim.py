@@ -49,17 +49,23 @@ def expressible(root: Path, entry: TableEntry) -> list[str]:
     contract, coverage = entry.contract, entry.coverage
     for key, value in HISTORICAL_METHOD.items():
         if contract.get(key) != value:
-            why.append(f"{where}: contract {key} is {contract.get(key)!r}; the historical "
-                       f"method requires {value!r}")
+            why.append(
+                f"{where}: contract {key} is {contract.get(key)!r}; the historical "
+                f"method requires {value!r}"
+            )
     conditioning = contract.get("expert_conditioning")
     schema = conditioning.get("schema") if isinstance(conditioning, dict) else None
     if schema != HISTORICAL_CONDITIONING_SCHEMA:
-        why.append(f"{where}: expert_conditioning.schema is {schema!r}; the historical method "
-                   f"requires {HISTORICAL_CONDITIONING_SCHEMA!r} (R38: never relabelled)")
+        why.append(
+            f"{where}: expert_conditioning.schema is {schema!r}; the historical method "
+            f"requires {HISTORICAL_CONDITIONING_SCHEMA!r} (R38: never relabelled)"
+        )
     extra = [c for c in entry.components if c not in HISTORICAL_COMPONENTS]
     if extra:
-        why.append(f"{where}: components {extra} are not in the historical method "
-                   f"({', '.join(HISTORICAL_COMPONENTS)})")
+        why.append(
+            f"{where}: components {extra} are not in the historical method "
+            f"({', '.join(HISTORICAL_COMPONENTS)})"
+        )
     if coverage.get("complete") is not True or coverage.get("quality_supported") is not True:
         why.append(f"{where}: coverage must say complete and quality_supported")
     if coverage.get("expected_rounds") is None or (
@@ -85,9 +91,12 @@ def expressible(root: Path, entry: TableEntry) -> list[str]:
 
 def _scalars(meta: dict[str, Any]) -> dict[str, Any]:
     """The root's plain fields (identity, versions, times): nothing that names other files."""
-    return {k: v for k, v in meta.items()
-            if (isinstance(v, str | int | float | bool) and not isinstance(v, float)) or (
-                isinstance(v, float) and math.isfinite(v))}
+    return {
+        k: v
+        for k, v in meta.items()
+        if (isinstance(v, str | int | float | bool) and not isinstance(v, float))
+        or (isinstance(v, float) and math.isfinite(v))
+    }
 
 
 def write_llmservingsim(bundle_dir: Path, out: Path) -> ExportReport:
@@ -104,8 +113,13 @@ def write_llmservingsim(bundle_dir: Path, out: Path) -> ExportReport:
         else:
             chosen.append(entry)
     if not chosen:
-        raise ExportError(["no table of this bundle can be expressed in the historical "
-                           f"layout ({HISTORICAL_SCHEMA})", *left_out])
+        raise ExportError(
+            [
+                "no table of this bundle can be expressed in the historical "
+                f"layout ({HISTORICAL_SCHEMA})",
+                *left_out,
+            ]
+        )
     out.mkdir(parents=True, exist_ok=True)
     result = ExportReport(format="llmservingsim", out=out, left_out=left_out)
     meta = _scalars(bundle.meta)
@@ -117,23 +131,35 @@ def write_llmservingsim(bundle_dir: Path, out: Path) -> ExportReport:
             identity = contract_id(contract)
             folder = f"moe_components/{identity}"
             data = (bundle.root / entry.table_path).read_bytes()
-            coverage = {**entry.coverage, "contract_id": identity,
-                        "table_sha256": hashlib.sha256(data).hexdigest()}
+            coverage = {
+                **entry.coverage,
+                "contract_id": identity,
+                "table_sha256": hashlib.sha256(data).hexdigest(),
+            }
             base = out / f"tp{tp}" / folder
             base.mkdir(parents=True, exist_ok=True)
             (base / "contract.json").write_text(json.dumps(contract, indent=1, sort_keys=True))
             (base / "coverage.json").write_text(json.dumps(coverage, indent=1, sort_keys=True))
             (base / "components.csv").write_bytes(data)
-            result.files += [f"tp{tp}/{folder}/{n}" for n in
-                             ("contract.json", "coverage.json", "components.csv")]
+            result.files += [
+                f"tp{tp}/{folder}/{n}" for n in ("contract.json", "coverage.json", "components.csv")
+            ]
             result.rows += data.count(b"\n") - 1
-            entries.append({"target": entry.target.as_dict(), "path": folder,
-                            "contract_id": identity, "table_sha256": coverage["table_sha256"]})
+            entries.append(
+                {
+                    "target": entry.target.as_dict(),
+                    "path": folder,
+                    "contract_id": identity,
+                    "table_sha256": coverage["table_sha256"],
+                }
+            )
         index = json.dumps({"schema": HISTORICAL_SCHEMA, "entries": entries}, indent=2).encode()
         (out / f"tp{tp}" / "moe_components.json").write_bytes(index)
         result.files.append(f"tp{tp}/moe_components.json")
-        records[tp] = {"index": f"tp{tp}/moe_components.json",
-                       "sha256": hashlib.sha256(index).hexdigest()}
+        records[tp] = {
+            "index": f"tp{tp}/moe_components.json",
+            "sha256": hashlib.sha256(index).hexdigest(),
+        }
         if bundle.meta.get("vllm_version"):
             records[tp]["vllm_version"] = bundle.meta["vllm_version"]
     meta["tp_degrees"] = sorted(records)

@@ -192,8 +192,12 @@ class BalancedExpertSurface:
         g = self.geometry
         limit = min(_BIG, (1 << 62) // (g.top_k * g.local_experts))
         big = (
-            (tokens > limit) | (tokens < -limit) | (active > limit) | (active < -limit)
-            | (pairs > limit) | (pairs < -limit)
+            (tokens > limit)
+            | (tokens < -limit)
+            | (active > limit)
+            | (active < -limit)
+            | (pairs > limit)
+            | (pairs < -limit)
         )
         if big.any():
             self._scalar(np.flatnonzero(big), tokens, active, pairs, values, codes)
@@ -321,9 +325,7 @@ class _RowArrays:
         between = np.flatnonzero(inside & ~on_row)
         for begin in range(0, between.size, _CHUNK):
             rows = between[begin : begin + _CHUNK]
-            values[rows], ok[rows] = self._between_rows(
-                tokens[rows], active[rows], slot[rows]
-            )
+            values[rows], ok[rows] = self._between_rows(tokens[rows], active[rows], slot[rows])
         return values, ok
 
     def _between_rows(
@@ -514,6 +516,6 @@ def _key(
     """``_between``'s score tuple as one number: (spread, pair width, side + 1, a, other),
     each an integer below ``width`` (side + 1 below 3), compared in that order."""
     key: npt.NDArray[np.float64] = (
-        (((spread * width + width_of_pair) * 3 + side) * width + a_act) * width + other
-    )
+        ((spread * width + width_of_pair) * 3 + side) * width + a_act
+    ) * width + other
     return key

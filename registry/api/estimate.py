@@ -1,6 +1,7 @@
 """POST /api/v1/estimate: the MoE layer estimate of `python -m moetables estimate`, over REST.
 
-The serializers here document the request and answer for OpenAPI only; requests are checked
+The request goes through the lookup's door (`registry.lookup.http`: body reading, token,
+throttle, JSON out). The serializers here document the request and answer for OpenAPI only; requests are checked
 by `moetables.estimate_query` (one definition for the CLI and REST), so the two can never
 disagree about what a well-formed estimate is.
 """
@@ -13,19 +14,16 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
-from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from moetables.lookup import RequestError
 from moetables.routing import POLICIES
-from registry.api.fastjson import FastJSONRenderer, JSONOnlyNegotiation, plain_lookup_body
-from registry.api.throttles import LookupThrottle
+from registry.lookup.http import TOO_DEEP, answerer_headers, door, json_response, read_body
 from registry.services.estimate import run_estimate
-from registry.tokens import HashedTokenAuthentication
 
-__all__ = ["EstimateView", "estimate"]
+__all__ = ["EstimateDocumentation", "estimate"]
 
 
 class EstimateRequestSerializer(serializers.Serializer[Any]):
@@ -173,21 +171,15 @@ class EstimateErrorSerializer(serializers.Serializer[Any]):
     problems = serializers.ListField(child=serializers.CharField(), required=False)
 
 
-class EstimateView(APIView):
+class EstimateDocumentation(APIView):
     """The time of one MoE layer in one step (or many): per rank rows, N, A, M, component
-    times, compute, wait and transfer; the collectives with their bytes and NCCL kernels."""
+    times, compute, wait and transfer; the collectives with their bytes and NCCL kernels.
 
-    authentication_classes = (HashedTokenAuthentication,)
+    The URL is served by ``estimate`` below (the one door, with the lookup's body reading,
+    token, throttle and error statuses); drf-spectacular reads this class to describe it.
+    """
+
     permission_classes = (AllowAny,)
-    throttle_classes = (LookupThrottle,)
-    parser_classes = (JSONParser,)
-    renderer_classes = (FastJSONRenderer,)
-    content_negotiation_class = JSONOnlyNegotiation
-
-    def get_throttles(self) -> list[Any]:
-        from django.conf import settings
-
-        return super().get_throttles() if settings.REGISTRY.get("LOOKUP_THROTTLE") else []
 
     @extend_schema(
         operation_id="estimate",
@@ -204,29 +196,33 @@ class EstimateView(APIView):
             ),
         },
     )
-    def post(self, request: Request) -> Response:
-        http_status, body = run_estimate(request.data)
-        return Response(body, status=http_status)
-
-
-_view = EstimateView.as_view()
-_RENDERER = FastJSONRenderer()
+    def post(self, request: Request) -> HttpResponse:
+        """The estimate; the body's ``bundle`` and the X-Bundle-* headers say which bundle
+        answered."""
+        # Never routed here (the URL maps to the door itself); a caller that reaches this
+        # class anyway gets the door's answer.
+        return estimate(request._request)
 
 
 @csrf_exempt
 def estimate(request: HttpRequest) -> HttpResponse:
-    """The common request (a plain JSON POST) answered without DRF's request cycle, as the
-    lookup does; everything else goes to `EstimateView`."""
-    data = plain_lookup_body(request)
-    if data is None:
-        return _view(request)
-    http_status, body = run_estimate(data)
-    response = HttpResponse(
-        _RENDERER.render(body), content_type="application/json", status=http_status
-    )
-    response["Allow"] = "POST, OPTIONS"
-    return response
+    """POST /api/v1/estimate through the lookup's door (`registry.lookup.http`): one reading
+    of the body, one token and throttle check, JSON out by orjson."""
+    refused = door(request, "Estimate")
+    if refused is not None:
+        return refused
+    try:
+        http_status, body = run_estimate(read_body(request))
+    except RequestError as exc:
+        return json_response({"error": "invalid", "problems": exc.problems}, 400)
+    except RecursionError:  # the repr of a value nested ~1,000 deep in a message
+        return json_response({"error": "invalid", "problems": [TOO_DEEP]}, 400)
+    bundle = body.get("bundle")
+    headers = answerer_headers(bundle) if isinstance(bundle, dict) else None
+    return json_response(body, http_status, headers)
 
 
-estimate.cls = EstimateView  # type: ignore[attr-defined]
+estimate.one_door = True  # type: ignore[attr-defined]  # LookupMiddleware places it early
+# The schema generator (drf-spectacular) documents the URL through the view it names.
+estimate.cls = EstimateDocumentation  # type: ignore[attr-defined]
 estimate.initkwargs = {}  # type: ignore[attr-defined]

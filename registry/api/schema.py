@@ -25,11 +25,14 @@ _COMMON = {
 
 def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
-    schemas.setdefault("ErrorDetail", {
-        "type": "object",
-        "properties": {"detail": {"type": "string"}},
-        "required": ["detail"],
-    })
+    schemas.setdefault(
+        "ErrorDetail",
+        {
+            "type": "object",
+            "properties": {"detail": {"type": "string"}},
+            "required": ["detail"],
+        },
+    )
     for path_item in result.get("paths", {}).values():
         for method, operation in path_item.items():
             if method not in {"get", "post", "put", "patch", "delete"}:

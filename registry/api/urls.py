@@ -67,19 +67,27 @@ urlpatterns = [
     ),
     re_path(r"^lookup/?$", lookup, name="lookup"),
     re_path(r"^estimate/?$", estimate, name="estimate"),
-    re_path(r"^tables/(?P<pk>[0-9]+)/stability/?$", StabilityView.as_view(),
-            name="table-stability"),
-    re_path(r"^tables/(?P<pk>[0-9]+)/conservation/?$", ConservationView.as_view(),
-            name="table-conservation"),
+    re_path(
+        r"^tables/(?P<pk>[0-9]+)/stability/?$", StabilityView.as_view(), name="table-stability"
+    ),
+    re_path(
+        r"^tables/(?P<pk>[0-9]+)/conservation/?$",
+        ConservationView.as_view(),
+        name="table-conservation",
+    ),
     re_path(r"^coverage/?$", CoverageView.as_view(), name="coverage"),
     re_path(r"^coverage/requests/?$", CoverageRequestsView.as_view(), name="coverage-requests"),
     re_path(r"^jobs/?$", JobViewSet.as_view({"get": "list", "post": "create"}), name="job-list"),
-    re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}),
-            name="job-detail"),
-    re_path(r"^jobs/(?P<pk>[0-9]+)/cancel/?$", JobViewSet.as_view({"post": "cancel"}),
-            name="job-cancel"),
-    re_path(r"^jobs/(?P<pk>[0-9]+)/retry/?$", JobViewSet.as_view({"post": "retry"}),
-            name="job-retry"),
-    re_path(r"^jobs/(?P<pk>[0-9]+)/artifacts/(?P<name>[^/]+)$",
-            JobViewSet.as_view({"get": "artifact"}), name="job-artifact"),
+    re_path(r"^jobs/(?P<pk>[0-9]+)/?$", JobViewSet.as_view({"get": "retrieve"}), name="job-detail"),
+    re_path(
+        r"^jobs/(?P<pk>[0-9]+)/cancel/?$", JobViewSet.as_view({"post": "cancel"}), name="job-cancel"
+    ),
+    re_path(
+        r"^jobs/(?P<pk>[0-9]+)/retry/?$", JobViewSet.as_view({"post": "retry"}), name="job-retry"
+    ),
+    re_path(
+        r"^jobs/(?P<pk>[0-9]+)/artifacts/(?P<name>[^/]+)$",
+        JobViewSet.as_view({"get": "artifact"}),
+        name="job-artifact",
+    ),
 ]

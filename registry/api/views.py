@@ -50,9 +50,15 @@ __all__ = ["ApiRootView", "BundleViewSet", "LookupDocumentation"]
 # Bundle files are data and are always served as downloads (issue 17, item 1): a type from
 # this table or application/octet-stream, never one guessed from the name (an .html or .svg
 # stored before the registry refused them must not come back as text/html or image/svg+xml).
-CONTENT_TYPES = {".csv": "text/csv", ".yaml": "application/yaml", ".yml": "application/yaml",
-                 ".json": "application/json", ".jsonl": "application/jsonl",
-                 ".md": "text/plain", ".txt": "text/plain"}
+CONTENT_TYPES = {
+    ".csv": "text/csv",
+    ".yaml": "application/yaml",
+    ".yml": "application/yaml",
+    ".json": "application/json",
+    ".jsonl": "application/jsonl",
+    ".md": "text/plain",
+    ".txt": "text/plain",
+}
 
 
 def _etag_matches(request: Request, etag: str) -> bool:
@@ -67,7 +73,8 @@ def _storage_fault(exc: Exception) -> HttpResponse:
     """A stored file is missing or damaged: a clear 503, never a 500 or a cut connection."""
     response = HttpResponse(
         orjson.dumps({"error": "storage_fault", "message": str(exc)}),
-        status=status.HTTP_503_SERVICE_UNAVAILABLE, content_type="application/json",
+        status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        content_type="application/json",
     )
     response["Retry-After"] = "300"
     return response
@@ -86,12 +93,14 @@ class ApiRootView(APIView):
     permission_classes = (AllowAny,)
 
     def get(self, request: Request) -> Response:
-        return Response({
-            "bundles": request.build_absolute_uri(reverse("registry-api:bundle-list")),
-            "lookup": request.build_absolute_uri(reverse("registry-api:lookup")),
-            "schema": request.build_absolute_uri(reverse("schema")),
-            "docs": request.build_absolute_uri(reverse("swagger-ui")),
-        })
+        return Response(
+            {
+                "bundles": request.build_absolute_uri(reverse("registry-api:bundle-list")),
+                "lookup": request.build_absolute_uri(reverse("registry-api:lookup")),
+                "schema": request.build_absolute_uri(reverse("schema")),
+                "docs": request.build_absolute_uri(reverse("swagger-ui")),
+            }
+        )
 
 
 @extend_schema(tags=["bundles"])
@@ -103,7 +112,13 @@ class BundleViewSet(
     queryset = Bundle.objects.all()
     filterset_class = BundleFilterSet
     ordering_fields = (
-        "id", "published_at", "measured_at", "hardware", "model", "variant", "vllm_version",
+        "id",
+        "published_at",
+        "measured_at",
+        "hardware",
+        "model",
+        "variant",
+        "vllm_version",
         "size",
     )
     ordering = ("-published_at", "-id")
@@ -158,8 +173,10 @@ class BundleViewSet(
             )
         except PublishError as exc:
             return Response({"problems": exc.problems}, status=status.HTTP_400_BAD_REQUEST)
-        bundle = Bundle.objects.select_related("published_by").prefetch_related("tables").get(
-            pk=result.bundle.pk
+        bundle = (
+            Bundle.objects.select_related("published_by")
+            .prefetch_related("tables")
+            .get(pk=result.bundle.pk)
         )
         body = BundleDetailSerializer(bundle, context=self.get_serializer_context()).data
         body.update(
@@ -198,11 +215,16 @@ class BundleViewSet(
         return response
 
     @extend_schema(
-        parameters=[OpenApiParameter(
-            "fmt", str, OpenApiParameter.PATH, enum=["llmservingsim", "aiconfigurator"],
-            description="llmservingsim: the historical moe-components-v1 layout; "
-                        "aiconfigurator: its MoE perf table (balanced rows)",
-        )],
+        parameters=[
+            OpenApiParameter(
+                "fmt",
+                str,
+                OpenApiParameter.PATH,
+                enum=["llmservingsim", "aiconfigurator"],
+                description="llmservingsim: the historical moe-components-v1 layout; "
+                "aiconfigurator: its MoE perf table (balanced rows)",
+            )
+        ],
         responses={
             (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY),
             422: OpenApiResponse(ProblemsSerializer, description="what the format cannot express"),
@@ -219,8 +241,7 @@ class BundleViewSet(
         try:
             name, data = format_archive(bundle, fmt)
         except ExportError as exc:
-            return Response({"problems": exc.problems},
-                            status=status.HTTP_422_UNPROCESSABLE_ENTITY)
+            return Response({"problems": exc.problems}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
         response = HttpResponse(data, content_type="application/gzip")
         response["Content-Disposition"] = f'attachment; filename="{name}"'
         return response

@@ -76,15 +76,19 @@ def claim_job(job_id: int, worker: str) -> AcquisitionJob | None:
         if job is None:
             log.warning("job %s: no such job; message dropped", job_id)
             return None
-        resumable = job.state == JobState.RUNNING and (job.worker == worker or
-                                                         job.updated_at < stale)
+        resumable = job.state == JobState.RUNNING and (
+            job.worker == worker or job.updated_at < stale
+        )
         if job.state != JobState.QUEUED and not resumable:
-            log.info("job %s is %s on %s; this delivery is skipped", job_id, job.state,
-                     job.worker)
+            log.info("job %s is %s on %s; this delivery is skipped", job_id, job.state, job.worker)
             return None
         job.move(
-            JobState.RUNNING, phase="starting", worker=worker, attempts=job.attempts + 1,
-            started_at=job.started_at or timezone.now(), eta_seconds=None,
+            JobState.RUNNING,
+            phase="starting",
+            worker=worker,
+            attempts=job.attempts + 1,
+            started_at=job.started_at or timezone.now(),
+            eta_seconds=None,
             work_dir=str(_jobs_dir() / f"job-{job.pk}"),
         )
     return job
@@ -159,16 +163,27 @@ def _run_subprocess(job: AcquisitionJob, work: Path) -> tuple[int, dict[str, Any
     progress = work / "progress.jsonl"
     log_path = work / "acquisition.log"
     follower = ProgressFollower(progress, progress.stat().st_size if progress.exists() else 0)
-    argv = [sys.executable, "-m", "acquisition",
-            *acquisition_argv(job.parameters, out_root=work / "out", progress_json=progress)]
+    argv = [
+        sys.executable,
+        "-m",
+        "acquisition",
+        *acquisition_argv(job.parameters, out_root=work / "out", progress_json=progress),
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log_path.open("ab") as log_file:
-        log_file.write(f"\n=== attempt {job.attempts} on {job.worker} at "
-                       f"{timezone.now().isoformat()}\n$ {shlex.join(argv)}\n".encode())
+        log_file.write(
+            f"\n=== attempt {job.attempts} on {job.worker} at "
+            f"{timezone.now().isoformat()}\n$ {shlex.join(argv)}\n".encode()
+        )
         log_file.flush()
         proc = subprocess.Popen(
-            argv, cwd=settings.BASE_DIR, stdin=subprocess.DEVNULL, stdout=log_file,
-            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            argv,
+            cwd=settings.BASE_DIR,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
             preexec_fn=_die_with_parent,
         )
     try:
@@ -196,8 +211,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _follow(job: AcquisitionJob, proc: subprocess.Popen[bytes], follower: ProgressFollower,
-            log_path: Path) -> tuple[int, dict[str, Any] | None, str]:
+def _follow(
+    job: AcquisitionJob, proc: subprocess.Popen[bytes], follower: ProgressFollower, log_path: Path
+) -> tuple[int, dict[str, Any] | None, str]:
     limit_s = float(settings.REGISTRY["JOB_TIME_LIMIT_S"])
     started = time.monotonic()
     last: dict[str, Any] | None = None
@@ -215,8 +231,11 @@ def _follow(job: AcquisitionJob, proc: subprocess.Popen[bytes], follower: Progre
             job.log_tail = log_tail(log_path)
             record(job, _PROGRESS_FIELDS)
             last_save = now
-            requested = AcquisitionJob.objects.filter(pk=job.pk).values_list(
-                "cancel_requested", flat=True).first()
+            requested = (
+                AcquisitionJob.objects.filter(pk=job.pk)
+                .values_list("cancel_requested", flat=True)
+                .first()
+            )
             if requested and not stopped:
                 stopped = "cancelled"
             if not stopped and now - started > limit_s:
@@ -231,8 +250,9 @@ def _follow(job: AcquisitionJob, proc: subprocess.Popen[bytes], follower: Progre
         time.sleep(POLL_S)
 
 
-def _finish(job: AcquisitionJob, state: JobState, *, phase: str, error: str = "",
-            failed: bool = False) -> None:
+def _finish(
+    job: AcquisitionJob, state: JobState, *, phase: str, error: str = "", failed: bool = False
+) -> None:
     """End this attempt in ``state`` (succeeded, failed or cancelled), fenced like `record`."""
     work = Path(job.work_dir)
     fields = {
@@ -242,8 +262,7 @@ def _finish(job: AcquisitionJob, state: JobState, *, phase: str, error: str = ""
         "artifacts": artifacts(work, failed),
         "result_bundle": job.result_bundle,
     }
-    if not AcquisitionJob.objects.attempt(job).move(JobState.RUNNING, state, phase=phase,
-                                                     **fields):
+    if not AcquisitionJob.objects.attempt(job).move(JobState.RUNNING, state, phase=phase, **fields):
         raise _lost_by(job)
     job.state, job.phase = state, phase
     for name, value in fields.items():
@@ -279,12 +298,19 @@ def _publish(job: AcquisitionJob, bundle_dir: Path) -> None:
 
     try:
         result = publish_bundle(
-            bundle_dir, source_kind=BundleSource.ACQUISITION,
-            source_detail=f"acquisition job {job.pk}", published_by=job.created_by,
+            bundle_dir,
+            source_kind=BundleSource.ACQUISITION,
+            source_detail=f"acquisition job {job.pk}",
+            published_by=job.created_by,
         )
     except PublishError as exc:
-        _finish(job, JobState.FAILED, failed=True, phase="failed",
-                error="the registry refused the bundle: " + "; ".join(exc.problems))
+        _finish(
+            job,
+            JobState.FAILED,
+            failed=True,
+            phase="failed",
+            error="the registry refused the bundle: " + "; ".join(exc.problems),
+        )
         return
     job.result_bundle = result.bundle
     _finish(job, JobState.SUCCEEDED, phase="done")
@@ -332,8 +358,13 @@ def run_job(job_id: int, worker: str) -> str:
     except Exception:
         log.exception("job %s failed in the worker", job_id)
         try:
-            _finish(job, JobState.FAILED, failed=True, phase="failed",
-                    error="the worker failed: " + traceback.format_exc(limit=5))
+            _finish(
+                job,
+                JobState.FAILED,
+                failed=True,
+                phase="failed",
+                error="the worker failed: " + traceback.format_exc(limit=5),
+            )
         except JobLost as exc:
             return _lost(exc)
     return str(job.state)

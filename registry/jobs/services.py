@@ -62,7 +62,9 @@ def queue_job(user: AbstractBaseUser | AnonymousUser | None, params: object) -> 
     owner = cast("User", user) if user is not None and user.is_authenticated else None
     with transaction.atomic():
         job = AcquisitionJob.objects.create(
-            created_by=owner, parameters=clean, queue=queue_for(clean),
+            created_by=owner,
+            parameters=clean,
+            queue=queue_for(clean),
             celery_task_id=new_task_id(),
         )
         transaction.on_commit(partial(_send_after_commit, job))
@@ -89,22 +91,26 @@ def cancel_job(job: AcquisitionJob) -> AcquisitionJob:
         if current.state == JobState.QUEUED or is_stale(current):
             current.move(JobState.CANCELLED, phase="cancelled")
         elif current.state == JobState.RUNNING and current.phase == PUBLISHING_PHASE:
-            raise JobStateError(f"job {current.pk} has finished measuring and is publishing its "
-                                "bundle; it can no longer be cancelled")
+            raise JobStateError(
+                f"job {current.pk} has finished measuring and is publishing its "
+                "bundle; it can no longer be cancelled"
+            )
         elif current.state == JobState.RUNNING:
             current.cancel_requested = True
             current.save(update_fields=["cancel_requested"])
         else:
-            raise JobStateError(f"job {current.pk} is {current.state}; only queued or running "
-                                "jobs can be cancelled")
+            raise JobStateError(
+                f"job {current.pk} is {current.state}; only queued or running jobs can be cancelled"
+            )
     return current
 
 
 def retry_job(job: AcquisitionJob) -> AcquisitionJob:
     """Queue a failed or cancelled job again; the worker resumes from its own samples."""
     if job.state not in (JobState.FAILED, JobState.CANCELLED):
-        raise JobStateError(f"job {job.pk} is {job.state}; only failed or cancelled jobs can "
-                            "be retried")
+        raise JobStateError(
+            f"job {job.pk} is {job.state}; only failed or cancelled jobs can be retried"
+        )
     check_broker()
     with transaction.atomic():
         current = AcquisitionJob.objects.select_for_update().get(pk=job.pk)
@@ -112,7 +118,13 @@ def retry_job(job: AcquisitionJob) -> AcquisitionJob:
             raise JobStateError(f"job {current.pk} is {current.state}")
         # updated_at (set by the move): when it was queued again; the orphan sweep measures a
         # wait from it.
-        current.move(JobState.QUEUED, phase="queued", cancel_requested=False, error="",
-                     finished_at=None, celery_task_id=new_task_id())
+        current.move(
+            JobState.QUEUED,
+            phase="queued",
+            cancel_requested=False,
+            error="",
+            finished_at=None,
+            celery_task_id=new_task_id(),
+        )
         transaction.on_commit(partial(_send_after_commit, current))
     return current

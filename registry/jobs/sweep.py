@@ -84,9 +84,11 @@ def _utc(moment: datetime) -> str:
 
 def silence_reason(job: AcquisitionJob) -> str:
     """Why a running job that nobody writes any more is taken to have lost its worker."""
-    return (f"its worker {job.worker or '(unknown)'} stopped: no heartbeat since "
-            f"{_utc(job.updated_at)} (more than REGISTRY_JOB_STALE_S="
-            f"{settings.REGISTRY['JOB_STALE_S']} s)")
+    return (
+        f"its worker {job.worker or '(unknown)'} stopped: no heartbeat since "
+        f"{_utc(job.updated_at)} (more than REGISTRY_JOB_STALE_S="
+        f"{settings.REGISTRY['JOB_STALE_S']} s)"
+    )
 
 
 def _decide(job: AcquisitionJob) -> SweepAction:
@@ -111,21 +113,27 @@ def release_orphan(job: AcquisitionJob, why: str, *, dry_run: bool = False) -> R
         changed = row.move(JobState.RUNNING, JobState.CANCELLED, phase="cancelled")
     elif action == SweepAction.FAILED:
         limit = settings.REGISTRY["JOB_MAX_ATTEMPTS"]
-        error = (f"{why}; it was started {job.attempts} times (REGISTRY_JOB_MAX_ATTEMPTS="
-                 f"{limit}), so it is not sent again. Its samples are kept in "
-                 f"{job.work_dir or 'its work folder'}: a retry resumes from them")
+        error = (
+            f"{why}; it was started {job.attempts} times (REGISTRY_JOB_MAX_ATTEMPTS="
+            f"{limit}), so it is not sent again. Its samples are kept in "
+            f"{job.work_dir or 'its work folder'}: a retry resumes from them"
+        )
         work = Path(job.work_dir) if job.work_dir else None
         # The evidence is attached when the sweep runs where the work folder is.
         here = work is not None and work.is_dir()
         changed = row.move(
-            JobState.RUNNING, JobState.FAILED, phase="failed", error=error,
+            JobState.RUNNING,
+            JobState.FAILED,
+            phase="failed",
+            error=error,
             artifacts=artifacts(work, failed=True) if here and work else job.artifacts,
             log_tail=log_tail(work / "acquisition.log") if here and work else job.log_tail,
         )
     else:
         task_id = new_task_id()
-        changed = row.move(JobState.RUNNING, JobState.QUEUED, phase="requeued",
-                           celery_task_id=task_id)
+        changed = row.move(
+            JobState.RUNNING, JobState.QUEUED, phase="requeued", celery_task_id=task_id
+        )
         job.celery_task_id = task_id
     if not changed:
         return None
@@ -139,8 +147,9 @@ def release_orphan(job: AcquisitionJob, why: str, *, dry_run: bool = False) -> R
     return Released(job.pk, action, why)
 
 
-def _resend_lost(now: datetime, stale: datetime, queues: list[str] | None,
-                 dry_run: bool) -> list[Released]:
+def _resend_lost(
+    now: datetime, stale: datetime, queues: list[str] | None, dry_run: bool
+) -> list[Released]:
     waiting = AcquisitionJob.objects.filter(state=JobState.QUEUED, updated_at__lt=stale)
     if queues is not None:
         waiting = waiting.filter(queue__in=queues)
@@ -153,20 +162,24 @@ def _resend_lost(now: datetime, stale: datetime, queues: list[str] | None,
         try:
             ready = ready_messages(queue)
         except broker_errors() as exc:
-            log.warning("queue %s: the broker does not answer (%s); queued jobs not checked",
-                        queue, exc)
+            log.warning(
+                "queue %s: the broker does not answer (%s); queued jobs not checked", queue, exc
+            )
             continue
         if ready >= queued:
             continue  # every queued job can still have its message: no free worker yet
         for job in jobs:
-            why = (f"queued since {_utc(job.updated_at)} while {queue} holds {ready} messages "
-                   f"for {queued} queued jobs: its message was lost")
+            why = (
+                f"queued since {_utc(job.updated_at)} while {queue} holds {ready} messages "
+                f"for {queued} queued jobs: its message was lost"
+            )
             if dry_run:
                 released.append(Released(job.pk, SweepAction.RESENT, why))
                 continue
             task_id = new_task_id()
-            if not AcquisitionJob.objects.as_read(job).touch(celery_task_id=task_id,
-                                                             updated_at=now):
+            if not AcquisitionJob.objects.as_read(job).touch(
+                celery_task_id=task_id, updated_at=now
+            ):
                 continue  # claimed, cancelled or re-sent meanwhile
             job.celery_task_id = task_id
             try:
@@ -179,8 +192,9 @@ def _resend_lost(now: datetime, stale: datetime, queues: list[str] | None,
     return released
 
 
-def sweep_orphaned_jobs(queues: Iterable[str] | None = None, *,
-                        dry_run: bool = False) -> list[Released]:
+def sweep_orphaned_jobs(
+    queues: Iterable[str] | None = None, *, dry_run: bool = False
+) -> list[Released]:
     """Release every orphaned job (of ``queues``, or of all queues); returns what was done.
 
     Safe to run at any time and from several processes at once (see the module docstring).
@@ -211,12 +225,18 @@ def recover_jobs(worker: str, queues: Iterable[str]) -> list[int]:
     JOB_MAX_ATTEMPTS starts, or cancelled if that was asked.
     """
     stale = timezone.now() - timedelta(seconds=settings.REGISTRY["JOB_STALE_S"])
-    orphans = AcquisitionJob.objects.filter(state=JobState.RUNNING, queue__in=list(queues)).filter(
-        Q(worker=worker) | Q(updated_at__lt=stale)).order_by("updated_at", "id")
+    orphans = (
+        AcquisitionJob.objects.filter(state=JobState.RUNNING, queue__in=list(queues))
+        .filter(Q(worker=worker) | Q(updated_at__lt=stale))
+        .order_by("updated_at", "id")
+    )
     recovered = []
     for job in orphans:
-        why = (f"its worker {worker} restarted while running it" if job.worker == worker
-               else silence_reason(job))
+        why = (
+            f"its worker {worker} restarted while running it"
+            if job.worker == worker
+            else silence_reason(job)
+        )
         done = release_orphan(job, why)
         if done is not None and done.action == SweepAction.REQUEUED:
             recovered.append(job.pk)

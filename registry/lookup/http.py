@@ -39,7 +39,9 @@ from registry.api.throttles import LookupThrottle
 from registry.lookup.services import Answerer, LookupFailure, parse_lookup, run_lookup
 from registry.tokens import HashedTokenAuthentication
 
-__all__ = ["ANSWERER_HEADERS", "LookupMiddleware", "lookup", "read_body"]
+__all__ = [
+    "ANSWERER_HEADERS", "LookupMiddleware", "door", "json_response", "lookup", "read_body",
+]
 
 ALLOW = "POST, OPTIONS"
 STATUSES = {"not_found": 404, "no_coverage": 422, "corrupt_bundle": 409, "storage_fault": 503}
@@ -100,7 +102,10 @@ def read_body(request: HttpRequest) -> Any:
         raise RequestError([f"the body is not valid JSON: {exc}"]) from None
 
 
-def _json(body: Any, status: int, headers: dict[str, str] | None = None) -> HttpResponse:
+def json_response(
+    body: Any, status: int, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    """A door's answer: JSON written by orjson, with the methods it allows."""
     return HttpResponse(
         orjson.dumps(body), content_type="application/json", status=status,
         headers={"Allow": ALLOW, **headers} if headers else {"Allow": ALLOW},
@@ -125,7 +130,7 @@ def _credentials(request: HttpRequest) -> HttpResponse | None:
         try:
             found = auth.authenticate(request)  # type: ignore[arg-type]
         except AuthenticationFailed as exc:
-            return _json(
+            return json_response(
                 {"detail": str(exc.detail)}, 401,
                 {"WWW-Authenticate": auth.authenticate_header(request) or "Token"},  # type: ignore[arg-type]
             )
@@ -136,11 +141,31 @@ def _credentials(request: HttpRequest) -> HttpResponse | None:
         if not throttle.allow_request(request, None):
             wait = throttle.wait()
             seconds = max(1, int(wait or 0) + (1 if wait and wait % 1 else 0))
-            return _json(
+            return json_response(
                 {"detail": f"Request was throttled. Expected available in {seconds} seconds."},
                 429, {"Retry-After": str(seconds)},
             )
     return None
+
+
+def door(request: HttpRequest, name: str) -> HttpResponse | None:
+    """What every door checks before reading a body: OPTIONS, the method, a token, the
+    throttle (the lookup's and the estimate's requests count against one rate). A response
+    refuses (or answers OPTIONS); None lets the request in."""
+    if request.method == "OPTIONS":
+        return json_response({"name": name, "renders": ["application/json"],
+                              "parses": ["application/json"]}, 200)
+    if request.method != "POST":
+        return json_response({"detail": f'Method "{request.method}" not allowed.'}, 405)
+    if "HTTP_AUTHORIZATION" in request.META or settings.REGISTRY.get("LOOKUP_THROTTLE"):
+        return _credentials(request)
+    return None
+
+
+def answerer_headers(bundle: dict[str, Any]) -> dict[str, str]:
+    """The X-Bundle-* headers of an answer's ``bundle`` (who answered)."""
+    return {header: _ascii(bundle[key]) for header, key in ANSWERER_HEADERS.items()
+            if key in bundle}
 
 
 @csrf_exempt
@@ -148,14 +173,7 @@ def lookup(request: HttpRequest) -> HttpResponse:
     """POST /api/v1/lookup: one answer per query (``{"time_us": t}`` or ``{"error": code,
     "message": why}``), from the bundle that ``registry.lookup.services.choose_bundle`` picks.
     """
-    if request.method == "OPTIONS":
-        return _json({"name": "Lookup", "renders": ["application/json"],
-                      "parses": ["application/json"]}, 200)
-    if request.method != "POST":
-        return _json({"detail": f'Method "{request.method}" not allowed.'}, 405)
-    refused = None
-    if "HTTP_AUTHORIZATION" in request.META or settings.REGISTRY.get("LOOKUP_THROTTLE"):
-        refused = _credentials(request)
+    refused = door(request, "Lookup")
     if refused is not None:
         return refused
     try:
@@ -163,40 +181,50 @@ def lookup(request: HttpRequest) -> HttpResponse:
         lookup_request = parse_lookup(read_body(request), pins)
         answerer, body = run_lookup(lookup_request)
     except RequestError as exc:
-        return _json({"error": "invalid", "problems": exc.problems}, 400)
+        return json_response({"error": "invalid", "problems": exc.problems}, 400)
     except LookupFailure as exc:
         headers = {"Retry-After": "300"} if exc.code == "storage_fault" else None
-        return _json({"error": exc.code, "message": exc.message}, STATUSES[exc.code], headers)
+        return json_response({"error": exc.code, "message": exc.message}, STATUSES[exc.code], headers)
     except RecursionError:  # the repr of a value nested ~1,000 deep in a message
-        return _json({"error": "invalid", "problems": [TOO_DEEP]}, 400)
-    return _json(body, 200, _answerer_headers(answerer))
+        return json_response({"error": "invalid", "problems": [TOO_DEEP]}, 400)
+    return json_response(body, 200, _answerer_headers(answerer))
+
+
+lookup.one_door = True  # type: ignore[attr-defined]  # LookupMiddleware places it early
+
+
+# The doors LookupMiddleware places early, by URL name.
+DOORS = ("registry-api:lookup", "registry-api:estimate")
 
 
 class LookupMiddleware:
-    """Places the door early: a request for the lookup's path goes to ``lookup`` before the
-    middleware listed after this one (see the module's docstring); every other request goes
-    on as usual."""
+    """Places the doors early: a request for the lookup's or the estimate's path goes to its
+    door (a function marked ``one_door``) before the middleware listed after this one (see
+    the module's docstring); every other request goes on as usual."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self.paths: frozenset[str] | None = None
+        self.paths: dict[str, Callable[[HttpRequest], HttpResponse]] | None = None
 
-    def _lookup_paths(self) -> frozenset[str]:
-        """The paths the URL conf routes to the lookup (with and without the slash)."""
-        # reverse() writes the script prefix; request.path_info has none
-        path = "/" + reverse("registry-api:lookup").removeprefix(get_script_prefix()).strip("/")
-        paths = set()
-        for candidate in (path, path + "/"):
-            try:
-                if resolve(candidate).func is lookup:
-                    paths.add(candidate)
-            except Resolver404:
-                pass
-        return frozenset(paths)
+    def _door_paths(self) -> dict[str, Callable[[HttpRequest], HttpResponse]]:
+        """The paths the URL conf routes to a door (with and without the slash)."""
+        paths = {}
+        for name in DOORS:
+            # reverse() writes the script prefix; request.path_info has none
+            path = "/" + reverse(name).removeprefix(get_script_prefix()).strip("/")
+            for candidate in (path, path + "/"):
+                try:
+                    func = resolve(candidate).func
+                except Resolver404:
+                    continue
+                if getattr(func, "one_door", False):
+                    paths[candidate] = func
+        return paths
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if self.paths is None:
-            self.paths = self._lookup_paths()
-        if request.path_info in self.paths:
-            return lookup(request)
+            self.paths = self._door_paths()
+        found = self.paths.get(request.path_info)
+        if found is not None:
+            return found(request)
         return self.get_response(request)

@@ -101,8 +101,12 @@ class Answerer:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "sha256": self.sha256, "backend": self.backend,
-            "kernel": self.kernel, "native": self.native, "vllm_version": self.vllm_version,
+            "id": self.id,
+            "sha256": self.sha256,
+            "backend": self.backend,
+            "kernel": self.kernel,
+            "native": self.native,
+            "vllm_version": self.vllm_version,
         }
 
 
@@ -157,8 +161,15 @@ def choose_bundle(request: LookupRequest) -> Answerer:
         memo["stamp"], memo["found"] = stamp, {}
     found: dict[Any, Answerer | LookupFailure] = memo["found"]
     key = (
-        request.bundle_id, request.sha256, request.name, request.backend, request.vllm_version,
-        request.tp, request.dp, request.rank, request.sequence_parallel,
+        request.bundle_id,
+        request.sha256,
+        request.name,
+        request.backend,
+        request.vllm_version,
+        request.tp,
+        request.dp,
+        request.rank,
+        request.sequence_parallel,
         request.include_exploratory,
     )
     if key not in found:
@@ -232,7 +243,12 @@ def _choose(request: LookupRequest) -> Answerer:
     if len(rows) > 1:
         rows.sort(
             key=lambda r: (
-                bool(r[4]), _version_key(r[5] or ""), r[6] is not None, r[6] or 0, r[7], r[0]
+                bool(r[4]),
+                _version_key(r[5] or ""),
+                r[6] is not None,
+                r[6] or 0,
+                r[7],
+                r[0],
             ),
             reverse=True,
         )
@@ -274,8 +290,11 @@ def _why_none(request: LookupRequest) -> LookupFailure:
             return StorageFault(str(exc))
         except (BundleError, BlobDriftError) as exc:
             return CorruptBundle(str(exc))
-    pins = [f"{k}={v!r}" for k, v in (("backend", request.backend),
-                                       ("vllm_version", request.vllm_version)) if v is not None]
+    pins = [
+        f"{k}={v!r}"
+        for k, v in (("backend", request.backend), ("vllm_version", request.vllm_version))
+        if v is not None
+    ]
     have = "; ".join(
         f"bundle {b.pk} ({', '.join(b.backends) or 'backend unknown'}, "
         f"vLLM {b.vllm_version or 'none'}): "

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,97 +15,175 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Bundle',
+            name="Bundle",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('sha256', models.CharField(help_text='sha256 of the canonical manifest of every file', max_length=64, unique=True)),
-                ('hardware', models.CharField(max_length=128)),
-                ('model', models.CharField(max_length=256)),
-                ('variant', models.CharField(max_length=128)),
-                ('layout', models.CharField(choices=[('current', 'current (per_tp[tp].moe_components in meta.yaml)'), ('historical', 'historical standalone index (moe-components-v1)')], max_length=16)),
-                ('size', models.BigIntegerField(help_text='bytes of all files')),
-                ('file_count', models.PositiveIntegerField()),
-                ('manifest', models.JSONField(help_text='[{path, size, sha256}] sorted by path')),
-                ('meta', models.JSONField(help_text='the parsed root meta.yaml')),
-                ('missing_files', models.JSONField(default=list, help_text='files meta.yaml names that the bundle does not hold')),
-                ('targets', models.JSONField(default=list, help_text='brief tables, as the list shows them')),
-                ('vllm_version', models.CharField(blank=True, max_length=64)),
-                ('measured_at', models.DateTimeField(blank=True, null=True)),
-                ('published_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('source', models.CharField(choices=[('upload', 'uploaded over the API'), ('import', 'imported from a path (manage.py import_bundle)'), ('acquisition', 'published by an acquisition job')], max_length=16)),
-                ('source_detail', models.CharField(blank=True, help_text='upload file name, imported path or job id', max_length=512)),
-                ('published_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "sha256",
+                    models.CharField(
+                        help_text="sha256 of the canonical manifest of every file",
+                        max_length=64,
+                        unique=True,
+                    ),
+                ),
+                ("hardware", models.CharField(max_length=128)),
+                ("model", models.CharField(max_length=256)),
+                ("variant", models.CharField(max_length=128)),
+                (
+                    "layout",
+                    models.CharField(
+                        choices=[
+                            ("current", "current (per_tp[tp].moe_components in meta.yaml)"),
+                            ("historical", "historical standalone index (moe-components-v1)"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("size", models.BigIntegerField(help_text="bytes of all files")),
+                ("file_count", models.PositiveIntegerField()),
+                ("manifest", models.JSONField(help_text="[{path, size, sha256}] sorted by path")),
+                ("meta", models.JSONField(help_text="the parsed root meta.yaml")),
+                (
+                    "missing_files",
+                    models.JSONField(
+                        default=list,
+                        help_text="files meta.yaml names that the bundle does not hold",
+                    ),
+                ),
+                (
+                    "targets",
+                    models.JSONField(
+                        default=list, help_text="brief tables, as the list shows them"
+                    ),
+                ),
+                ("vllm_version", models.CharField(blank=True, max_length=64)),
+                ("measured_at", models.DateTimeField(blank=True, null=True)),
+                ("published_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[
+                            ("upload", "uploaded over the API"),
+                            ("import", "imported from a path (manage.py import_bundle)"),
+                            ("acquisition", "published by an acquisition job"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "source_detail",
+                    models.CharField(
+                        blank=True,
+                        help_text="upload file name, imported path or job id",
+                        max_length=512,
+                    ),
+                ),
+                (
+                    "published_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ('-published_at', '-id'),
+                "ordering": ("-published_at", "-id"),
             },
         ),
         migrations.CreateModel(
-            name='DeploymentTable',
+            name="DeploymentTable",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('tp', models.PositiveSmallIntegerField()),
-                ('dp', models.PositiveSmallIntegerField()),
-                ('ep', models.PositiveSmallIntegerField()),
-                ('rank', models.PositiveSmallIntegerField()),
-                ('sequence_parallel', models.BooleanField()),
-                ('table_path', models.CharField(max_length=1024)),
-                ('table_sha256', models.CharField(max_length=64)),
-                ('contract', models.JSONField()),
-                ('contract_id', models.CharField(blank=True, max_length=64)),
-                ('coverage', models.JSONField()),
-                ('components', models.JSONField()),
-                ('modes', models.JSONField()),
-                ('backend', models.CharField(blank=True, max_length=128)),
-                ('row_count', models.PositiveIntegerField()),
-                ('tokens_min', models.IntegerField(null=True)),
-                ('tokens_max', models.IntegerField(null=True)),
-                ('activated_experts_min', models.IntegerField(null=True)),
-                ('activated_experts_max', models.IntegerField(null=True)),
-                ('local_assignments_min', models.IntegerField(null=True)),
-                ('local_assignments_max', models.IntegerField(null=True)),
-                ('local_tokens_min', models.IntegerField(null=True)),
-                ('local_tokens_max', models.IntegerField(null=True)),
-                ('bundle', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tables', to='registry.bundle')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("tp", models.PositiveSmallIntegerField()),
+                ("dp", models.PositiveSmallIntegerField()),
+                ("ep", models.PositiveSmallIntegerField()),
+                ("rank", models.PositiveSmallIntegerField()),
+                ("sequence_parallel", models.BooleanField()),
+                ("table_path", models.CharField(max_length=1024)),
+                ("table_sha256", models.CharField(max_length=64)),
+                ("contract", models.JSONField()),
+                ("contract_id", models.CharField(blank=True, max_length=64)),
+                ("coverage", models.JSONField()),
+                ("components", models.JSONField()),
+                ("modes", models.JSONField()),
+                ("backend", models.CharField(blank=True, max_length=128)),
+                ("row_count", models.PositiveIntegerField()),
+                ("tokens_min", models.IntegerField(null=True)),
+                ("tokens_max", models.IntegerField(null=True)),
+                ("activated_experts_min", models.IntegerField(null=True)),
+                ("activated_experts_max", models.IntegerField(null=True)),
+                ("local_assignments_min", models.IntegerField(null=True)),
+                ("local_assignments_max", models.IntegerField(null=True)),
+                ("local_tokens_min", models.IntegerField(null=True)),
+                ("local_tokens_max", models.IntegerField(null=True)),
+                (
+                    "bundle",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tables",
+                        to="registry.bundle",
+                    ),
+                ),
             ],
             options={
-                'ordering': ('tp', 'dp', 'rank', 'sequence_parallel'),
+                "ordering": ("tp", "dp", "rank", "sequence_parallel"),
             },
         ),
         migrations.AddIndex(
-            model_name='bundle',
-            index=models.Index(fields=['hardware', 'model', 'variant', '-published_at'], name='registry_bu_hardwar_ff7348_idx'),
+            model_name="bundle",
+            index=models.Index(
+                fields=["hardware", "model", "variant", "-published_at"],
+                name="registry_bu_hardwar_ff7348_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='bundle',
-            index=models.Index(fields=['model'], name='registry_bu_model_3af0f2_idx'),
+            model_name="bundle",
+            index=models.Index(fields=["model"], name="registry_bu_model_3af0f2_idx"),
         ),
         migrations.AddIndex(
-            model_name='bundle',
-            index=models.Index(fields=['vllm_version'], name='registry_bu_vllm_ve_dc5e53_idx'),
+            model_name="bundle",
+            index=models.Index(fields=["vllm_version"], name="registry_bu_vllm_ve_dc5e53_idx"),
         ),
         migrations.AddIndex(
-            model_name='bundle',
-            index=models.Index(fields=['-published_at', '-id'], name='registry_bu_publish_a12a29_idx'),
+            model_name="bundle",
+            index=models.Index(
+                fields=["-published_at", "-id"], name="registry_bu_publish_a12a29_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='deploymenttable',
-            index=models.Index(fields=['tp', 'dp', 'ep'], name='registry_de_tp_34f68e_idx'),
+            model_name="deploymenttable",
+            index=models.Index(fields=["tp", "dp", "ep"], name="registry_de_tp_34f68e_idx"),
         ),
         migrations.AddIndex(
-            model_name='deploymenttable',
-            index=models.Index(fields=['dp'], name='registry_de_dp_58b583_idx'),
+            model_name="deploymenttable",
+            index=models.Index(fields=["dp"], name="registry_de_dp_58b583_idx"),
         ),
         migrations.AddIndex(
-            model_name='deploymenttable',
-            index=models.Index(fields=['ep'], name='registry_de_ep_bd1d62_idx'),
+            model_name="deploymenttable",
+            index=models.Index(fields=["ep"], name="registry_de_ep_bd1d62_idx"),
         ),
         migrations.AddIndex(
-            model_name='deploymenttable',
-            index=models.Index(fields=['backend'], name='registry_de_backend_89c9f5_idx'),
+            model_name="deploymenttable",
+            index=models.Index(fields=["backend"], name="registry_de_backend_89c9f5_idx"),
         ),
         migrations.AddConstraint(
-            model_name='deploymenttable',
-            constraint=models.UniqueConstraint(fields=('bundle', 'tp', 'dp', 'rank', 'sequence_parallel'), name='registry_one_table_per_deployment'),
+            model_name="deploymenttable",
+            constraint=models.UniqueConstraint(
+                fields=("bundle", "tp", "dp", "rank", "sequence_parallel"),
+                name="registry_one_table_per_deployment",
+            ),
         ),
     ]

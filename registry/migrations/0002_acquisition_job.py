@@ -7,42 +7,94 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0001_initial'),
+        ("registry", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AcquisitionJob',
+            name="AcquisitionJob",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(auto_now=True, help_text='heartbeat while running')),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('state', models.CharField(choices=[('queued', 'queued'), ('running', 'running'), ('succeeded', 'succeeded'), ('failed', 'failed'), ('cancelled', 'cancelled')], default='queued', max_length=16)),
-                ('phase', models.CharField(default='queued', max_length=32)),
-                ('points_done', models.PositiveIntegerField(default=0)),
-                ('points_total', models.PositiveIntegerField(default=0)),
-                ('eta_seconds', models.FloatField(blank=True, null=True)),
-                ('log_tail', models.TextField(blank=True)),
-                ('error', models.TextField(blank=True)),
-                ('parameters', models.JSONField(help_text='validated acquisition parameters, defaults filled')),
-                ('queue', models.CharField(help_text='gpu.<hardware>, or cpu', max_length=128)),
-                ('work_dir', models.CharField(blank=True, max_length=1024)),
-                ('artifacts', models.JSONField(blank=True, default=list, help_text='[{name, path, size}]')),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('worker', models.CharField(blank=True, help_text='Celery node name', max_length=255)),
-                ('celery_task_id', models.CharField(blank=True, max_length=64)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='acquisition_jobs', to=settings.AUTH_USER_MODEL)),
-                ('result_bundle', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='acquisition_jobs', to='registry.bundle')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "updated_at",
+                    models.DateTimeField(auto_now=True, help_text="heartbeat while running"),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "queued"),
+                            ("running", "running"),
+                            ("succeeded", "succeeded"),
+                            ("failed", "failed"),
+                            ("cancelled", "cancelled"),
+                        ],
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("phase", models.CharField(default="queued", max_length=32)),
+                ("points_done", models.PositiveIntegerField(default=0)),
+                ("points_total", models.PositiveIntegerField(default=0)),
+                ("eta_seconds", models.FloatField(blank=True, null=True)),
+                ("log_tail", models.TextField(blank=True)),
+                ("error", models.TextField(blank=True)),
+                (
+                    "parameters",
+                    models.JSONField(help_text="validated acquisition parameters, defaults filled"),
+                ),
+                ("queue", models.CharField(help_text="gpu.<hardware>, or cpu", max_length=128)),
+                ("work_dir", models.CharField(blank=True, max_length=1024)),
+                (
+                    "artifacts",
+                    models.JSONField(blank=True, default=list, help_text="[{name, path, size}]"),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                (
+                    "worker",
+                    models.CharField(blank=True, help_text="Celery node name", max_length=255),
+                ),
+                ("celery_task_id", models.CharField(blank=True, max_length=64)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="acquisition_jobs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "result_bundle",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="acquisition_jobs",
+                        to="registry.bundle",
+                    ),
+                ),
             ],
             options={
-                'ordering': ('-created_at', '-id'),
-                'indexes': [models.Index(fields=['state', 'queue'], name='registry_ac_state_22e64d_idx'), models.Index(fields=['-created_at', '-id'], name='registry_ac_created_52880c_idx')],
+                "ordering": ("-created_at", "-id"),
+                "indexes": [
+                    models.Index(fields=["state", "queue"], name="registry_ac_state_22e64d_idx"),
+                    models.Index(
+                        fields=["-created_at", "-id"], name="registry_ac_created_52880c_idx"
+                    ),
+                ],
             },
         ),
     ]

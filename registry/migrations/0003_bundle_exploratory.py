@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0002_acquisition_job'),
+        ("registry", "0002_acquisition_job"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='bundle',
-            name='exploratory',
-            field=models.BooleanField(default=False, help_text="a table was measured with a B/2B tolerance above the method's 3 %; name lookups skip it unless asked"),
+            model_name="bundle",
+            name="exploratory",
+            field=models.BooleanField(
+                default=False,
+                help_text="a table was measured with a B/2B tolerance above the method's 3 %; name lookups skip it unless asked",
+            ),
         ),
     ]

@@ -25,60 +25,126 @@ def claim_existing_names(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0002_acquisition_job'),
+        ("registry", "0002_acquisition_job"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Namespace',
+            name="Namespace",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('hardware', models.CharField(max_length=128)),
-                ('model', models.CharField(max_length=256)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('owner', models.ForeignKey(blank=True, help_text='empty: claimed by an import or a job, so only staff and grantees publish', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='owned_namespaces', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("hardware", models.CharField(max_length=128)),
+                ("model", models.CharField(max_length=256)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="empty: claimed by an import or a job, so only staff and grantees publish",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="owned_namespaces",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='NamespaceGrant',
+            name="NamespaceGrant",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('granted_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('granted_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('namespace', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='grants', to='registry.namespace')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='namespace_grants', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("granted_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "granted_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "namespace",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="grants",
+                        to="registry.namespace",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="namespace_grants",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='StateChange',
+            name="StateChange",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('actor_name', models.CharField(blank=True, max_length=150)),
-                ('action', models.CharField(help_text='e.g. job.cancel, bundle.publish', max_length=64)),
-                ('target_type', models.CharField(max_length=32)),
-                ('target_id', models.BigIntegerField()),
-                ('detail', models.JSONField(blank=True, default=dict)),
-                ('actor', models.ForeignKey(blank=True, help_text='who made the change; empty for the worker or a command', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("actor_name", models.CharField(blank=True, max_length=150)),
+                (
+                    "action",
+                    models.CharField(help_text="e.g. job.cancel, bundle.publish", max_length=64),
+                ),
+                ("target_type", models.CharField(max_length=32)),
+                ("target_id", models.BigIntegerField()),
+                ("detail", models.JSONField(blank=True, default=dict)),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="who made the change; empty for the worker or a command",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ('-at', '-id'),
+                "ordering": ("-at", "-id"),
             },
         ),
         migrations.AddConstraint(
-            model_name='namespace',
-            constraint=models.UniqueConstraint(fields=('hardware', 'model'), name='registry_one_namespace'),
+            model_name="namespace",
+            constraint=models.UniqueConstraint(
+                fields=("hardware", "model"), name="registry_one_namespace"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='namespacegrant',
-            constraint=models.UniqueConstraint(fields=('namespace', 'user'), name='registry_one_grant'),
+            model_name="namespacegrant",
+            constraint=models.UniqueConstraint(
+                fields=("namespace", "user"), name="registry_one_grant"
+            ),
         ),
         migrations.AddIndex(
-            model_name='statechange',
-            index=models.Index(fields=['target_type', 'target_id', '-at'], name='registry_st_target__d31bf8_idx'),
+            model_name="statechange",
+            index=models.Index(
+                fields=["target_type", "target_id", "-at"], name="registry_st_target__d31bf8_idx"
+            ),
         ),
         migrations.RunPython(claim_existing_names, migrations.RunPython.noop),
     ]

@@ -7,48 +7,103 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0003_bundle_exploratory'),
+        ("registry", "0003_bundle_exploratory"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='WorkerPresence',
+            name="WorkerPresence",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node', models.CharField(max_length=255, unique=True)),
-                ('queues', models.JSONField(default=list)),
-                ('last_seen', models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("node", models.CharField(max_length=255, unique=True)),
+                ("queues", models.JSONField(default=list)),
+                ("last_seen", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ('node',),
+                "ordering": ("node",),
             },
         ),
         migrations.CreateModel(
-            name='CoverageRequest',
+            name="CoverageRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('hardware', models.CharField(max_length=128)),
-                ('model', models.CharField(max_length=256)),
-                ('variant', models.CharField(max_length=128)),
-                ('backend', models.CharField(max_length=128)),
-                ('tp', models.PositiveSmallIntegerField()),
-                ('dp', models.PositiveSmallIntegerField()),
-                ('ep', models.PositiveSmallIntegerField()),
-                ('rank', models.PositiveSmallIntegerField()),
-                ('sequence_parallel', models.BooleanField()),
-                ('state', models.CharField(choices=[('open', 'open: no worker for this hardware yet'), ('queued', 'queued as a job'), ('closed', 'closed: the table is published')], default='open', max_length=8)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('closed_at', models.DateTimeField(blank=True, null=True)),
-                ('job', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='coverage_requests', to='registry.acquisitionjob')),
-                ('requested_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('requesters', models.ManyToManyField(related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("hardware", models.CharField(max_length=128)),
+                ("model", models.CharField(max_length=256)),
+                ("variant", models.CharField(max_length=128)),
+                ("backend", models.CharField(max_length=128)),
+                ("tp", models.PositiveSmallIntegerField()),
+                ("dp", models.PositiveSmallIntegerField()),
+                ("ep", models.PositiveSmallIntegerField()),
+                ("rank", models.PositiveSmallIntegerField()),
+                ("sequence_parallel", models.BooleanField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("open", "open: no worker for this hardware yet"),
+                            ("queued", "queued as a job"),
+                            ("closed", "closed: the table is published"),
+                        ],
+                        default="open",
+                        max_length=8,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("closed_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="coverage_requests",
+                        to="registry.acquisitionjob",
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "requesters",
+                    models.ManyToManyField(related_name="+", to=settings.AUTH_USER_MODEL),
+                ),
             ],
             options={
-                'ordering': ('-created_at', '-id'),
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'closed'), _negated=True), fields=('hardware', 'model', 'variant', 'backend', 'tp', 'dp', 'rank', 'sequence_parallel'), name='registry_one_open_request_per_cell')],
+                "ordering": ("-created_at", "-id"),
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("state", "closed"), _negated=True),
+                        fields=(
+                            "hardware",
+                            "model",
+                            "variant",
+                            "backend",
+                            "tp",
+                            "dp",
+                            "rank",
+                            "sequence_parallel",
+                        ),
+                        name="registry_one_open_request_per_cell",
+                    )
+                ],
             },
         ),
     ]

@@ -18,16 +18,31 @@ def clear_unreadable_times(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0003_security'),
+        ("registry", "0003_security"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.RunPython(clear_unreadable_times, migrations.RunPython.noop),
         migrations.AddConstraint(
-            model_name='bundle',
-            constraint=models.CheckConstraint(condition=models.Q(('measured_at__isnull', True), models.Q(('measured_at__gte', datetime.datetime(1970, 1, 1, 0, 0, tzinfo=datetime.UTC)), ('measured_at__lt', datetime.datetime(9000, 1, 1, 0, 0, tzinfo=datetime.UTC))), _connector='OR'), name='registry_bundle_measured_at_in_range'),
+            model_name="bundle",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("measured_at__isnull", True),
+                    models.Q(
+                        (
+                            "measured_at__gte",
+                            datetime.datetime(1970, 1, 1, 0, 0, tzinfo=datetime.UTC),
+                        ),
+                        (
+                            "measured_at__lt",
+                            datetime.datetime(9000, 1, 1, 0, 0, tzinfo=datetime.UTC),
+                        ),
+                    ),
+                    _connector="OR",
+                ),
+                name="registry_bundle_measured_at_in_range",
+            ),
         ),
     ]

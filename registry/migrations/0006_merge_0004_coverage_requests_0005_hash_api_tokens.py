@@ -4,11 +4,9 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0004_coverage_requests'),
-        ('registry', '0005_hash_api_tokens'),
+        ("registry", "0004_coverage_requests"),
+        ("registry", "0005_hash_api_tokens"),
     ]
 
-    operations = [
-    ]
+    operations = []

@@ -34,9 +34,15 @@ def fill_identity(apps: Any, schema_editor: Any) -> None:
         bundle.targets = [
             {
                 "deployment": f"tp{t.tp} dp{t.dp}_ep{t.ep}_rank{t.rank}_sp{int(t.sequence_parallel)}",
-                "tp": t.tp, "dp": t.dp, "ep": t.ep, "rank": t.rank,
-                "sequence_parallel": t.sequence_parallel, "backend": t.backend,
-                "kernel": t.kernel, "native": t.native, "vllm_version": t.vllm_version,
+                "tp": t.tp,
+                "dp": t.dp,
+                "ep": t.ep,
+                "rank": t.rank,
+                "sequence_parallel": t.sequence_parallel,
+                "backend": t.backend,
+                "kernel": t.kernel,
+                "native": t.native,
+                "vllm_version": t.vllm_version,
             }
             for t in tables
         ]

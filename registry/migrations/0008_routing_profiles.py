@@ -7,35 +7,52 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0007_table_identity'),
+        ("registry", "0007_table_identity"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RoutingProfileRecord',
+            name="RoutingProfileRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('sha256', models.CharField(help_text='sha256 of the .npz file', max_length=64, unique=True)),
-                ('size', models.PositiveBigIntegerField()),
-                ('model', models.CharField(max_length=200)),
-                ('router', models.CharField(max_length=200)),
-                ('source', models.CharField(max_length=64)),
-                ('global_experts', models.PositiveIntegerField()),
-                ('top_k', models.PositiveIntegerField()),
-                ('layers', models.PositiveIntegerField(help_text='captured MoE layers')),
-                ('steps', models.PositiveIntegerField()),
-                ('tokens', models.PositiveBigIntegerField(help_text='rows routed over all steps')),
-                ('captured_at', models.CharField(max_length=64)),
-                ('summary', models.JSONField(help_text='moetables profile summary')),
-                ('filename', models.CharField(blank=True, max_length=255)),
-                ('published_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('published_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "sha256",
+                    models.CharField(
+                        help_text="sha256 of the .npz file", max_length=64, unique=True
+                    ),
+                ),
+                ("size", models.PositiveBigIntegerField()),
+                ("model", models.CharField(max_length=200)),
+                ("router", models.CharField(max_length=200)),
+                ("source", models.CharField(max_length=64)),
+                ("global_experts", models.PositiveIntegerField()),
+                ("top_k", models.PositiveIntegerField()),
+                ("layers", models.PositiveIntegerField(help_text="captured MoE layers")),
+                ("steps", models.PositiveIntegerField()),
+                ("tokens", models.PositiveBigIntegerField(help_text="rows routed over all steps")),
+                ("captured_at", models.CharField(max_length=64)),
+                ("summary", models.JSONField(help_text="moetables profile summary")),
+                ("filename", models.CharField(blank=True, max_length=255)),
+                ("published_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "published_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ('-published_at', '-id'),
+                "ordering": ("-published_at", "-id"),
             },
         ),
     ]

@@ -85,13 +85,15 @@ def table_identity(contract: Any) -> dict[str, Any]:
     raw_backend, raw_region = c.get("backend"), c.get("expert_region")
     structured: dict[str, Any] = raw_backend if isinstance(raw_backend, dict) else {}
     region: dict[str, Any] = raw_region if isinstance(raw_region, dict) else {}
-    kernel = _strings([
-        structured.get("native_backend"),
-        c.get("native_backend"),
-        _get(c, "native_backend", "name"),
-        region.get("backend"),
-        c.get("expert_backend"),
-    ])[:128]
+    kernel = _strings(
+        [
+            structured.get("native_backend"),
+            c.get("native_backend"),
+            _get(c, "native_backend", "name"),
+            region.get("backend"),
+            c.get("expert_backend"),
+        ]
+    )[:128]
     backend = _strings([structured.get("name"), c.get("backend")])
     schema = region.get("schema")
     if not backend and isinstance(schema, str) and schema.startswith("native-modular-"):
@@ -100,13 +102,15 @@ def table_identity(contract: Any) -> dict[str, Any]:
     if not isinstance(native, bool):
         # A kernel vLLM resolved natively, without a structured record that says otherwise.
         native = bool(kernel) or backend.startswith("vllm-")
-    vllm = _strings([
-        structured.get("vllm_version"),
-        c.get("vllm_version"),
-        _get(c, "versions", "vllm"),
-        _get(c, "observations", "vllm_version"),
-        region.get("vllm_version"),
-    ])[:64]
+    vllm = _strings(
+        [
+            structured.get("vllm_version"),
+            c.get("vllm_version"),
+            _get(c, "versions", "vllm"),
+            _get(c, "observations", "vllm_version"),
+            region.get("vllm_version"),
+        ]
+    )[:64]
     return {"backend": backend[:128], "kernel": kernel, "native": native, "vllm_version": vllm}
 
 
@@ -161,8 +165,10 @@ def _root_times(meta: Any) -> list[tuple[str, Any]]:
     return [
         ("meta.yaml:measured_at", _get(meta, "measured_at")),
         ("meta.yaml:profiled_at", _get(meta, "profiled_at")),
-        ("meta.yaml:category_provenance.moe.profiled_at",
-         _get(meta, "category_provenance", "moe", "profiled_at")),
+        (
+            "meta.yaml:category_provenance.moe.profiled_at",
+            _get(meta, "category_provenance", "moe", "profiled_at"),
+        ),
     ]
 
 

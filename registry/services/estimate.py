@@ -25,10 +25,19 @@ from registry.services.profiles import published_profile
 
 __all__ = ["cluster_dir", "named_cluster", "run_estimate"]
 
-_BUNDLE_FIELDS = frozenset({
-    "bundle", "sha256", "hardware", "model", "variant", "backend", "vllm_version",
-    "include_exploratory", "cluster",
-})
+_BUNDLE_FIELDS = frozenset(
+    {
+        "bundle",
+        "sha256",
+        "hardware",
+        "model",
+        "variant",
+        "backend",
+        "vllm_version",
+        "include_exploratory",
+        "cluster",
+    }
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # A step's answer is about 5 KB of JSON with its events: 10,000 steps make a 50 MB response.
 MAX_STEPS = 10_000
@@ -79,8 +88,11 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
     envelope = {k: data[k] for k in _BUNDLE_FIELDS if k in data and k != "cluster"}
     tp, dp, sp = data.get("tp"), data.get("dp"), data.get("sequence_parallel", False)
     plain = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (tp, dp))
-    envelope["target"] = {"tp": tp, "dp": dp, "rank": 0, "sequence_parallel": sp} if (
-        plain and isinstance(sp, bool)) else {"tp": 1, "dp": 1, "rank": 0}
+    envelope["target"] = (
+        {"tp": tp, "dp": dp, "rank": 0, "sequence_parallel": sp}
+        if (plain and isinstance(sp, bool))
+        else {"tp": 1, "dp": 1, "rank": 0}
+    )
     ref_request: LookupRequest | None = None
     try:
         ref_request = parse_request(envelope, max_queries=0)

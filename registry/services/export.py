@@ -71,7 +71,7 @@ def format_archive(bundle: Bundle, fmt: str) -> tuple[str, bytes]:
         write_format(checkout_bundle(bundle), fmt, out)
         files = sorted(p for p in out.rglob("*") if p.is_file())
         stem = f"{bundle.archive_stem}_{fmt}"
-        chunks = iter_tar_gz(stem, (
-            (p.relative_to(out).as_posix(), p.stat().st_size, _opener(p)) for p in files
-        ))
+        chunks = iter_tar_gz(
+            stem, ((p.relative_to(out).as_posix(), p.stat().st_size, _opener(p)) for p in files)
+        )
         return f"{stem}.tar.gz", b"".join(chunks)

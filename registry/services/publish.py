@@ -79,10 +79,12 @@ def check_quota(user: Any, adding: int) -> None:
         return
     used = Bundle.objects.filter(published_by=user).aggregate(total=Sum("size"))["total"] or 0
     if used + adding > quota:
-        raise QuotaExceeded([
-            f"this bundle ({adding} bytes) would bring your published bytes to "
-            f"{used + adding}; your quota is {quota} (REGISTRY_USER_QUOTA_BYTES)"
-        ])
+        raise QuotaExceeded(
+            [
+                f"this bundle ({adding} bytes) would bring your published bytes to "
+                f"{used + adding}; your quota is {quota} (REGISTRY_USER_QUOTA_BYTES)"
+            ]
+        )
 
 
 @dataclass(slots=True)
@@ -230,7 +232,10 @@ def publish_bundle(
             raise
     log.info(
         "published bundle %s (%s %s %s)",
-        bundle.sha256, bundle.hardware, bundle.model, bundle.variant,
+        bundle.sha256,
+        bundle.hardware,
+        bundle.model,
+        bundle.variant,
     )
     return PublishResult(bundle=bundle, created=True, left_out=left_out)
 

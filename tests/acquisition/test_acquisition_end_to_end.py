@@ -151,8 +151,9 @@ def test_it_publishes_every_control_of_every_published_point(acquired: dict[str,
         evidence = report.quality[entry.table_path]
         assert evidence.stability is not None and evidence.conservation is None
         assert "traces no native MoE forward" in (evidence.conservation_absent or "")
-        controls = records(work / "moe_components" / entry.target.deployment / "samples.jsonl",
-                           "control")
+        controls = records(
+            work / "moe_components" / entry.target.deployment / "samples.jsonl", "control"
+        )
         assert len(evidence.stability) == len(controls)
         rows = table(bundle / entry.table_path)
         published = {r.point: r for r in evidence.stability if r.published}

@@ -22,32 +22,64 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _range(name: str, ts: float, dur: float, tid: int = 7) -> dict[str, Any]:
-    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+    }
 
 
 def _launch(corr: int, ts: float, cat: str = "cuda_runtime", tid: int = 7) -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": "cudaLaunchKernel", "pid": 1, "tid": tid, "ts": ts, "dur": 2,
-            "args": {"correlation": corr}}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": "cudaLaunchKernel",
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": 2,
+        "args": {"correlation": corr},
+    }
 
 
 def _kernel(name: str, corr: int, ts: float, dur: float, cat: str = "kernel") -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 9, "ts": ts, "dur": dur,
-            "args": {"correlation": corr, "stream": 9}}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 0,
+        "tid": 9,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr, "stream": 9},
+    }
 
 
 def _trace() -> list[dict[str, Any]]:
     return [
         _range("gpuest.moe_block#3", 100, 50),
-        _launch(1, 101), _kernel("gemm", 1, 200, 10.0),
+        _launch(1, 101),
+        _kernel("gemm", 1, 200, 10.0),
         _range("gpuest.capture#3", 104, 5),
-        _launch(2, 105), _kernel("scatter_add", 2, 211, 3.0),  # observation: excluded
-        _launch(3, 112, cat="cuda_driver"), _kernel("ncclDevKernel_Broadcast_RING_LL", 3, 215, 40.0),
-        _launch(4, 120, cat="cuda_driver"), _kernel("fused_moe_kernel", 4, 256, 100.0),
-        _launch(5, 130), _kernel("Memcpy DtoD", 5, 357, 2.5, cat="gpu_memcpy"),
-        _launch(6, 140), _kernel("ncclDevKernel_Reduce_Sum_bf16_RING_LL", 6, 360, 30.0),
-        _launch(7, 160), _kernel("attention", 7, 400, 50.0),  # after the block: not its own
+        _launch(2, 105),
+        _kernel("scatter_add", 2, 211, 3.0),  # observation: excluded
+        _launch(3, 112, cat="cuda_driver"),
+        _kernel("ncclDevKernel_Broadcast_RING_LL", 3, 215, 40.0),
+        _launch(4, 120, cat="cuda_driver"),
+        _kernel("fused_moe_kernel", 4, 256, 100.0),
+        _launch(5, 130),
+        _kernel("Memcpy DtoD", 5, 357, 2.5, cat="gpu_memcpy"),
+        _launch(6, 140),
+        _kernel("ncclDevKernel_Reduce_Sum_bf16_RING_LL", 6, 360, 30.0),
+        _launch(7, 160),
+        _kernel("attention", 7, 400, 50.0),  # after the block: not its own
         _range("gpuest.moe_block#4", 300, 20),
-        _launch(8, 301), _kernel("gemm", 8, 500, 9.0),
+        _launch(8, 301),
+        _kernel("gemm", 8, 500, 9.0),
         {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 1, "ts": 101},  # flow events are ignored
     ]
 
@@ -57,8 +89,13 @@ def test_it_attributes_kernels_by_launch_correlation_and_excludes_the_capture_ra
     blocks = attribute_blocks(_trace(), prefix="gpuest.moe_block", exclude_prefix="gpuest.capture")
     assert [b.index for b in blocks] == [3, 4]
     b = blocks[0]
-    assert [a.name for a in b.activities] == ["gemm", "ncclDevKernel_Broadcast_RING_LL", "fused_moe_kernel",
-                                              "Memcpy DtoD", "ncclDevKernel_Reduce_Sum_bf16_RING_LL"]
+    assert [a.name for a in b.activities] == [
+        "gemm",
+        "ncclDevKernel_Broadcast_RING_LL",
+        "fused_moe_kernel",
+        "Memcpy DtoD",
+        "ncclDevKernel_Reduce_Sum_bf16_RING_LL",
+    ]
     assert b.compute_us == pytest.approx(10.0 + 100.0 + 2.5)
     assert [a.duration_us for a in b.nccl] == [40.0, 30.0]
     assert b.excluded == 1
@@ -73,14 +110,20 @@ def test_it_keeps_the_capture_kernels_when_nothing_is_excluded() -> None:
 
 
 def test_it_ignores_launches_on_another_thread() -> None:
-    events = [_range("gpuest.moe_block#0", 100, 50), _launch(1, 110, tid=8), _kernel("gemm", 1, 200, 10.0)]
+    events = [
+        _range("gpuest.moe_block#0", 100, 50),
+        _launch(1, 110, tid=8),
+        _kernel("gemm", 1, 200, 10.0),
+    ]
     assert attribute_blocks(events, prefix="gpuest.moe_block")[0].activities == ()
 
 
 def test_it_refuses_two_ranges_of_one_index_and_activities_without_correlation() -> None:
     with pytest.raises(EngineTraceError, match="two ranges"):
-        attribute_blocks([_range("gpuest.moe_block#1", 0, 5), _range("gpuest.moe_block#1", 10, 5)],
-                         prefix="gpuest.moe_block")
+        attribute_blocks(
+            [_range("gpuest.moe_block#1", 0, 5), _range("gpuest.moe_block#1", 10, 5)],
+            prefix="gpuest.moe_block",
+        )
     bad = _kernel("gemm", 1, 0, 1)
     del bad["args"]["correlation"]
     with pytest.raises(EngineTraceError, match="no correlation"):
@@ -95,8 +138,9 @@ def test_it_takes_the_last_arrivers_kernel_as_the_transfer() -> None:
 
 
 def _probe() -> Any:
-    spec = importlib.util.spec_from_file_location("h200x2_estimate_validation",
-                                                  ROOT / "scripts/h200x2_estimate_validation.py")
+    spec = importlib.util.spec_from_file_location(
+        "h200x2_estimate_validation", ROOT / "scripts/h200x2_estimate_validation.py"
+    )
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -104,7 +148,9 @@ def _probe() -> Any:
     return mod
 
 
-def test_it_hooks_block_and_router_of_a_stand_in_model_under_the_cpu_profiler(tmp_path: Path) -> None:
+def test_it_hooks_block_and_router_of_a_stand_in_model_under_the_cpu_profiler(
+    tmp_path: Path,
+) -> None:
     """The worker side: block ranges by forward, token counts, per-expert counts of the top-k ids."""
     torch = pytest.importorskip("torch")
     probe = _probe()
@@ -162,7 +208,10 @@ def test_it_hooks_block_and_router_of_a_stand_in_model_under_the_cpu_profiler(tm
     out = probe.stop_profile(model, str(tmp_path / "trace.json"))
     blocks = out["blocks"]
     assert [b["index"] for b in blocks] == [1, 2] and [b["tokens"] for b in blocks] == [5, 2]
-    assert blocks[0]["expert_counts"] == [2, 2, 1, 1, 1, 1, 1, 1] and sum(blocks[1]["expert_counts"]) == 4
+    assert (
+        blocks[0]["expert_counts"] == [2, 2, 1, 1, 1, 1, 1, 1]
+        and sum(blocks[1]["expert_counts"]) == 4
+    )
     assert blocks[0]["topk_shape"] == [5, 2]
 
 

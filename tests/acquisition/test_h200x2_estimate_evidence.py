@@ -36,7 +36,9 @@ def test_it_recomputes_the_shipped_cluster_description_from_the_sweep() -> None:
     two-ended line and the bandwidth-by-size table from the sweep, group_op_us from the engine's
     equal-count grouped dispatch kernels (native run), with provenance."""
     sweep = load_sweep(EVIDENCE / "nccl_sweep.json")
-    assert sweep.ranks == 2 and sweep.meta["gpu"] == "NVIDIA H200" and sweep.meta["nccl"] == "2.28.9"
+    assert (
+        sweep.ranks == 2 and sweep.meta["gpu"] == "NVIDIA H200" and sweep.meta["nccl"] == "2.28.9"
+    )
     assert sweep.meta["env"]["NCCL_NVLS_ENABLE"] == "0"
     for op in OPS:
         sizes = [p.bytes_per_rank for p in sweep.of(op)]
@@ -49,16 +51,22 @@ def test_it_recomputes_the_shipped_cluster_description_from_the_sweep() -> None:
         assert shipped[op]["alpha_us"] == round(fits[op].alpha_us, 3)
         assert shipped[op]["bus_bandwidth_GBps"] == round(fits[op].bus_bandwidth_GBps, 2)
         assert shipped[op]["bandwidth_by_size"] == [
-            [size, round(bw, 2)] for size, bw in fits[op].bandwidth_by_size]
+            [size, round(bw, 2)] for size, bw in fits[op].bandwidth_by_size
+        ]
     launches = dispatch_launches(EVIDENCE, "native", [4096, 32, 32])
     assert [g.sizes_bytes[0] // (2 * 4096) for g in launches] == [4, 64, 256, 1024, 2048]
     group_op = fit_group_op_us(fits, launches)
-    assert raw["version"] == 2 and raw["link_classes"]["nvlink"]["group_op_us"] == round(group_op, 3)
+    assert raw["version"] == 2 and raw["link_classes"]["nvlink"]["group_op_us"] == round(
+        group_op, 3
+    )
     assert 0.5 < group_op < 3.0
     assert "--group-evidence docs/evidence/h200x2-estimate" in raw["provenance"]["command"]
     assert raw["provenance"]["measured_at"] == "2026-11-30"
     assert "scripts/h200x2_nccl_sweep.py run --nproc 2" in raw["provenance"]["command"]
-    assert "NCCL 2.28.9" in raw["provenance"]["software"] and "torch 2.11.0+cu130" in raw["provenance"]["software"]
+    assert (
+        "NCCL 2.28.9" in raw["provenance"]["software"]
+        and "torch 2.11.0+cu130" in raw["provenance"]["software"]
+    )
     cluster = load_cluster(CLUSTER)
     assert cluster.ranks() == frozenset({0, 1})
     # The line holds both ends; the middle (NCCL's protocol changes) is where it misses, as documented.
@@ -72,7 +80,9 @@ def test_it_recomputes_the_shipped_cluster_description_from_the_sweep() -> None:
         assert max(abs(m - t) / t for _, t, m in fits[op].loo_residuals) < 0.11
 
 
-@pytest.mark.parametrize("routing,router", [("simulator", "RoutingSimulatorRouter"), ("native", "FusedTopKRouter")])
+@pytest.mark.parametrize(
+    "routing,router", [("simulator", "RoutingSimulatorRouter"), ("native", "FusedTopKRouter")]
+)
 def test_it_ran_the_validation_plan_on_a_real_dp2_ep2_engine(routing: str, router: str) -> None:
     """At least 12 steps, equal and unequal counts in [4, 2048]; the kernels vLLM chose per case."""
     forwards, ranks = load_forwards(EVIDENCE, routing)
@@ -103,7 +113,9 @@ def test_it_recomputes_the_committed_comparison_with_the_estimate() -> None:
             assert value == pytest.approx(committed["summary"][key][field], rel=1e-9), (key, field)
     hist = [r for r in result["forwards"] if r["policy"] == "histogram"]
     # R41: the histogram policy gives every rank exactly the A and M its expert kernel received.
-    assert all(r["A_measured"] == r["A_estimate"] and r["M_measured"] == r["M_estimate"] for r in hist)
+    assert all(
+        r["A_measured"] == r["A_estimate"] and r["M_measured"] == r["M_estimate"] for r in hist
+    )
     steps = result["steps"]
     # Where the table has a point close by (N <= 514), compute is within the max goal everywhere but
     # at the smallest step, whose A the coarse A-grid interpolates (docs/benchmarks.md explains).
@@ -117,7 +129,9 @@ def test_it_recomputes_the_committed_comparison_with_the_estimate() -> None:
     assert max(errors) < 0.26 and sorted(errors)[15] < 0.1
 
 
-def test_it_shows_that_the_compute_miss_at_n4096_is_neither_the_table_nor_the_host(tmp_path: Path) -> None:
+def test_it_shows_that_the_compute_miss_at_n4096_is_neither_the_table_nor_the_host(
+    tmp_path: Path,
+) -> None:
     """The second host: the table re-acquired there and the engine re-run there both reproduce."""
     import statistics
     import tarfile
@@ -134,8 +148,10 @@ def test_it_shows_that_the_compute_miss_at_n4096_is_neither_the_table_nor_the_ho
         assert a == pytest.approx(s, rel=0.01)
     first, _ = load_forwards(EVIDENCE, "simulator")
     second, info = load_forwards(EVIDENCE / "second-host", "simulator")
-    assert info[0]["moe"][0]["uuid"] != json.loads(
-        (EVIDENCE / "validation/simulator/rank0.json").read_text())["moe"][0]["uuid"]
+    assert (
+        info[0]["moe"][0]["uuid"]
+        != json.loads((EVIDENCE / "validation/simulator/rank0.json").read_text())["moe"][0]["uuid"]
+    )
     for step in {f.step for f in first}:
         for rank in (0, 1):
             m1 = statistics.median(f.compute_us[rank] for f in first if f.step == step)
@@ -143,8 +159,10 @@ def test_it_shows_that_the_compute_miss_at_n4096_is_neither_the_table_nor_the_ho
             assert m2 == pytest.approx(m1, rel=0.04)
     # ... and the engine at the table's own point is ~12 % slower than the table on both hosts.
     big = [f for f in first + second if f.tokens == (2048, 2048)]
-    assert all(f.compute_us[0] > 1.08 * shipped.deployment(1, 2, 0).time_us("experts", 4096, 64, 16384)
-               for f in big)
+    assert all(
+        f.compute_us[0] > 1.08 * shipped.deployment(1, 2, 0).time_us("experts", 4096, 64, 16384)
+        for f in big
+    )
 
 
 def test_it_recomputes_the_comparison_with_the_factor_2_tables() -> None:

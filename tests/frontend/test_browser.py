@@ -22,8 +22,13 @@ playwright_sync = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS", "")
 
@@ -160,9 +165,7 @@ def test_it_works_at_phone_width(browser: Any, live_server: Any, bundles: tuple[
     try:
         for url in ["/", f"/bundles/{shipped.pk}/", f"/tables/{shipped.tables.first().pk}/"]:
             page.goto(live_server.url + url)
-            overflow = page.evaluate(
-                "document.documentElement.scrollWidth - window.innerWidth"
-            )
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 1, (url, overflow)
         assert _traces(page, "#fig-surface") == 3
         _shot(page, "table-phone")
@@ -195,7 +198,10 @@ def _explain_jobs(running: Worker) -> None:
 
 
 def test_it_queues_a_cpu_job_and_watches_it_reach_100_percent(
-    page: Any, live_server: Any, transactional_db: None, worker: Worker,  # noqa: F811
+    page: Any,
+    live_server: Any,
+    transactional_db: None,
+    worker: Worker,  # noqa: F811
     tiny_model: str,  # noqa: F811
     request: pytest.FixtureRequest,
 ) -> None:

@@ -19,8 +19,13 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests/moetables/data/cluster-fixture.yaml"
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+]
 
 
 @pytest.fixture
@@ -34,14 +39,39 @@ def clusters(settings: Any, tmp_path: Path) -> Path:
 
 def test_it_draws_wait_and_transfer_segments_where_the_answer_has_them() -> None:
     answer = {
-        "layer_us": 30.0, "ranks": [{}, {}],
+        "layer_us": 30.0,
+        "ranks": [{}, {}],
         "events": [
-            {"rank": 0, "name": "gate_routing", "kind": "compute", "start_us": 0.0,
-             "end_us": 5.0, "wait_us": 0.0, "transfer_us": None, "bytes": None},
-            {"rank": 0, "name": "all_gather[hidden_states]", "kind": "collective",
-             "start_us": 5.0, "end_us": 20.0, "wait_us": 3.0, "transfer_us": 12.0, "bytes": 64},
-            {"rank": 1, "name": "all_gather[hidden_states]", "kind": "collective",
-             "start_us": 8.0, "end_us": 20.0, "wait_us": 0.0, "transfer_us": 12.0, "bytes": 64},
+            {
+                "rank": 0,
+                "name": "gate_routing",
+                "kind": "compute",
+                "start_us": 0.0,
+                "end_us": 5.0,
+                "wait_us": 0.0,
+                "transfer_us": None,
+                "bytes": None,
+            },
+            {
+                "rank": 0,
+                "name": "all_gather[hidden_states]",
+                "kind": "collective",
+                "start_us": 5.0,
+                "end_us": 20.0,
+                "wait_us": 3.0,
+                "transfer_us": 12.0,
+                "bytes": 64,
+            },
+            {
+                "rank": 1,
+                "name": "all_gather[hidden_states]",
+                "kind": "collective",
+                "start_us": 8.0,
+                "end_us": 20.0,
+                "wait_us": 0.0,
+                "transfer_us": 12.0,
+                "bytes": 64,
+            },
         ],
     }
     fig = timeline_figure(answer)
@@ -57,8 +87,15 @@ def test_it_estimates_on_the_page_and_refuses_with_the_rank(
     url = f"/bundles/{h200_bundle.pk}/estimate"
     page = client.get(url)
     assert page.status_code == 200 and b"e-tokens" in page.content
-    answer = client.get(url, {"deployment": "1/2/0", "tokens": "5,300", "policy": "round_robin",
-                              "cluster": "fixture-2x2"})
+    answer = client.get(
+        url,
+        {
+            "deployment": "1/2/0",
+            "tokens": "5,300",
+            "policy": "round_robin",
+            "cluster": "fixture-2x2",
+        },
+    )
     text = answer.content.decode()
     assert 'id="estimate-ranks"' in text and "ncclBroadcast(root=1)" in text
     assert "layer time (rank" in text

@@ -41,8 +41,15 @@ def test_it_refuses_what_the_cli_refuses_field_by_field(signed_in: Client) -> No
 def test_it_queues_shows_and_cancels_a_job(signed_in: Client, settings: Any) -> None:
     response = signed_in.post(
         "/jobs/new",
-        {"model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "hardware": "CPU", "device": "cpu",
-         "backend": "torch-reference", "cudagraph_mode": "NONE", "tp": "1", "cache_bytes": ""},
+        {
+            "model": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+            "hardware": "CPU",
+            "device": "cpu",
+            "backend": "torch-reference",
+            "cudagraph_mode": "NONE",
+            "tp": "1",
+            "cache_bytes": "",
+        },
     )
     assert response.status_code == 302, response.content.decode()[:2000]
     job = AcquisitionJob.objects.get()
@@ -64,9 +71,14 @@ def test_it_queues_shows_and_cancels_a_job(signed_in: Client, settings: Any) -> 
 
 def test_it_shows_a_failed_job_with_its_error_and_artifacts(client: Client) -> None:
     job = AcquisitionJob.objects.create(
-        parameters={"model": "m", "hardware": "CPU", "command": "slice"}, queue="cpu",
-        state="failed", phase="failed", error="attribution check failed at N=4",
-        work_dir="/var/jobs/job-1", points_done=3, points_total=10,
+        parameters={"model": "m", "hardware": "CPU", "command": "slice"},
+        queue="cpu",
+        state="failed",
+        phase="failed",
+        error="attribution check failed at N=4",
+        work_dir="/var/jobs/job-1",
+        points_done=3,
+        points_total=10,
         artifacts=[{"name": "failures.jsonl", "path": "out/failures.jsonl", "size": 120}],
     )
     html = client.get(f"/jobs/{job.pk}/").content.decode()
@@ -80,7 +92,9 @@ def test_it_signs_people_in_on_its_own_page(client: Client) -> None:
     get_user_model().objects.create_user("bob", password="s3cret-pass")
     page = client.get("/accounts/login/?next=/jobs/new")
     assert page.status_code == 200 and b"Sign in" in page.content
-    response = client.post("/accounts/login/", {"username": "bob", "password": "s3cret-pass", "next": "/jobs/new"})
+    response = client.post(
+        "/accounts/login/", {"username": "bob", "password": "s3cret-pass", "next": "/jobs/new"}
+    )
     assert response.status_code == 302 and response["Location"] == "/jobs/new"
     assert client.get("/jobs/new").status_code == 200
     wrong = Client().post("/accounts/login/", {"username": "bob", "password": "nope"})

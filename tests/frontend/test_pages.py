@@ -88,8 +88,14 @@ def test_it_draws_a_historical_table_from_its_rows(client: Client, shipped_bundl
     table = shipped_bundle.tables.first()
     html = client.get(f"/tables/{table.pk}/").content.decode()
     figures = _figures(html)
-    assert set(figures) == {"surface", "points", "local", "stability_b2b", "stability_n",
-                            "stability_a"}
+    assert set(figures) == {
+        "surface",
+        "points",
+        "local",
+        "stability_b2b",
+        "stability_n",
+        "stability_a",
+    }
     surface = figures["surface"]
     assert surface["layout"]["meta"]["cells_with_data"] > 100
     z = [v for row in surface["data"][0]["z"] for v in row]
@@ -119,13 +125,13 @@ def test_it_answers_the_playground_with_vertices_or_a_reason(
     url = f"/tables/{table.pk}/lookup?component=experts"
     html = client.get(url + "&tokens=6&activated_experts=2&local_assignments=6").content.decode()
     assert "µs" in html and "lookup-vertices" in html and "weight" in html
-    html = client.get(url + "&tokens=500&activated_experts=2&local_assignments=600").content.decode()
+    html = client.get(
+        url + "&tokens=500&activated_experts=2&local_assignments=600"
+    ).content.decode()
     assert "Refused (out_of_support)" in html
     html = client.get(url + "&tokens=2&activated_experts=4&local_assignments=1").content.decode()
     assert "Refused (invalid)" in html
-    html = client.get(
-        f"/tables/{table.pk}/lookup?component=gate_routing&tokens=3"
-    ).content.decode()
+    html = client.get(f"/tables/{table.pk}/lookup?component=gate_routing&tokens=3").content.decode()
     assert "µs" in html and "Refused" not in html
     old = shipped_bundle.tables.first()
     html = client.get(

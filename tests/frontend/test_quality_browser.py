@@ -26,8 +26,9 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="apt-get install -
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = "Qwen/Qwen3-30B-A3B-Instruct-2507"
-H200 = [REPO / "bundles" / n / QWEN / "bf16" for n in ("H200", "H200-vllm-live",
-                                                        "H200-torch-reference")]
+H200 = [
+    REPO / "bundles" / n / QWEN / "bf16" for n in ("H200", "H200-vllm-live", "H200-torch-reference")
+]
 
 
 @pytest.fixture
@@ -40,15 +41,19 @@ def h200(transactional_db: None) -> list[Any]:
 def _markers(view: Any, selector: str) -> int:
     """Points drawn by the figure's marker traces (lines and bands excluded)."""
     view.wait_for_selector(f"{selector}[data-rendered]")
-    return int(view.eval_on_selector(
-        selector,
-        "el => el.data.filter(t => t.mode === 'markers' || t.type === 'bar')"
-        ".reduce((n, t) => n + t.x.length, 0)",
-    ))
+    return int(
+        view.eval_on_selector(
+            selector,
+            "el => el.data.filter(t => t.mode === 'markers' || t.type === 'bar')"
+            ".reduce((n, t) => n + t.x.length, 0)",
+        )
+    )
 
 
 def test_every_h200_table_draws_its_stability_and_conservation(
-    page: Any, live_server: Any, h200: list[Any]  # noqa: F811 - the imported fixture
+    page: Any,  # noqa: F811 - the imported fixture
+    live_server: Any,
+    h200: list[Any],
 ) -> None:
     """R18, R26: the evidence published in each H200 bundle is drawn, point by point."""
     for bundle in h200:
@@ -80,7 +85,9 @@ def test_every_h200_table_draws_its_stability_and_conservation(
 
 
 def test_it_shows_the_coverage_matrix_and_records_a_request(
-    page: Any, live_server: Any, h200: list[Any]  # noqa: F811 - the imported fixture
+    page: Any,  # noqa: F811 - the imported fixture
+    live_server: Any,
+    h200: list[Any],
 ) -> None:
     from django.contrib.auth import get_user_model
 
@@ -106,15 +113,19 @@ def test_it_shows_the_coverage_matrix_and_records_a_request(
     _shot(page, "coverage")
 
 
-def test_figures_over_n_zoom_together(page: Any, live_server: Any,  # noqa: F811
-                                      h200: list[Any]) -> None:
+def test_figures_over_n_zoom_together(
+    page: Any,  # noqa: F811 - the imported fixture
+    live_server: Any,
+    h200: list[Any],
+) -> None:
     """The surface and the stability figure over N share their x axis: zooming one zooms both."""
     table = h200[0].tables.get(dp=2, rank=0)
     page.goto(live_server.url + f"/tables/{table.pk}/")
     page.wait_for_selector("#fig-surface[data-rendered]")
     page.wait_for_selector("#fig-stability-n[data-rendered]")
-    page.evaluate("Plotly.relayout(document.getElementById('fig-surface'), "
-                  "{'xaxis.range': [1, 2]})")
+    page.evaluate(
+        "Plotly.relayout(document.getElementById('fig-surface'), {'xaxis.range': [1, 2]})"
+    )
     page.wait_for_function(
         "() => { const r = document.getElementById('fig-stability-n').layout.xaxis.range;"
         " return r && Math.abs(r[0] - 1) < 1e-9 && Math.abs(r[1] - 2) < 1e-9; }"

@@ -74,8 +74,9 @@ def test_the_jobs_list_shows_who_queued_what_and_when(client: Client) -> None:
     from registry.models import AcquisitionJob
 
     user = get_user_model().objects.create_user("ann", password="x")
-    AcquisitionJob.objects.create(created_by=user, parameters=_params(), queue="gpu.H200",
-                                  state="failed")
+    AcquisitionJob.objects.create(
+        created_by=user, parameters=_params(), queue="gpu.H200", state="failed"
+    )
     html = client.get("/jobs/").content.decode()
     assert "Queued by" in html and ">ann<" in html and "UTC" in html
 
@@ -85,24 +86,27 @@ def test_a_job_page_offers_retry_and_says_when_no_worker_exists(client: Client) 
 
     owner = get_user_model().objects.create_user("ann", password="x")
     get_user_model().objects.create_user("bob", password="x")
-    job = AcquisitionJob.objects.create(created_by=owner, queue="gpu.H200", state="failed",
-                                        parameters=_params())
+    job = AcquisitionJob.objects.create(
+        created_by=owner, queue="gpu.H200", state="failed", parameters=_params()
+    )
     assert 'id="job-retry"' not in client.get(f"/jobs/{job.pk}/").content.decode()
     client.login(username="bob", password="x")
     assert 'id="job-retry"' not in client.get(f"/jobs/{job.pk}/").content.decode()
     response = client.post(f"/jobs/{job.pk}/retry")
     job.refresh_from_db()
-    assert response.status_code == 403 and job.state == "failed"  # not bob's to retry (registry.permissions)
+    assert (
+        response.status_code == 403 and job.state == "failed"
+    )  # not bob's to retry (registry.permissions)
     client.login(username="ann", password="x")
     assert 'id="job-retry"' in client.get(f"/jobs/{job.pk}/").content.decode()
-    queued = AcquisitionJob.objects.create(queue="gpu.H200",
-                                           parameters=_params())
+    queued = AcquisitionJob.objects.create(queue="gpu.H200", parameters=_params())
     html = client.get(f"/jobs/{queued.pk}/").content.decode()
     assert "no worker of queue gpu.H200 has been seen" in html
 
 
-def test_the_coverage_page_lists_tables_and_gaps(client: Client, current_bundle: Any,
-                                                 far_bundle: Any) -> None:
+def test_the_coverage_page_lists_tables_and_gaps(
+    client: Client, current_bundle: Any, far_bundle: Any
+) -> None:
     html = client.get("/coverage/").content.decode()
     assert 'id="coverage-matrix"' in html and "gap" in html
     assert f'href="/tables/{current_bundle.tables.first().pk}/"' in html

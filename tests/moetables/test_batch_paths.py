@@ -87,8 +87,12 @@ def _historical_tables(draw: st.DrawFn) -> tuple[BalancedExpertSurface, int]:
         rows.append((grid[0], 1, geometry.balanced_total(grid[0]), 1.0))
     table = np.array(rows)
     surface = BalancedExpertSurface(
-        table[:, 0].astype(np.int64), table[:, 1].astype(np.int64),
-        table[:, 2].astype(np.int64), table[:, 3], geometry, label="t",
+        table[:, 0].astype(np.int64),
+        table[:, 1].astype(np.int64),
+        table[:, 2].astype(np.int64),
+        table[:, 3],
+        geometry,
+        label="t",
     )
     return surface, grid[-1]
 
@@ -133,17 +137,18 @@ def _reference_answer(deployment: DeploymentTables, queries: list[Any]) -> list[
         n = [q.tokens for _, q in members]
         if component == EXPERTS:
             result = deployment.batch(
-                component, n, [q.activated_experts for _, q in members],
-                [q.local_assignments for _, q in members], mode=mode,
+                component,
+                n,
+                [q.activated_experts for _, q in members],
+                [q.local_assignments for _, q in members],
+                mode=mode,
             )
         else:
             result = deployment.batch(component, n, mode=mode)
         for (i, query), value, code in zip(
             members, result.time_us.tolist(), result.code.tolist(), strict=True
         ):
-            answers[i] = (
-                {"time_us": value} if code == OK else deployment._refusal(query, code)
-            )
+            answers[i] = {"time_us": value} if code == OK else deployment._refusal(query, code)
     return answers
 
 
@@ -158,17 +163,24 @@ def _mixed_queries(rng: random.Random, count: int, tokens: int) -> list[Any]:
             queries.append(rng.choice([7, "x", None, [1], 2.5]))
             continue
         if kind < 0.35:
-            query: dict[str, Any] = {"component": rng.choice(["gate_routing", "finalize_copy"]),
-                                     "tokens": rng.randint(1, tokens)}
+            query: dict[str, Any] = {
+                "component": rng.choice(["gate_routing", "finalize_copy"]),
+                "tokens": rng.randint(1, tokens),
+            }
         else:
             n = rng.randint(1, tokens)
-            query = {"component": EXPERTS, "tokens": n, "activated_experts": rng.randint(0, 66),
-                     "local_assignments": rng.choice([4 * n, rng.randint(0, 8 * n)])}
+            query = {
+                "component": EXPERTS,
+                "tokens": n,
+                "activated_experts": rng.randint(0, 66),
+                "local_assignments": rng.choice([4 * n, rng.randint(0, 8 * n)]),
+            }
         if rng.random() < 0.2:
             query["mode"] = rng.choice(["eager", "graph", "other"])
         if rng.random() < 0.15:
-            key = rng.choice(["component", "mode", "tokens", "activated_experts",
-                              "local_assignments"])
+            key = rng.choice(
+                ["component", "mode", "tokens", "activated_experts", "local_assignments"]
+            )
             if rng.random() < 0.4:
                 query.pop(key, None)
             else:
@@ -228,8 +240,13 @@ def test_answer_words_each_refusal_as_the_scalar_call_does(current_bundle: Path)
         refused += 1
         try:
             parsed = parse_query(query)
-            deployment.time_us(parsed.component, parsed.tokens, parsed.activated_experts,
-                               parsed.local_assignments, parsed.mode)
+            deployment.time_us(
+                parsed.component,
+                parsed.tokens,
+                parsed.activated_experts,
+                parsed.local_assignments,
+                parsed.mode,
+            )
         except QueryError as exc:
             assert got == {"error": "invalid", "message": str(exc)}
         except CoverageError as exc:

@@ -66,16 +66,25 @@ def test_it_refuses_yaml_that_is_not_utf8() -> None:
     assert "is not UTF-8" in str(error)
 
 
-@pytest.mark.parametrize(("experts", "top_k", "field"), [
-    (50_000_000, 2, "global_experts"), (0, 1, "global_experts"), (8, 9, "global_top_k"),
-    (MAX_GLOBAL_EXPERTS + 1, 2, "global_experts"),
-])
+@pytest.mark.parametrize(
+    ("experts", "top_k", "field"),
+    [
+        (50_000_000, 2, "global_experts"),
+        (0, 1, "global_experts"),
+        (8, 9, "global_top_k"),
+        (MAX_GLOBAL_EXPERTS + 1, 2, "global_experts"),
+    ],
+)
 def test_it_bounds_the_expert_geometry(experts: int, top_k: int, field: str) -> None:
     """Issue 17 item 4: global_experts: 5e7 took 4 s and 2 GB (memory linear in it)."""
     target = MoeTarget.for_rank(1, 1, 0)
     contract = {
-        "target": target.as_dict(), "global_experts": experts, "global_top_k": top_k,
-        "local_experts": experts, "components": ["gate_routing", "experts"], "modes": ["eager"],
+        "target": target.as_dict(),
+        "global_experts": experts,
+        "global_top_k": top_k,
+        "local_experts": experts,
+        "components": ["gate_routing", "experts"],
+        "modes": ["eager"],
     }
     error = _quickly(lambda: entry_geometry(contract, target, where="c"), seconds=0.5)
     assert error.where == f"c.{field}"

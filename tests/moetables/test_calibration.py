@@ -25,8 +25,14 @@ from moetables.comm import LinkParameters, load_cluster
 SIZES = [4096 << i for i in range(17)]  # 4 KiB .. 256 MiB per rank
 
 
-def _sweep(ranks: int, alpha: dict[str, float], bus: dict[str, float], *, skew: float = 0.0,
-           bump: float = 0.0) -> dict[str, Any]:
+def _sweep(
+    ranks: int,
+    alpha: dict[str, float],
+    bus: dict[str, float],
+    *,
+    skew: float = 0.0,
+    bump: float = 0.0,
+) -> dict[str, Any]:
     """A sweep whose last arriver follows alpha + factor*S/bus exactly; earlier ranks wait ``skew`` more.
 
     ``bump`` multiplies the mid-range (256 KiB..16 MiB per rank) like NCCL's protocol changes do.
@@ -38,18 +44,39 @@ def _sweep(ranks: int, alpha: dict[str, float], bus: dict[str, float], *, skew: 
             t = alpha[op] + bus_factor(op, ranks) * s / (bus[op] * 1e3)
             if (256 << 10) <= b <= (16 << 20):
                 t *= 1 + bump
-            rows = [[t + skew * (r + 1) * (i % 2) for i in range(5)] for r in range(ranks - 1)] + [[t] * 5]
+            rows = [[t + skew * (r + 1) * (i % 2) for i in range(5)] for r in range(ranks - 1)] + [
+                [t] * 5
+            ]
             points.append({"op": op, "bytes_per_rank": b, "size_bytes": s, "rank_times_us": rows})
-    return {"schema": "moe-nccl-sweep", "version": 1, "ranks": ranks, "points": points,
-            "meta": {"gpu": "test", "measured_at": "2026-11-30T23:00:00+00:00"}}
+    return {
+        "schema": "moe-nccl-sweep",
+        "version": 1,
+        "ranks": ranks,
+        "points": points,
+        "meta": {"gpu": "test", "measured_at": "2026-11-30T23:00:00+00:00"},
+    }
 
 
-ALPHA = {"all_gather": 4.5, "reduce_scatter": 4.0, "all_reduce": 5.5, "broadcast": 3.8, "reduce": 3.7}
-BUS = {"all_gather": 265.0, "reduce_scatter": 254.0, "all_reduce": 313.0, "broadcast": 369.0, "reduce": 371.0}
+ALPHA = {
+    "all_gather": 4.5,
+    "reduce_scatter": 4.0,
+    "all_reduce": 5.5,
+    "broadcast": 3.8,
+    "reduce": 3.7,
+}
+BUS = {
+    "all_gather": 265.0,
+    "reduce_scatter": 254.0,
+    "all_reduce": 313.0,
+    "broadcast": 369.0,
+    "reduce": 371.0,
+}
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_it_recovers_alpha_and_bus_bandwidth_of_an_exact_sweep_with_arrival_skew(ranks: int) -> None:
+def test_it_recovers_alpha_and_bus_bandwidth_of_an_exact_sweep_with_arrival_skew(
+    ranks: int,
+) -> None:
     """R45: the last arriver's kernel (the minimum over ranks) is the transfer; the fit recovers both."""
     fits = fit_sweep(parse_sweep(_sweep(ranks, ALPHA, BUS, skew=30.0)))
     assert list(fits) == list(OPS)
@@ -102,8 +129,15 @@ def test_it_refuses_malformed_sweeps() -> None:
 def test_it_writes_a_cluster_description_that_the_estimates_loader_reads(tmp_path: Any) -> None:
     """Without a table the calibrated file is moe-cluster version 1 (comm.load_cluster reads it)."""
     fits = fit_sweep(parse_sweep(_sweep(2, ALPHA, BUS)), table_min_share=None)
-    prov = {"hardware": "2 x test GPU", "software": "torch", "command": "python3 sweep", "measured_at": "2026-11-30"}
-    doc = cluster_document(name="t", description="d", provenance=prov, link="nvlink", fits=fits, ranks=[0, 1])
+    prov = {
+        "hardware": "2 x test GPU",
+        "software": "torch",
+        "command": "python3 sweep",
+        "measured_at": "2026-11-30",
+    }
+    doc = cluster_document(
+        name="t", description="d", provenance=prov, link="nvlink", fits=fits, ranks=[0, 1]
+    )
     text = dump_cluster(doc)
     assert doc["version"] == 1
     assert "all_gather: {alpha_us: 4.5, bus_bandwidth_GBps: 265.0}" in text
@@ -112,13 +146,27 @@ def test_it_writes_a_cluster_description_that_the_estimates_loader_reads(tmp_pat
     path.write_text(text)
     cluster = load_cluster(path)
     assert cluster.name == "t" and cluster.ranks() == frozenset({0, 1})
-    assert yaml.safe_load(text)["link_classes"]["nvlink"]["collectives"]["reduce"]["alpha_us"] == 3.7
+    assert (
+        yaml.safe_load(text)["link_classes"]["nvlink"]["collectives"]["reduce"]["alpha_us"] == 3.7
+    )
     with pytest.raises(CalibrationError, match="measured_at"):
-        cluster_document(name="t", description="d", provenance={**prov, "measured_at": ""}, link="nvlink",
-                         fits=fits, ranks=[0, 1])
+        cluster_document(
+            name="t",
+            description="d",
+            provenance={**prov, "measured_at": ""},
+            link="nvlink",
+            fits=fits,
+            ranks=[0, 1],
+        )
     with pytest.raises(CalibrationError, match="missing broadcast"):
-        cluster_document(name="t", description="d", provenance=prov, link="nvlink",
-                         fits={k: v for k, v in fits.items() if k != "broadcast"}, ranks=[0, 1])
+        cluster_document(
+            name="t",
+            description="d",
+            provenance=prov,
+            link="nvlink",
+            fits={k: v for k, v in fits.items() if k != "broadcast"},
+            ranks=[0, 1],
+        )
 
 
 def test_it_tables_the_bandwidth_where_the_line_misses_and_reports_leave_one_out_errors(
@@ -130,10 +178,15 @@ def test_it_tables_the_bandwidth_where_the_line_misses_and_reports_leave_one_out
     fits = fit_sweep(parse_sweep(_sweep(2, ALPHA, BUS, bump=0.4)))
     ag = fits["all_gather"]
     assert ag.max_relative_error > 0.25  # the line (residuals) misses the bump
-    assert ag.bandwidth_by_size and ag.bandwidth_by_size[-1][0] == nccl_size("all_gather", 2, 256 << 20)
+    assert ag.bandwidth_by_size and ag.bandwidth_by_size[-1][0] == nccl_size(
+        "all_gather", 2, 256 << 20
+    )
     sizes = [s for s, _ in ag.bandwidth_by_size]
     assert sizes == sorted(sizes)
-    point = {p.size_bytes: p.time_us for p in parse_sweep(_sweep(2, ALPHA, BUS, bump=0.4)).of("all_gather")}
+    point = {
+        p.size_bytes: p.time_us
+        for p in parse_sweep(_sweep(2, ALPHA, BUS, bump=0.4)).of("all_gather")
+    }
     for size, _ in ag.bandwidth_by_size:
         assert ag.model_us(size) == pytest.approx(point[size], rel=1e-9)
     # Left out, a size inside the bump is predicted from its neighbours (also bumped): close.
@@ -142,8 +195,15 @@ def test_it_tables_the_bandwidth_where_the_line_misses_and_reports_leave_one_out
     # Edges of the bump are where leaving a size out costs most, and it is reported.
     assert max(abs(m - t) / t for _, t, m in ag.loo_residuals) > 0.1
     prov = {"hardware": "h", "software": "s", "command": "c", "measured_at": "2026-11-30"}
-    doc = cluster_document(name="t", description="d", provenance=prov, link="nvlink", fits=fits,
-                           ranks=[0, 1], group_op_us=1.25)
+    doc = cluster_document(
+        name="t",
+        description="d",
+        provenance=prov,
+        link="nvlink",
+        fits=fits,
+        ranks=[0, 1],
+        group_op_us=1.25,
+    )
     assert doc["version"] == 2
     path = tmp_path / "t.yaml"
     path.write_text(dump_cluster(doc))
@@ -163,8 +223,12 @@ def test_it_fits_the_per_operation_cost_of_grouped_launches() -> None:
     fits = fit_sweep(parse_sweep(_sweep(2, ALPHA, BUS)))
     ag = fits["all_gather"]
     sizes = [(8192 * r, 64 * r, 64 * r) for r in (1, 16, 64, 256)]
-    launches = [GroupedLaunch("all_gather", 2, s, GroupedLaunch("all_gather", 2, s, 0.0).model_us(ag)
-                              + 2 * extra) for s, extra in zip(sizes, (1.0, 1.5, 1.2, 9.0), strict=True)]
+    launches = [
+        GroupedLaunch(
+            "all_gather", 2, s, GroupedLaunch("all_gather", 2, s, 0.0).model_us(ag) + 2 * extra
+        )
+        for s, extra in zip(sizes, (1.0, 1.5, 1.2, 9.0), strict=True)
+    ]
     assert fit_group_op_us(fits, launches) == pytest.approx(1.35)
     faster = [GroupedLaunch("all_gather", 2, s, 1.0) for s in sizes]
     assert fit_group_op_us(fits, faster) == 0.0

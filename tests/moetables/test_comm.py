@@ -67,11 +67,19 @@ def test_it_adds_the_wrappers_tp_collective(sp: bool, op: str) -> None:
 def test_it_has_dp1_and_live_blocks_without_dp_collectives() -> None:
     """R44: DP1 AllReduce only when TP > 1; live TP1 has no collectives at all."""
     assert _names(build_trace(1, 1, False, ("gate_routing", "experts"), None)) == [
-        "gate_routing", "experts"]
+        "gate_routing",
+        "experts",
+    ]
     assert _names(build_trace(2, 1, False, ("gate_routing", "experts"), WIDTHS)) == [
-        "gate_routing", "experts", "all_reduce[layer_output]"]
+        "gate_routing",
+        "experts",
+        "all_reduce[layer_output]",
+    ]
     assert _names(build_trace(1, 1, False, ("gate_routing", "experts", "wrapper"), None)) == [
-        "gate_routing", "experts", "wrapper"]
+        "gate_routing",
+        "experts",
+        "wrapper",
+    ]
 
 
 def test_it_says_which_component_a_bundle_lacks() -> None:
@@ -95,7 +103,11 @@ def test_it_names_the_kernels_vllm_runs_for_equal_and_unequal_counts() -> None:
     assert gather.kernels(True, 2) == ["ncclAllGather"]
     assert scatter.kernels(True, 2) == ["ncclReduceScatter"]
     assert gather.kernels(False, 2) == [
-        "ncclGroupStart", "ncclBroadcast(root=0)", "ncclBroadcast(root=1)", "ncclGroupEnd"]
+        "ncclGroupStart",
+        "ncclBroadcast(root=0)",
+        "ncclBroadcast(root=1)",
+        "ncclGroupEnd",
+    ]
     assert scatter.kernels(False, 2)[1:3] == ["ncclReduce(root=0)", "ncclReduce(root=1)"]
     rows = np.array([[4, 4], [3, 9]])
     size, shares, equal = collective_bytes(gather, (0, 1), rows)
@@ -119,8 +131,7 @@ def test_it_times_collectives_by_the_alpha_beta_model() -> None:
     # share one after the other, group_op_us (0 in a version 1 file) for the second root.
     assert t[1] == pytest.approx(8.0 + 3 * 4096 / 80e3 + 9 * 4096 / 80e3)
     # An AllReduce over all four ranks: factor 2(n-1)/n; no group of fast links holds all four.
-    assert cluster.time_us("all_reduce", (0, 1, 2, 3), 1e6) == pytest.approx(
-        30.0 + 1.5 * 1e6 / 5e3)
+    assert cluster.time_us("all_reduce", (0, 1, 2, 3), 1e6) == pytest.approx(30.0 + 1.5 * 1e6 / 5e3)
 
 
 def test_it_uses_the_slowest_link_a_collective_spans() -> None:
@@ -142,27 +153,62 @@ def _fixture() -> dict[str, Any]:
     [
         (lambda c: c.update(schema="cluster"), "schema", "must be 'moe-cluster'"),
         (lambda c: c.update(version=3), "version", "only versions [1, 2]"),
-        (lambda c: c["link_classes"]["fast"]["collectives"]["all_gather"].update(
-            bandwidth_by_size=[[1, 2], [4, 5]]), "all_gather.bandwidth_by_size",
-         "needs version 2"),
-        (lambda c: (c.update(version=2), c["link_classes"]["fast"]["collectives"][
-            "reduce"].update(bandwidth_by_size=[[8, 1.0], [8, 2.0]])),
-         "reduce.bandwidth_by_size[1]", "increase strictly"),
-        (lambda c: (c.update(version=2), c["link_classes"]["fast"]["collectives"][
-            "reduce"].update(bandwidth_by_size=[[8, 1.0]])),
-         "reduce.bandwidth_by_size", "at least two"),
-        (lambda c: (c.update(version=2), c["link_classes"]["fast"]["collectives"][
-            "reduce"].update(bandwidth_by_size=[[8, 1.0], [16, -2]])),
-         "reduce.bandwidth_by_size[1] GBps", "must be positive"),
+        (
+            lambda c: c["link_classes"]["fast"]["collectives"]["all_gather"].update(
+                bandwidth_by_size=[[1, 2], [4, 5]]
+            ),
+            "all_gather.bandwidth_by_size",
+            "needs version 2",
+        ),
+        (
+            lambda c: (
+                c.update(version=2),
+                c["link_classes"]["fast"]["collectives"]["reduce"].update(
+                    bandwidth_by_size=[[8, 1.0], [8, 2.0]]
+                ),
+            ),
+            "reduce.bandwidth_by_size[1]",
+            "increase strictly",
+        ),
+        (
+            lambda c: (
+                c.update(version=2),
+                c["link_classes"]["fast"]["collectives"]["reduce"].update(
+                    bandwidth_by_size=[[8, 1.0]]
+                ),
+            ),
+            "reduce.bandwidth_by_size",
+            "at least two",
+        ),
+        (
+            lambda c: (
+                c.update(version=2),
+                c["link_classes"]["fast"]["collectives"]["reduce"].update(
+                    bandwidth_by_size=[[8, 1.0], [16, -2]]
+                ),
+            ),
+            "reduce.bandwidth_by_size[1] GBps",
+            "must be positive",
+        ),
         (lambda c: c["provenance"].pop("command"), "provenance", "missing ['command']"),
-        (lambda c: c["provenance"].update(measured_at="30.11.2026"), "measured_at",
-         "YYYY-MM-DD"),
-        (lambda c: c["link_classes"]["fast"]["collectives"].pop("reduce"),
-         "link_classes.fast.collectives", "missing ['reduce']"),
-        (lambda c: c["link_classes"]["fast"]["collectives"]["all_gather"].update(
-            bus_bandwidth_GBps=0), "all_gather.bus_bandwidth_GBps", "must be positive"),
-        (lambda c: c["link_classes"]["fast"]["collectives"]["broadcast"].update(
-            alpha_us="ten"), "broadcast.alpha_us", "finite number"),
+        (lambda c: c["provenance"].update(measured_at="30.11.2026"), "measured_at", "YYYY-MM-DD"),
+        (
+            lambda c: c["link_classes"]["fast"]["collectives"].pop("reduce"),
+            "link_classes.fast.collectives",
+            "missing ['reduce']",
+        ),
+        (
+            lambda c: c["link_classes"]["fast"]["collectives"]["all_gather"].update(
+                bus_bandwidth_GBps=0
+            ),
+            "all_gather.bus_bandwidth_GBps",
+            "must be positive",
+        ),
+        (
+            lambda c: c["link_classes"]["fast"]["collectives"]["broadcast"].update(alpha_us="ten"),
+            "broadcast.alpha_us",
+            "finite number",
+        ),
         (lambda c: c["groups"][0].update(link="ib"), "groups[0].link", "unknown link class 'ib'"),
         (lambda c: c["groups"][1].update(ranks=[2, 2]), "groups[1].ranks", "lists a rank twice"),
         (lambda c: c.update(extra=1), "fixture", "unknown field(s) ['extra']"),
@@ -204,7 +250,14 @@ def test_it_launches_the_three_dispatch_gathers_as_one_kernel() -> None:
     charges one latency and the bytes of all three."""
     trace = build_trace(1, 2, False, ("gate_routing", "experts", "finalize_copy"), WIDTHS)
     assert [getattr(s, "launch", None) for s in trace.steps] == [
-        None, "dispatch", "dispatch", "dispatch", None, "", None]
+        None,
+        "dispatch",
+        "dispatch",
+        "dispatch",
+        None,
+        "",
+        None,
+    ]
     runs = launch_runs(trace.steps)
     assert runs[1] == runs[2] == runs[3] == (1, 2, 3) and runs[5] == (5,) and runs[4] == (4,)
     cluster = load_cluster(FIXTURE)
@@ -244,8 +297,7 @@ def test_it_charges_each_further_operation_of_a_launch_group_op_us() -> None:
     assert t[1] == pytest.approx(20.0 + 0.75 * 20 * 1000 / 10e3)
     # A launch of two equal-count gathers: one alpha, one further operation.
     other = CollectiveStep("all_gather", "topk_ids", "dp", ((0, 1, 2, 3),), 10, launch="x")
-    first = CollectiveStep("all_gather", "hidden_states", "dp", ((0, 1, 2, 3),), 1000,
-                           launch="x")
+    first = CollectiveStep("all_gather", "hidden_states", "dp", ((0, 1, 2, 3),), 1000, launch="x")
     members = [(m, *collective_bytes(m, (0, 1, 2, 3), rows[1:])) for m in (first, other)]
     parts = launch_transfer_us(cluster, members, (0, 1, 2, 3))
     assert parts[0][0] == pytest.approx(20.0 + 1.5 + 0.75 * 20 * 1000 / 10e3)
@@ -261,15 +313,25 @@ def test_it_reads_a_bandwidth_by_size_table_in_log_size() -> None:
     raw = _fixture()
     raw["version"] = 2
     raw["link_classes"]["fast"]["collectives"]["all_gather"]["bandwidth_by_size"] = [
-        [1 << 20, 50.0], [4 << 20, 150.0]]
+        [1 << 20, 50.0],
+        [4 << 20, 150.0],
+    ]
     cluster = parse_cluster(raw, source="v2")
     fast = cluster.link_classes["fast"].collectives["all_gather"]
     assert fast.bandwidth_GBps([1 << 10, 1 << 20, 2 << 20, 4 << 20, 1 << 30]).tolist() == [
-        50.0, 50.0, 100.0, 150.0, 150.0]
+        50.0,
+        50.0,
+        100.0,
+        150.0,
+        150.0,
+    ]
     assert cluster.time_us("all_gather", (0, 1), 2 << 20) == pytest.approx(
-        10.0 + 0.5 * (2 << 20) / 100e3)
+        10.0 + 0.5 * (2 << 20) / 100e3
+    )
     # Ops without a table keep their single bandwidth.
     assert cluster.time_us("reduce_scatter", (0, 1), 2 << 20) == pytest.approx(
-        12.0 + 0.5 * (2 << 20) / 100e3)
-    assert load_cluster(FIXTURE).link_classes["fast"].collectives[
-        "all_gather"].bandwidth_by_size == ()
+        12.0 + 0.5 * (2 << 20) / 100e3
+    )
+    assert (
+        load_cluster(FIXTURE).link_classes["fast"].collectives["all_gather"].bandwidth_by_size == ()
+    )

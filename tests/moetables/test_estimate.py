@@ -64,7 +64,8 @@ def test_it_splits_each_ranks_time_into_compute_wait_and_transfer(bundle: Path) 
     r0, r1 = est.ranks
     assert (r0.local_rows, r0.N, r0.A, r0.M) == (4, n, a, m)
     assert r0.components == pytest.approx(
-        {"gate_routing": gate(4), "experts": expert, "finalize_copy": finalize(4)})
+        {"gate_routing": gate(4), "experts": expert, "finalize_copy": finalize(4)}
+    )
     assert r0.compute_us == pytest.approx(gate(4) + expert + finalize(4))
     # Unequal counts: the three AllGathers are one NCCL group of broadcasts (alpha 8, 80 GB/s),
     # one launch (R44/R45): one alpha, charged on the first member, and both roots' rows of
@@ -93,7 +94,8 @@ def test_it_runs_equal_counts_as_one_allgather_and_reducescatter(bundle: Path) -
     cluster = load_cluster(FIXTURE)
     est = ComponentTables(bundle).estimate([8, 8], tp=1, dp=2, cluster=cluster)
     assert [c.kernels for c in est.collectives] == [("ncclAllGather",)] * 3 + [
-        ("ncclReduceScatter",)]
+        ("ncclReduceScatter",)
+    ]
     hidden = est.collectives[0]
     assert hidden.transfer_us == pytest.approx(10.0 + 0.5 * 16 * 128 / 100e3)
     assert est.ranks[0].wait_us == est.ranks[1].wait_us == 0.0
@@ -105,8 +107,7 @@ def test_it_reports_bytes_but_no_transfer_time_without_a_cluster(bundle: Path) -
     assert est.layer_us is None and est.cluster is None
     assert all(c.transfer_us is None and c.bytes > 0 for c in est.collectives)
     assert all(r.transfer_us is None for r in est.ranks)
-    assert est.layer_compute_us == pytest.approx(
-        gate(16) + raw_affine(20, 8, 40) + finalize(16))
+    assert est.layer_compute_us == pytest.approx(gate(16) + raw_affine(20, 8, 40) + finalize(16))
     assert any("no cluster given" in note for note in est.notes)
     answer = est.as_dict()
     assert answer["layer_us"] is None and answer["collectives"][0]["transfer_us"] is None
@@ -206,8 +207,7 @@ def test_it_estimates_the_shipped_h200_dp2_layer() -> None:
     assert est.kind == "dp_ep_modular"
     assert est.collectives[0].bytes == 305 * 4096
     assert [r.N for r in est.ranks] == [305, 305]
-    assert all(set(r.components) == {"gate_routing", "experts", "finalize_copy"}
-               for r in est.ranks)
+    assert all(set(r.components) == {"gate_routing", "experts", "finalize_copy"} for r in est.ranks)
 
 
 def test_it_keeps_historical_tables_to_balanced_routing() -> None:
@@ -216,7 +216,10 @@ def test_it_keeps_historical_tables_to_balanced_routing() -> None:
     est = tables.estimate([64, 64], tp=1, dp=2)
     assert est.ranks[0].M == 64 * 2 * 8 // 2
     # Round robin over N = 127 rows deals rank 0 512 pairs, not the balanced 508.
-    with pytest.raises(CoverageError, match=r"rank 0 experts at N=127 A=64 M=512: .* balanced assignment totals only"):
+    with pytest.raises(
+        CoverageError,
+        match=r"rank 0 experts at N=127 A=64 M=512: .* balanced assignment totals only",
+    ):
         tables.estimate([64, 63], tp=1, dp=2, policy="round_robin")
 
 
@@ -224,7 +227,8 @@ def test_it_answers_a_batch_exactly_as_its_steps_answer_one_by_one(bundle: Path)
     """The fast many-step answer is the single-step answer, refusals and all."""
     cluster = load_cluster(FIXTURE)
     batch = ComponentTables(bundle).estimate_batch(
-        [[4, 16], [40, 40], [1, 30]], tp=1, dp=2, cluster=cluster, policy="random", seed=5)
+        [[4, 16], [40, 40], [1, 30]], tp=1, dp=2, cluster=cluster, policy="random", seed=5
+    )
     answers = batch.as_dicts()
     assert answers[0] == batch.step(0).as_dict() and answers[2] == batch.step(2).as_dict()
     assert answers[1] == {"error": "out_of_support", "message": batch.errors[1]}
@@ -233,24 +237,25 @@ def test_it_answers_a_batch_exactly_as_its_steps_answer_one_by_one(bundle: Path)
 
 
 @pytest.mark.parametrize("sp", [False, True])
-def test_it_runs_tp2_dp2_collectives_over_their_groups_and_links(
-    tmp_path: Path, sp: bool
-) -> None:
+def test_it_runs_tp2_dp2_collectives_over_their_groups_and_links(tmp_path: Path, sp: bool) -> None:
     """R44: TP > 1 dispatches over the DP group (or all of EP with SP) and adds the wrapper's
     TP collective; R45: a DP group spanning both fast pairs is timed on the slow link."""
     dest = tmp_path / f"tp2-sp{int(sp)}"
     write_bundle(dest, HEADER, [_spec(MoeTarget.for_rank(2, 2, r, sp)) for r in range(4)])
     cluster = load_cluster(FIXTURE)
-    est = ComponentTables(dest).estimate([5, 8], tp=2, dp=2, sequence_parallel=sp,
-                                         cluster=cluster)
+    est = ComponentTables(dest).estimate([5, 8], tp=2, dp=2, sequence_parallel=sp, cluster=cluster)
     ops = [(c.op, c.tensor, c.ranks) for c in est.collectives]
     if not sp:
         assert [r.local_rows for r in est.ranks] == [5, 5, 8, 8]
         assert {r.N for r in est.ranks} == {13}
-        assert ops[:2] == [("all_gather", "hidden_states", (0, 2)),
-                           ("all_gather", "hidden_states", (1, 3))]
-        assert ops[-2:] == [("all_reduce", "layer_output", (0, 1)),
-                            ("all_reduce", "layer_output", (2, 3))]
+        assert ops[:2] == [
+            ("all_gather", "hidden_states", (0, 2)),
+            ("all_gather", "hidden_states", (1, 3)),
+        ]
+        assert ops[-2:] == [
+            ("all_reduce", "layer_output", (0, 1)),
+            ("all_reduce", "layer_output", (2, 3)),
+        ]
         gather = est.collectives[0]  # ranks 0 and 2: only the slow group holds both
         # Grouped roots: one broadcast alpha, both roots' shares.
         assert gather.transfer_us == pytest.approx(20 + (5 + 8) * 128 / 10e3)
@@ -261,8 +266,10 @@ def test_it_runs_tp2_dp2_collectives_over_their_groups_and_links(
         assert {r.N for r in est.ranks} == {2 * (3 + 4)}
         assert ops[0] == ("all_gather", "hidden_states", (0, 1, 2, 3))
         assert est.collectives[0].bytes_by_rank == (384, 384, 512, 512)
-        assert ops[-2:] == [("all_gather", "layer_output", (0, 1)),
-                            ("all_gather", "layer_output", (2, 3))]
+        assert ops[-2:] == [
+            ("all_gather", "layer_output", (0, 1)),
+            ("all_gather", "layer_output", (2, 3)),
+        ]
     assert sum(r.M for r in est.ranks) >= est.ranks[0].N * 4
     assert est.layer_us == pytest.approx(max(r.end_us for r in est.ranks))
 
@@ -275,12 +282,14 @@ def test_it_reads_graph_tables_for_graph_steps_and_eager_ones_past_the_captures(
     graph = tables.estimate([3, 50], tp=1, dp=2, mode="graph", capture_sizes=sizes)
     assert (graph.table_mode, graph.padded_tokens) == ("graph", (64, 64))
     assert graph.ranks[0].components["gate_routing"] == pytest.approx(
-        tables.deployment(1, 2, 0).time_us("gate_routing", 64, mode="graph"))
+        tables.deployment(1, 2, 0).time_us("gate_routing", 64, mode="graph")
+    )
     past = tables.estimate([3, 1000], tp=1, dp=2, mode="graph", capture_sizes=sizes)
     eager = tables.estimate([3, 1000], tp=1, dp=2)
     assert past.table_mode == "eager" and past.ranks == eager.ranks
     assert any("runs eagerly" in note for note in past.notes)
-    batch = tables.estimate_batch([[3, 50]] * 6 + [[3, 1000]] * 6, tp=1, dp=2, mode="graph",
-                                  capture_sizes=sizes)
+    batch = tables.estimate_batch(
+        [[3, 50]] * 6 + [[3, 1000]] * 6, tp=1, dp=2, mode="graph", capture_sizes=sizes
+    )
     answers = batch.as_dicts()
     assert answers[0] == graph.as_dict() and answers[-1] == past.as_dict()

@@ -53,8 +53,9 @@ def test_it_routes_a_histogram_from_an_expert_counts_file(tmp_path: Path) -> Non
         counts[e] = 10  # N = 10 rows, every token on experts 0..7 (all on rank 0)
     path = tmp_path / "counts.json"
     path.write_text(json.dumps(counts))
-    code, text = run(*BASE, "--tokens", "4,6", "--policy", "histogram", "--expert-counts",
-                     str(path))
+    code, text = run(
+        *BASE, "--tokens", "4,6", "--policy", "histogram", "--expert-counts", str(path)
+    )
     assert code == 0
     r0, r1 = json.loads(text)["ranks"]
     assert (r0["A"], r0["M"], r1["A"], r1["M"]) == (8, 80, 0, 0)
@@ -84,8 +85,18 @@ def test_it_names_a_bad_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_it_takes_a_custom_curve_and_shares_inline_and_graph_mode() -> None:
-    code, text = run(*BASE, "--tokens", "100,100", "--policy", "custom", "--active-curve",
-                     "[[1, 8], [4096, 128]]", "--load-shares", "[0.75, 0.25]", "--no-events")
+    code, text = run(
+        *BASE,
+        "--tokens",
+        "100,100",
+        "--policy",
+        "custom",
+        "--active-curve",
+        "[[1, 8], [4096, 128]]",
+        "--load-shares",
+        "[0.75, 0.25]",
+        "--no-events",
+    )
     answer = json.loads(text)
     assert code == 0 and "events" not in answer
     assert [r["M"] for r in answer["ranks"]] == [1200, 400]

@@ -30,13 +30,21 @@ def _queries(deployment: Any, count: int = 400) -> list[dict[str, Any]]:
         mode = str(rng.choice(deployment.modes))
         n = int(rng.integers(1, 5000))
         if rng.random() < 0.4:
-            out.append({"component": str(rng.choice(deployment.components[:1])), "mode": mode,
-                        "tokens": n})
+            out.append(
+                {"component": str(rng.choice(deployment.components[:1])), "mode": mode, "tokens": n}
+            )
         else:
             m = -(-n * g.top_k * g.local_experts // g.global_experts)  # balanced totals
             a = int(rng.integers(1, g.local_experts + 1))
-            out.append({"component": "experts", "mode": mode, "tokens": n,
-                        "activated_experts": a, "local_assignments": m})
+            out.append(
+                {
+                    "component": "experts",
+                    "mode": mode,
+                    "tokens": n,
+                    "activated_experts": a,
+                    "local_assignments": m,
+                }
+            )
     return out
 
 
@@ -83,10 +91,18 @@ def test_aiconfigurator_rows_are_our_balanced_expert_times(tmp_path: Path) -> No
     for row in rows:
         ep, n = int(row["moe_ep_size"]), int(row["num_tokens"])
         assert (row["framework"], row["version"], row["device"], row["moe_dtype"]) == (
-            "VLLM", "0.26.0", "NVIDIA H200", "bfloat16")
+            "VLLM",
+            "0.26.0",
+            "NVIDIA H200",
+            "bfloat16",
+        )
         assert row["kernel_source"] == "vllm_unquantizedfusedmoe_triton_tritonexperts"
         assert (row["hidden_size"], row["inter_size"], row["topk"], row["num_experts"]) == (
-            "2048", "768", "8", "128")
+            "2048",
+            "768",
+            "8",
+            "128",
+        )
         assert (row["moe_tp_size"], row["distribution"]) == ("1", "balanced")
         times = []
         for rank in range(ep):
@@ -101,19 +117,23 @@ def test_aiconfigurator_rows_are_our_balanced_expert_times(tmp_path: Path) -> No
 
 def test_aiconfigurator_refuses_a_reference_backend(tmp_path: Path) -> None:
     out = io.StringIO()
-    code = cli.main(["export", str(REFERENCE), "--format", "aiconfigurator", "--out",
-                     str(tmp_path / "out")], out=out)
+    code = cli.main(
+        ["export", str(REFERENCE), "--format", "aiconfigurator", "--out", str(tmp_path / "out")],
+        out=out,
+    )
     assert code == 1
     assert "ran no vLLM (torch-reference)" in out.getvalue()
 
 
 def _systems_tree(package: Path, dest: Path, export: Path, version: str) -> None:
     """AIConfigurator's packaged systems tree, linked, with our table added as a version."""
+
     def link_all(src: Path, dst: Path, keep: str | None) -> None:
         dst.mkdir(parents=True, exist_ok=True)
         for item in src.iterdir():
             if item.name != keep:
                 (dst / item.name).symlink_to(item)
+
     link_all(package, dest, "data")
     link_all(package / "data", dest / "data", "h200_sxm")
     link_all(package / "data" / "h200_sxm", dest / "data" / "h200_sxm", "moe")
@@ -133,7 +153,11 @@ def test_aiconfigurator_loads_the_export_with_its_own_loader(tmp_path: Path) -> 
     _systems_tree(Path(core.__file__).parent / "systems", systems, tmp_path / "out", "0.26.0")
     MoE.clear_cache()
     database = perf_database.get_database(
-        "h200_sxm", "vllm", "0.26.0", systems_paths=str(systems), allow_unlisted_version=True,
+        "h200_sxm",
+        "vllm",
+        "0.26.0",
+        systems_paths=str(systems),
+        allow_unlisted_version=True,
         shared_layer=False,
     )
     assert database is not None

@@ -20,8 +20,9 @@ from moetables.lookup import ComponentTables
         ((4, 0, 3), "need at least one active local expert"),
     ],
 )
-def test_it_names_the_failed_bound(current_bundle: Path, query: tuple[int, int, int],
-                                   words: str) -> None:
+def test_it_names_the_failed_bound(
+    current_bundle: Path, query: tuple[int, int, int], words: str
+) -> None:
     deployment = ComponentTables(current_bundle).deployment(1, 2, 0)
     with pytest.raises(QueryError, match="is infeasible: ") as caught:
         deployment.time_us("experts", *query)

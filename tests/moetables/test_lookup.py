@@ -234,7 +234,9 @@ def _between_reference(low, high, f, active):  # type: ignore[no-untyped-def]
     for a_act, a_t in low:
         for b_act, b_t in high:
             if abs((1 - f) * a_act + f * b_act - active) <= 1e-9:
-                candidates.append(((abs(b_act - a_act), 0, -1, a_act, b_act), (1 - f) * a_t + f * b_t))
+                candidates.append(
+                    ((abs(b_act - a_act), 0, -1, a_act, b_act), (1 - f) * a_t + f * b_t)
+                )
     for side, (own, other) in enumerate(((low, high), (high, low))):
         mass = 1 - f if side == 0 else f
         for (a_act, a_t), (b_act, b_t) in itertools.pairwise(own):
@@ -245,12 +247,17 @@ def _between_reference(low, high, f, active):  # type: ignore[no-untyped-def]
                 mix = min(1.0, max(0.0, (eff - a_act) / (b_act - a_act)))
                 spread = max(a_act, b_act, c_act) - min(a_act, b_act, c_act)
                 candidates.append(
-                    ((spread, b_act - a_act, side, a_act, c_act), mass * ((1 - mix) * a_t + mix * b_t) + (1 - mass) * c_t)
+                    (
+                        (spread, b_act - a_act, side, a_act, c_act),
+                        mass * ((1 - mix) * a_t + mix * b_t) + (1 - mass) * c_t,
+                    )
                 )
     return min(candidates, key=lambda c: c[0])[1] if candidates else None
 
 
-def test_it_prunes_the_historical_search_without_changing_an_answer(shared_copy: Path) -> None:  # R42
+def test_it_prunes_the_historical_search_without_changing_an_answer(
+    shared_copy: Path,
+) -> None:  # R42
     from moetables.lookup.balanced import BalancedExpertSurface
 
     for rank in (0, 1):
@@ -264,7 +271,9 @@ def test_it_prunes_the_historical_search_without_changing_an_answer(shared_copy:
                 for n in sorted({lo + 1, (lo + hi) // 2, hi - 1} - {lo, hi}):
                     f = (n - lo) / (hi - lo)
                     for a in range(1, 65):
-                        got = BalancedExpertSurface._between(surface.rows[lo], surface.rows[hi], f, a)
+                        got = BalancedExpertSurface._between(
+                            surface.rows[lo], surface.rows[hi], f, a
+                        )
                         assert got == _between_reference(surface.rows[lo], surface.rows[hi], f, a)
                         checked += got is not None
             assert checked > 500

@@ -104,8 +104,12 @@ def test_it_draws_different_routings_from_different_seeds() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 8), st.integers(8, 64), st.integers(1, 2000),
-       st.sampled_from(["balanced", "round_robin", "random"]))
+@given(
+    st.integers(1, 8),
+    st.integers(8, 64),
+    st.integers(1, 2000),
+    st.sampled_from(["balanced", "round_robin", "random"]),
+)
 def test_it_collapses_to_m_equals_n_k_at_ep1(k: int, e: int, n: int, policy: str) -> None:
     """R5: at EP1 every choice is local, so M = N x k whatever the policy."""
     d = Deployment(1, 1, False, e, min(k, e))
@@ -141,8 +145,9 @@ def test_it_refuses_an_inconsistent_histogram(counts: list[int], words: str) -> 
 def test_it_takes_a_custom_curve_and_load_shares() -> None:
     """R41: CUSTOM keeps rounded loads; A follows the user's curve, split by ownership."""
     d = Deployment(1, 2, False, 128, 8)
-    routed = route(d, [100, 100], "custom", active_curve=[[1, 8], [1000, 120]],
-                   load_shares=[0.75, 0.25])
+    routed = route(
+        d, [100, 100], "custom", active_curve=[[1, 8], [1000, 120]], load_shares=[0.75, 0.25]
+    )
     r0, r1 = routed.ranks
     assert (r0.local_assignments, r1.local_assignments) == (1200, 400)
     global_active = 8 + (120 - 8) * (200 - 1) / 999

@@ -60,7 +60,12 @@ def shipped() -> Path:
 
 
 def _contract(
-    target: MoeTarget, *, experts: int, top_k: int, backend: str, adapter: str = "vllm-modular",
+    target: MoeTarget,
+    *,
+    experts: int,
+    top_k: int,
+    backend: str,
+    adapter: str = "vllm-modular",
     vllm_version: str = "0.26.0",
 ) -> dict[str, Any]:
     local = experts // target.ep
@@ -75,8 +80,11 @@ def _contract(
         "modes": ["eager"],
         # Shaped as the acquisition writes it (an adapter; a reference one runs no vLLM).
         "backend": {"name": adapter, "native": adapter.startswith("vllm-")}
-        | ({"native_backend": backend, "vllm_version": vllm_version}
-           if adapter.startswith("vllm-") else {}),
+        | (
+            {"native_backend": backend, "vllm_version": vllm_version}
+            if adapter.startswith("vllm-")
+            else {}
+        ),
         "expert_conditioning": {"quality_relative_tolerance": 0.03},
     }
 
@@ -138,14 +146,20 @@ def make_bundle(tmp_path: Path) -> MakeBundle:
                 TableSpec(
                     target=target,
                     contract=_contract(
-                        target, experts=experts, top_k=top_k, backend=backend, adapter=adapter,
+                        target,
+                        experts=experts,
+                        top_k=top_k,
+                        backend=backend,
+                        adapter=adapter,
                         vllm_version=vllm_version,
                     ),
                     coverage={
                         "complete": True,
                         "completed_rounds": 3,
                         "conditioning_summary": {
-                            "checked_points": 4, "failed_points": 0, "max_relative_change": 0.01,
+                            "checked_points": 4,
+                            "failed_points": 0,
+                            "max_relative_change": 0.01,
                         },
                         **(coverage or {}),
                     },

@@ -50,8 +50,9 @@ def _titles(exc: BaseException) -> list[str]:
     return [getattr(exc, "title", type(exc).__name__)]
 
 
-def run_schema(app: Any, examples: int, *, headers: dict[str, str] | None = None,
-               seed: int | None = 0) -> SchemaRun:
+def run_schema(
+    app: Any, examples: int, *, headers: dict[str, str] | None = None, seed: int | None = 0
+) -> SchemaRun:
     """``examples`` generated requests per operation against the WSGI ``app``."""
     schema = schemathesis.openapi.from_wsgi("/api/schema/", app)
     run = SchemaRun()
@@ -60,13 +61,19 @@ def run_schema(app: Any, examples: int, *, headers: dict[str, str] | None = None
     return run
 
 
-def _run_operation(operation: Any, run: SchemaRun, examples: int,
-                   headers: dict[str, str] | None, seed: int | None) -> None:
+def _run_operation(
+    operation: Any, run: SchemaRun, examples: int, headers: dict[str, str] | None, seed: int | None
+) -> None:
     if True:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=examples, deadline=None, derandomize=seed is not None,
-                  database=None, suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=examples,
+            deadline=None,
+            derandomize=seed is not None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         def one(case: Any) -> None:
             run.calls += 1
             response = case.call(headers=headers)

@@ -37,7 +37,9 @@ def wsgi_app() -> Iterator[Any]:
 
 @pytest.mark.parametrize("signed_in", [False, True])
 def test_it_answers_every_generated_request_as_documented(
-    published: Any, wsgi_app: Any, signed_in: bool,
+    published: Any,
+    wsgi_app: Any,
+    signed_in: bool,
 ) -> None:
     """Issue 17: 0 server errors and 0 responses that break the documented schema, anonymous
     and with a valid token."""

@@ -35,7 +35,10 @@ def tar_gz(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
 
 
 def member(
-    name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE, link: str = "",
+    name: str,
+    data: bytes = b"x",
+    kind: bytes = tarfile.REGTYPE,
+    link: str = "",
 ) -> tuple[tarfile.TarInfo, bytes | None]:
     info = tarfile.TarInfo(name)
     info.type = kind
@@ -83,8 +86,9 @@ def test_it_unpacks_regular_files_and_folders(tmp_path: Path) -> None:
     ],
 )
 def test_it_refuses_dangerous_tar_entries(
-    tmp_path: Path, entry: tuple[tarfile.TarInfo, bytes | None], message: str
-,
+    tmp_path: Path,
+    entry: tuple[tarfile.TarInfo, bytes | None],
+    message: str,
 ) -> None:
     with pytest.raises(ArchiveError, match=message):
         unpack(tar_gz(member("meta.yaml"), entry), tmp_path)
@@ -125,7 +129,10 @@ def test_it_refuses_an_archive_over_the_size_limit(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        b"", b"plain text", b"\x1f\x8bnot gzip at all", gzip.compress(b"not a tar"),
+        b"",
+        b"plain text",
+        b"\x1f\x8bnot gzip at all",
+        gzip.compress(b"not a tar"),
         b"PK\x03\x04junk",
     ],
 )
@@ -169,7 +176,10 @@ def test_it_unpacks_zip_files(tmp_path: Path) -> None:
     ],
 )
 def test_it_refuses_dangerous_zip_entries(
-    tmp_path: Path, name: str, mode: int, message: str,
+    tmp_path: Path,
+    name: str,
+    mode: int,
+    message: str,
 ) -> None:
     def build(zf: zipfile.ZipFile) -> None:
         info = zipfile.ZipInfo(name)
@@ -206,7 +216,8 @@ def test_it_writes_the_same_tar_gz_bytes_for_the_same_content() -> None:
     assert first == b"".join(iter_tar_gz("stem", files))
     with tarfile.open(fileobj=io.BytesIO(first), mode="r:gz") as tar:
         assert [(m.name, m.size, m.mtime, m.uid) for m in tar.getmembers()] == [
-            ("stem/meta.yaml", 3, 0, 0), ("stem/t/x.csv", 2, 0, 0),
+            ("stem/meta.yaml", 3, 0, 0),
+            ("stem/t/x.csv", 2, 0, 0),
         ]
         extracted = tar.extractfile("stem/t/x.csv")
         assert extracted is not None and extracted.read() == b"\r\n"

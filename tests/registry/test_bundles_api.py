@@ -37,7 +37,8 @@ def ids(response: Any) -> set[int]:
 
 
 def test_it_lists_bundles_anonymously_newest_first(
-    api: APIClient, catalogue: dict[str, Bundle],
+    api: APIClient,
+    catalogue: dict[str, Bundle],
 ) -> None:
     response = api.get("/api/v1/bundles/")
     assert response.status_code == 200
@@ -49,7 +50,8 @@ def test_it_lists_bundles_anonymously_newest_first(
     assert shipped["sha256"] == catalogue["shipped"].sha256
     assert shipped["download_url"].endswith(f"/api/v1/bundles/{shipped['id']}/download")
     assert [t["deployment"] for t in shipped["tables"]] == [
-        "tp1 dp2_ep2_rank0_sp0", "tp1 dp2_ep2_rank1_sp0",
+        "tp1 dp2_ep2_rank0_sp0",
+        "tp1 dp2_ep2_rank1_sp0",
     ]
     assert "meta" not in shipped and "manifest" not in shipped
 
@@ -83,7 +85,10 @@ def test_it_lists_bundles_anonymously_newest_first(
     ],
 )
 def test_it_filters(
-    api: APIClient, catalogue: dict[str, Bundle], query: str, expected: set[str],
+    api: APIClient,
+    catalogue: dict[str, Bundle],
+    query: str,
+    expected: set[str],
 ) -> None:
     response = api.get(f"/api/v1/bundles/?{query}")
     assert response.status_code == 200
@@ -91,8 +96,8 @@ def test_it_filters(
 
 
 def test_it_lists_exactly_what_the_bundle_serializer_describes(
-    api: APIClient, catalogue: dict[str, Bundle]
-,
+    api: APIClient,
+    catalogue: dict[str, Bundle],
 ) -> None:
     """The list is built by hand for speed; it must equal the documented serializer."""
     listed = api.get("/api/v1/bundles/").json()["results"]
@@ -123,7 +128,8 @@ def test_it_caps_the_page_size(api: APIClient, catalogue: dict[str, Bundle]) -> 
 
 
 def test_it_shows_a_bundle_with_its_tables_files_and_metadata(
-    api: APIClient, published: Bundle,
+    api: APIClient,
+    published: Bundle,
 ) -> None:
     response = api.get(f"/api/v1/bundles/{published.pk}/")
     assert response.status_code == 200
@@ -136,11 +142,17 @@ def test_it_shows_a_bundle_with_its_tables_files_and_metadata(
     table = body["tables"][0]
     assert table["target"] == {"tp": 1, "dp": 2, "ep": 2, "rank": 0, "sequence_parallel": False}
     assert table["support"] == {
-        "tokens": [1, 4096], "activated_experts": [0, 64], "local_assignments": [0, 16384],
+        "tokens": [1, 4096],
+        "activated_experts": [0, 64],
+        "local_assignments": [0, 16384],
         "local_tokens": [1, 2048],
     }
     assert table["contract"]["expert_region"]["backend"] == table["kernel"] == "TRITON"
-    assert (table["backend"], table["native"], table["vllm_version"]) == ("vllm-modular", True, "0.28.0")
+    assert (table["backend"], table["native"], table["vllm_version"]) == (
+        "vllm-modular",
+        True,
+        "0.28.0",
+    )
     assert table["coverage"]["complete"] is True
     assert table["url"].endswith(table["table_path"])
     # Without the trailing slash too, as the issue spells the routes.

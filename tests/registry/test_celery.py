@@ -24,7 +24,8 @@ def test_it_queues_a_message_on_the_embedded_broker(tmp_path: Path) -> None:
     saved = (app.conf.broker_url, app.conf.broker_transport_options, app.conf.result_backend)
     app.conf.broker_url = "filesystem://"
     app.conf.broker_transport_options = {
-        "data_folder_in": str(queue), "data_folder_out": str(queue),
+        "data_folder_in": str(queue),
+        "data_folder_out": str(queue),
         "processed_folder": str(tmp_path / "processed"),
         "control_folder": str(tmp_path / "control"),  # kombu's default is ./control
     }

@@ -45,13 +45,24 @@ def _queries(tables: Any) -> list[Any]:
                 if component == "experts":
                     a = int(rng.integers(0, local + 2))
                     m = int(rng.integers(a, max(a, 1) * k + 2)) if a else 0
-                    out.append({"component": component, "mode": mode, "tokens": n,
-                                "activated_experts": a, "local_assignments": m})
+                    out.append(
+                        {
+                            "component": component,
+                            "mode": mode,
+                            "tokens": n,
+                            "activated_experts": a,
+                            "local_assignments": m,
+                        }
+                    )
                 else:
                     out.append({"component": component, "mode": mode, "tokens": n})
-    out += [{"component": "nope", "tokens": 1}, {"component": "experts", "tokens": 3}, 7,
-            {"component": "gate_routing", "tokens": 0}, {"component": "gate_routing",
-                                                         "tokens": 4, "activated_experts": 2}]
+    out += [
+        {"component": "nope", "tokens": 1},
+        {"component": "experts", "tokens": 3},
+        7,
+        {"component": "gate_routing", "tokens": 0},
+        {"component": "gate_routing", "tokens": 4, "activated_experts": 2},
+    ]
     return out
 
 
@@ -104,8 +115,13 @@ def test_it_answers_as_component_tables_bit_for_bit(
                     args = {k: v for k, v in q.items() if k != "component"}
                     _same_outcome(here.time_us, there.time_us, q["component"], **args)
             for component in here.components:
-                rows = [q for q in queries if isinstance(q, dict)
-                        and q.get("component") == component and q.get("mode") == "eager"]
+                rows = [
+                    q
+                    for q in queries
+                    if isinstance(q, dict)
+                    and q.get("component") == component
+                    and q.get("mode") == "eager"
+                ]
                 n = [q["tokens"] for q in rows]
                 if component == "experts":
                     a = [q["activated_experts"] for q in rows]
@@ -133,26 +149,32 @@ def test_refusals_are_the_same_errors_with_the_same_messages(
     with pytest.raises(QueryError, match="hardware, model and variant go together"):
         remote_tables(live_server.url, hardware="H200")
     with pytest.raises(RegistryError):
-        RemoteTables("http://127.0.0.1:9", bundle=1, retries=1, backoff_s=0.01).deployment(
-            1, 1, 0
-        )
+        RemoteTables("http://127.0.0.1:9", bundle=1, retries=1, backoff_s=0.01).deployment(1, 1, 0)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_name_resolves_to_the_best_bundle_for_each_target(
     live_server: Any, registry: dict[str, Bundle]
 ) -> None:
-    remote = remote_tables(live_server.url, hardware="H200", model=QWEN.rsplit("/", 1)[0],
-                          variant="bf16")
+    remote = remote_tables(
+        live_server.url, hardware="H200", model=QWEN.rsplit("/", 1)[0], variant="bf16"
+    )
     assert remote.deployment(1, 2, 0).answerer["backend"] == "vllm-modular"  # type: ignore[union-attr]
-    pinned = remote_tables(live_server.url, hardware="H200", model=QWEN.rsplit("/", 1)[0],
-                          variant="bf16", backend="torch-reference")
+    pinned = remote_tables(
+        live_server.url,
+        hardware="H200",
+        model=QWEN.rsplit("/", 1)[0],
+        variant="bf16",
+        backend="torch-reference",
+    )
     assert pinned.deployment(1, 1, 0).answerer["id"] == registry["reference"].pk  # type: ignore[union-attr]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_it_downloads_once_and_answers_offline(
-    live_server: Any, registry: dict[str, Bundle], tmp_path: Path,
+    live_server: Any,
+    registry: dict[str, Bundle],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     statuses: list[tuple[str, int]] = []

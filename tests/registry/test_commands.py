@@ -43,8 +43,8 @@ def test_it_imports_every_bundle_below_a_folder_once(make_bundle: Any) -> None:
 
 
 def test_it_imports_folders_and_archives_and_reports_refusals(
-    make_bundle: Any, tmp_path: Path
-,
+    make_bundle: Any,
+    tmp_path: Path,
 ) -> None:
     good = make_bundle()
     bad = shutil.copytree(make_bundle(hardware="OTHER"), tmp_path / "bad" / "bf16")
@@ -123,8 +123,9 @@ def test_it_discards_a_drifted_checkout(published: Bundle) -> None:
 
 
 def test_it_exports_the_same_bytes_as_the_download(
-    published: Bundle, tmp_path: Path, api: APIClient
-,
+    published: Bundle,
+    tmp_path: Path,
+    api: APIClient,
 ) -> None:
     target = tmp_path / "out.tar.gz"
     run("export_bundle", str(published.pk), "-o", str(target))

@@ -22,8 +22,11 @@ def test_it_serves_an_openapi_schema_of_every_endpoint(client: Client) -> None:
     assert schema["openapi"].startswith("3.")
     paths = schema["paths"]
     for path in (
-        "/api/v1/bundles", "/api/v1/bundles/{id}", "/api/v1/bundles/{id}/download",
-        "/api/v1/bundles/{id}/files/{path}", "/api/v1/lookup",
+        "/api/v1/bundles",
+        "/api/v1/bundles/{id}",
+        "/api/v1/bundles/{id}/download",
+        "/api/v1/bundles/{id}/files/{path}",
+        "/api/v1/lookup",
     ):
         assert any(p.rstrip("/") == path for p in paths), (path, sorted(paths))
     upload = next(v for p, v in paths.items() if p.rstrip("/") == "/api/v1/bundles")["post"]

@@ -58,8 +58,9 @@ def test_it_answers_304_when_the_client_has_it(api: APIClient, published: Bundle
 
 
 def test_it_gives_the_same_hash_on_download_then_upload(
-    api: APIClient, uploader: APIClient, published: Bundle
-,
+    api: APIClient,
+    uploader: APIClient,
+    published: Bundle,
 ) -> None:
     _, _, archive = download(api, published)
     response = uploader.post(
@@ -76,7 +77,9 @@ def test_it_gives_the_same_hash_on_download_then_upload(
 
 
 def test_it_serves_each_file_byte_for_byte(
-    api: APIClient, published: Bundle, shipped: Path,
+    api: APIClient,
+    published: Bundle,
+    shipped: Path,
 ) -> None:
     table = published.tables.first()
     assert table is not None
@@ -95,7 +98,8 @@ def test_it_serves_each_file_byte_for_byte(
 
 
 def test_it_answers_404_for_files_and_bundles_it_does_not_have(
-    api: APIClient, published: Bundle,
+    api: APIClient,
+    published: Bundle,
 ) -> None:
     assert api.get(f"/api/v1/bundles/{published.pk}/files/tp1/skew_fit.csv").status_code == 404
     assert api.get(f"/api/v1/bundles/{published.pk}/files/../meta.yaml").status_code == 404
@@ -105,7 +109,8 @@ def test_it_answers_404_for_files_and_bundles_it_does_not_have(
 
 @pytest.mark.django_db
 def test_it_exports_for_other_simulators_or_names_what_cannot_be(
-    api: APIClient, published: Bundle,
+    api: APIClient,
+    published: Bundle,
 ) -> None:
     """Issue 13.3: a download per format; a refusal names what the format cannot express."""
     response = api.get(f"/api/v1/bundles/{published.pk}/export/llmservingsim")
@@ -124,7 +129,8 @@ def test_it_exports_for_other_simulators_or_names_what_cannot_be(
 
 @pytest.mark.django_db
 def test_an_export_a_format_cannot_hold_is_refused_with_its_reasons(
-    api: APIClient, make_bundle: Any,
+    api: APIClient,
+    make_bundle: Any,
 ) -> None:
     bundle = publish_bundle(make_bundle(adapter="torch-reference")).bundle
     response = api.get(f"/api/v1/bundles/{bundle.pk}/export/aiconfigurator")

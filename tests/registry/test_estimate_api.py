@@ -50,13 +50,24 @@ def cli(*args: str) -> Any:
 
 
 def test_it_answers_as_the_cli_does(api: APIClient, h200: Any, clusters: Path) -> None:
-    response = post(api, {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [5, 300],
-                          "policy": "round_robin", "cluster": "fixture-2x2"})
+    response = post(
+        api,
+        {
+            "bundle": h200.pk,
+            "tp": 1,
+            "dp": 2,
+            "tokens": [5, 300],
+            "policy": "round_robin",
+            "cluster": "fixture-2x2",
+        },
+    )
     assert response.status_code == 200, response.content
     body = response.json()
     answered = body.pop("bundle")  # with what answered it (issue 13.1)
     assert (answered["id"], answered["sha256"], answered["backend"]) == (
-        h200.pk, h200.sha256, "vllm-modular"
+        h200.pk,
+        h200.sha256,
+        "vllm-modular",
     )
     expected = cli("--tokens", "5,300", "--policy", "round_robin", "--cluster", str(FIXTURE))
     assert body == expected
@@ -64,8 +75,17 @@ def test_it_answers_as_the_cli_does(api: APIClient, h200: Any, clusters: Path) -
 
 
 def test_it_answers_many_steps_each_with_its_own_refusal(api: APIClient, h200: Any) -> None:
-    response = post(api, {"hardware": "H200", "model": h200.model, "variant": h200.variant,
-                          "tp": 1, "dp": 2, "steps": [[4, 4], [9000, 3], [100, 7]]})
+    response = post(
+        api,
+        {
+            "hardware": "H200",
+            "model": h200.model,
+            "variant": h200.variant,
+            "tp": 1,
+            "dp": 2,
+            "steps": [[4, 4], [9000, 3], [100, 7]],
+        },
+    )
     assert response.status_code == 200, response.content
     answers = response.json()["answers"]
     assert [a.get("error") for a in answers] == [None, "out_of_support", None]
@@ -92,8 +112,11 @@ def test_it_takes_an_inline_cluster_and_names_a_bad_field(api: APIClient, h200: 
         ({"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "zipf"}, 400, "unknown routing policy"),
         ({"tp": 1, "dp": 2, "tokens": [4]}, 400, "one token count per DP rank (2)"),
         ({"tp": 1, "dp": 2, "tokens": [4, 4], "cluster": "nowhere"}, 400, "no cluster named"),
-        ({"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "histogram", "expert_counts": [1] * 128},
-         400, "add up to 128 pairs but the step has N x k = 8 x 8 = 64"),
+        (
+            {"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "histogram", "expert_counts": [1] * 128},
+            400,
+            "add up to 128 pairs but the step has N x k = 8 x 8 = 64",
+        ),
         ({"tp": 1, "dp": 2, "tokens": [3000, 1]}, 422, "rank 0 gate_routing at rows=3000"),
         ({"tp": 2, "dp": 2, "tokens": [4, 4]}, 422, "no table for TP2/DP2"),
     ],
@@ -132,17 +155,27 @@ def test_it_adds_each_ranks_expert_counts_when_asked(api: APIClient, h200: Any) 
     counts = [0] * 128
     for e in (1, 2, 3, 4, 70, 90, 91, 92):
         counts[e] = 5
-    body = {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [2, 3], "policy": "histogram",
-            "expert_counts": counts, "rank_expert_counts": True, "events": False}
+    body = {
+        "bundle": h200.pk,
+        "tp": 1,
+        "dp": 2,
+        "tokens": [2, 3],
+        "policy": "histogram",
+        "expert_counts": counts,
+        "rank_expert_counts": True,
+        "events": False,
+    }
     response = post(api, body)
     assert response.status_code == 200, response.content
     ranks = response.json()["ranks"]
     assert ranks[0]["expert_counts"] == counts[:64] and ranks[1]["expert_range"] == [64, 128]
     assert ranks[1]["expert_counts"] == counts[64:]
-    assert "expert_counts" not in post(api, {**body, "rank_expert_counts": False}).json()[
-        "ranks"][0]
-    bad = post(api, {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [2, 3],
-                     "rank_expert_counts": True})
+    assert (
+        "expert_counts" not in post(api, {**body, "rank_expert_counts": False}).json()["ranks"][0]
+    )
+    bad = post(
+        api, {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [2, 3], "rank_expert_counts": True}
+    )
     assert bad.status_code == 400
     assert any("rank_expert_counts" in p for p in bad.json()["problems"])
 
@@ -150,14 +183,31 @@ def test_it_adds_each_ranks_expert_counts_when_asked(api: APIClient, h200: Any) 
 def test_it_charges_row_tiles_over_rest_as_the_cli_does(api: APIClient, h200: Any) -> None:
     """Issue 18: ``tile_cost_us`` over REST answers as ``--tile-cost-us`` does, and names the
     field for a policy without per-expert counts."""
-    body = {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [1024, 1024], "policy": "random",
-            "seed": 4, "tile_cost_us": 1.6, "events": False}
+    body = {
+        "bundle": h200.pk,
+        "tp": 1,
+        "dp": 2,
+        "tokens": [1024, 1024],
+        "policy": "random",
+        "seed": 4,
+        "tile_cost_us": 1.6,
+        "events": False,
+    }
     response = post(api, body)
     assert response.status_code == 200, response.content
     answer = response.json()
     answer.pop("bundle")
-    assert answer == cli("--tokens", "1024,1024", "--policy", "random", "--seed", "4",
-                         "--tile-cost-us", "1.6", "--no-events")
+    assert answer == cli(
+        "--tokens",
+        "1024,1024",
+        "--policy",
+        "random",
+        "--seed",
+        "4",
+        "--tile-cost-us",
+        "1.6",
+        "--no-events",
+    )
     plain = post(api, {**body, "tile_cost_us": None}).json()
     assert answer["ranks"][0]["components"]["experts"] > plain["ranks"][0]["components"]["experts"]
     refused = post(api, {**body, "policy": "balanced"})

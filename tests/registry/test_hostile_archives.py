@@ -33,15 +33,23 @@ def members(tmp_path_factory: Any) -> Any:
 
 
 def test_it_survives_hostile_archives(
-    uploader: APIClient, members: Any, registry_dirs: Path, settings: Any,
+    uploader: APIClient,
+    members: Any,
+    registry_dirs: Path,
+    settings: Any,
 ) -> None:
     """Issue 17: 0 server errors, 0 accepted bad, 0 left behind."""
     settings.REGISTRY = {**settings.REGISTRY, "UPLOAD_THROTTLE": None}
     report = FuzzReport()
 
     @given(rng=st.randoms(use_true_random=False))
-    @hypothesis_settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @hypothesis_settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     def one(rng: random.Random) -> None:
         upload_and_check(uploader, make_hostile(rng, members), registry_dirs, report)
 

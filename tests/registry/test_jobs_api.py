@@ -75,8 +75,11 @@ def test_it_queues_after_the_commit_to_the_queue_of_its_hardware(
     uploader: APIClient, redis_broker: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        response = uploader.post("/api/v1/jobs/", {"model": QWEN, "hardware": "H200", "dp": [2],
-                                                   "ep": [2]}, format="json")
+        response = uploader.post(
+            "/api/v1/jobs/",
+            {"model": QWEN, "hardware": "H200", "dp": [2], "ep": [2]},
+            format="json",
+        )
         assert response.status_code == 201, response.content
         # Nothing is sent before the transaction commits.
         assert _messages(redis_broker, "gpu.H200") == []
@@ -101,9 +104,16 @@ def test_it_queues_cpu_reference_jobs_on_the_cpu_queue(
     uploader: APIClient, redis_broker: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        response = uploader.post("/api/v1/jobs/", {
-            "model": QWEN, "hardware": "CPU", "device": "cpu", "backend": "torch-reference",
-        }, format="json")
+        response = uploader.post(
+            "/api/v1/jobs/",
+            {
+                "model": QWEN,
+                "hardware": "CPU",
+                "device": "cpu",
+                "backend": "torch-reference",
+            },
+            format="json",
+        )
     assert response.status_code == 201, response.content
     assert response.json()["queue"] == "cpu"
     assert len(_messages(redis_broker, "cpu")) == 1
@@ -120,10 +130,15 @@ def test_it_answers_503_when_the_broker_is_down_while_reads_still_work(
     assert api.get("/api/v1/jobs/").status_code == 200
     assert api.get("/api/v1/bundles/").status_code == 200
     assert api.get(f"/api/v1/bundles/{published.pk}/").status_code == 200
-    lookup = api.post("/api/v1/lookup", {
-        "bundle": published.pk, "target": {"tp": 1, "dp": 2, "rank": 0},
-        "queries": [{"component": "gate_routing", "tokens": 8}],
-    }, format="json")
+    lookup = api.post(
+        "/api/v1/lookup",
+        {
+            "bundle": published.pk,
+            "target": {"tp": 1, "dp": 2, "rank": 0},
+            "queries": [{"component": "gate_routing", "tokens": 8}],
+        },
+        format="json",
+    )
     assert lookup.status_code == 200
     assert "time_us" in lookup.json()["answers"][0]
 
@@ -137,8 +152,9 @@ def test_it_cancels_a_queued_job_at_once_and_refuses_to_cancel_twice(
     uploader: APIClient, redis_broker: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        pk = uploader.post("/api/v1/jobs/", {"model": QWEN, "hardware": "H200"},
-                           format="json").json()["id"]
+        pk = uploader.post(
+            "/api/v1/jobs/", {"model": QWEN, "hardware": "H200"}, format="json"
+        ).json()["id"]
     response = uploader.post(f"/api/v1/jobs/{pk}/cancel")
     assert response.status_code == 200
     assert response.json()["state"] == "cancelled"
@@ -193,7 +209,9 @@ def test_it_resends_jobs_left_running_by_a_dead_worker(
     mine = _job(state="running", worker="gpu0@host")
     other_live = _job(state="running", worker="gpu1@host")
     other_queue = AcquisitionJob.objects.create(
-        parameters={"model": QWEN, "hardware": "B200"}, queue="gpu.B200", state="running",
+        parameters={"model": QWEN, "hardware": "B200"},
+        queue="gpu.B200",
+        state="running",
         worker="gpu0@host",
     )
     assert recover_jobs("gpu0@host", ["gpu.H200"]) == [mine.pk]
@@ -206,11 +224,22 @@ def test_it_resends_jobs_left_running_by_a_dead_worker(
 
 
 def test_it_shows_a_job_with_its_progress(api: APIClient, published: Any) -> None:
-    job = _job(state="running", phase="measure", points_done=3, points_total=12, eta_seconds=4.5,
-               log_tail="measuring", result_bundle=published)
+    job = _job(
+        state="running",
+        phase="measure",
+        points_done=3,
+        points_total=12,
+        eta_seconds=4.5,
+        log_tail="measuring",
+        result_bundle=published,
+    )
     body = api.get(f"/api/v1/jobs/{job.pk}").json()
     assert (body["state"], body["phase"], body["points_done"], body["points_total"]) == (
-        "running", "measure", 3, 12)
+        "running",
+        "measure",
+        3,
+        12,
+    )
     assert body["progress"] == 0.25
     assert body["eta_seconds"] == 4.5
     assert body["log_tail"] == "measuring"

@@ -40,7 +40,8 @@ def _job(*, silent_s: float = 0.0, **fields: Any) -> AcquisitionJob:
     job = AcquisitionJob.objects.create(parameters=params, queue=QUEUE, **fields)
     if silent_s:
         AcquisitionJob.objects.filter(pk=job.pk).update(
-            updated_at=timezone.now() - timedelta(seconds=silent_s))
+            updated_at=timezone.now() - timedelta(seconds=silent_s)
+        )
     job.refresh_from_db()
     return job
 
@@ -54,8 +55,16 @@ def _row(job: AcquisitionJob) -> dict[str, Any]:
 
 
 def test_it_requeues_a_silent_running_job_and_leaves_a_live_one_alone(redis_broker: Any) -> None:
-    silent = _job(state="running", worker="gpu0@lost", attempts=1, silent_s=600,
-                  phase="measure", points_done=3, points_total=9, eta_seconds=12.0)
+    silent = _job(
+        state="running",
+        worker="gpu0@lost",
+        attempts=1,
+        silent_s=600,
+        phase="measure",
+        points_done=3,
+        points_total=9,
+        eta_seconds=12.0,
+    )
     live = _job(state="running", worker="gpu1@host", attempts=1, silent_s=5)
     live_before = _row(live)
 
@@ -82,8 +91,9 @@ def test_it_fails_a_job_that_lost_its_worker_after_the_last_allowed_start(
     redis_broker: Any, settings: Any
 ) -> None:
     settings.REGISTRY = {**settings.REGISTRY, "JOB_MAX_ATTEMPTS": 2}
-    tired = _job(state="running", worker="gpu0@lost", attempts=2, silent_s=600,
-                 work_dir="/nowhere/job-7")
+    tired = _job(
+        state="running", worker="gpu0@lost", attempts=2, silent_s=600, work_dir="/nowhere/job-7"
+    )
 
     (released,) = sweep_orphaned_jobs()
 
@@ -99,8 +109,9 @@ def test_it_fails_a_job_that_lost_its_worker_after_the_last_allowed_start(
 
 
 def test_it_cancels_a_silent_job_whose_cancel_nobody_carried_out(redis_broker: Any) -> None:
-    asked = _job(state="running", worker="gpu0@lost", attempts=1, silent_s=600,
-                 cancel_requested=True)
+    asked = _job(
+        state="running", worker="gpu0@lost", attempts=1, silent_s=600, cancel_requested=True
+    )
     (released,) = sweep_orphaned_jobs()
     assert released.action == SweepAction.CANCELLED
     cancelled = AcquisitionJob.objects.get(pk=asked.pk)
@@ -115,7 +126,8 @@ def test_it_leaves_a_job_to_whoever_changed_it_after_it_was_read(redis_broker: A
     job = claim_job(_job().pk, "gpu0@host")
     assert job is not None
     AcquisitionJob.objects.filter(pk=job.pk).update(
-        updated_at=timezone.now() - timedelta(seconds=600))
+        updated_at=timezone.now() - timedelta(seconds=600)
+    )
     seen = AcquisitionJob.objects.get(pk=job.pk)
 
     # The runner was only slow: its heartbeat lands after both sweeps read the row.
@@ -126,7 +138,8 @@ def test_it_leaves_a_job_to_whoever_changed_it_after_it_was_read(redis_broker: A
 
     # Then it really goes silent: one sweep requeues it, the other one finds it changed.
     AcquisitionJob.objects.filter(pk=job.pk).update(
-        updated_at=timezone.now() - timedelta(seconds=600))
+        updated_at=timezone.now() - timedelta(seconds=600)
+    )
     seen_by_a = AcquisitionJob.objects.get(pk=job.pk)
     seen_by_b = AcquisitionJob.objects.get(pk=job.pk)
     assert release_orphan(seen_by_a, "silent") is not None
@@ -138,7 +151,8 @@ def test_it_stops_a_runner_from_writing_a_job_the_sweep_took(redis_broker: Any) 
     job = claim_job(_job().pk, "gpu0@host")
     assert job is not None
     AcquisitionJob.objects.filter(pk=job.pk).update(
-        updated_at=timezone.now() - timedelta(seconds=600))
+        updated_at=timezone.now() - timedelta(seconds=600)
+    )
     (released,) = sweep_orphaned_jobs()
     assert released.action == SweepAction.REQUEUED
     # The old runner wakes up: neither its heartbeat nor its publishing may touch the row.
@@ -154,14 +168,14 @@ def test_it_resends_a_queued_job_only_when_its_message_is_lost(
     uploader: Any, redis_broker: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        response = uploader.post("/api/v1/jobs/", {"model": QWEN, "hardware": "H200"},
-                                 format="json")
+        response = uploader.post(
+            "/api/v1/jobs/", {"model": QWEN, "hardware": "H200"}, format="json"
+        )
     assert response.status_code == 201, response.content
     pk = response.json()["id"]
     sent = AcquisitionJob.objects.get(pk=pk).celery_task_id
     assert _message_ids(redis_broker) == [sent]
-    AcquisitionJob.objects.filter(pk=pk).update(
-        updated_at=timezone.now() - timedelta(seconds=600))
+    AcquisitionJob.objects.filter(pk=pk).update(updated_at=timezone.now() - timedelta(seconds=600))
 
     # Waiting long, but its message is there: no worker of gpu.H200 is free yet.
     assert sweep_orphaned_jobs() == []
@@ -226,22 +240,53 @@ def beat_worker(transactional_db: None, tmp_path: Path) -> Iterator[Path]:
     var.mkdir()
     log = var / "worker.log"
     env = {
-        **os.environ, "DATABASE_URL": _database_url(), "REGISTRY_VAR_DIR": str(var),
-        "CELERY_BROKER_URL": "filesystem://", "REGISTRY_JOB_SWEEP_S": "1",
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REGISTRY_VAR_DIR": str(var),
+        "CELERY_BROKER_URL": "filesystem://",
+        "REGISTRY_JOB_SWEEP_S": "1",
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("CELERY_RESULT_BACKEND", None)
     # As scripts/run.sh does: the embedded broker's folders under REGISTRY_VAR_DIR/celery.
-    subprocess.run([sys.executable, "-c", "import django; django.setup(); "
-                    "from config.celery import ensure_broker_folders; ensure_broker_folders()"],
-                   cwd=REPO, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
-                   check=True, timeout=60)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); "
+            "from config.celery import ensure_broker_folders; ensure_broker_folders()",
+        ],
+        cwd=REPO,
+        env={**env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        check=True,
+        timeout=60,
+    )
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo",
-             "--queues", "default", "-B", "-n", "registry-test@localhost", "--without-gossip",
-             "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "--pool",
+                "solo",
+                "--queues",
+                "default",
+                "-B",
+                "-n",
+                "registry-test@localhost",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         yield log
@@ -259,8 +304,10 @@ def test_it_runs_the_scheduled_sweep_in_the_run_commands_worker(beat_worker: Pat
     silent = _job(state="running", worker="gpu0@lost", attempts=1, silent_s=600)
     live = _job(state="running", worker="gpu1@host", attempts=1)
     swept = wait_for(
-        lambda: (j := AcquisitionJob.objects.get(pk=silent.pk)).state != "running" and j, 60,
-        "the scheduled sweep", lambda: beat_worker.read_text()[-3000:],
+        lambda: (j := AcquisitionJob.objects.get(pk=silent.pk)).state != "running" and j,
+        60,
+        "the scheduled sweep",
+        lambda: beat_worker.read_text()[-3000:],
     )
     assert (swept.state, swept.phase) == ("queued", "requeued")
     assert AcquisitionJob.objects.get(pk=live.pk).state == "running"

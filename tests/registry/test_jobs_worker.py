@@ -38,15 +38,30 @@ NODE = "jobs-test@localhost"
 HOLD = Path(__file__).resolve().parent / "hold_after_first_point"
 
 TINY_CONFIG = {
-    "model_type": "qwen3_moe", "hidden_size": 16, "moe_intermediate_size": 8, "num_experts": 4,
-    "num_experts_per_tok": 2, "norm_topk_prob": True, "torch_dtype": "float32",
+    "model_type": "qwen3_moe",
+    "hidden_size": 16,
+    "moe_intermediate_size": 8,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "torch_dtype": "float32",
     "hidden_act": "silu",
 }
 # Noise-tolerant settings for a shared CPU; the contract records them.
 CPU_JOB = {
-    "command": "slice", "hardware": "CPU", "tp": [1], "tp_refresh": [1], "max_num_seqs": 2,
-    "rounds": 2, "iterations": 1, "warmup_cycles": 0, "backend": "torch-reference",
-    "device": "cpu", "cache_bytes": 1, "quality_tolerance": 0.9, "cudagraph_mode": "NONE",
+    "command": "slice",
+    "hardware": "CPU",
+    "tp": [1],
+    "tp_refresh": [1],
+    "max_num_seqs": 2,
+    "rounds": 2,
+    "iterations": 1,
+    "warmup_cycles": 0,
+    "backend": "torch-reference",
+    "device": "cpu",
+    "cache_bytes": 1,
+    "quality_tolerance": 0.9,
+    "cudagraph_mode": "NONE",
 }
 
 
@@ -74,14 +89,18 @@ class Worker:
     def __init__(self, var: Path, models: Path, broker: str, *, hold: bool = False) -> None:
         self.var = var
         self.env = {
-            **os.environ, "DATABASE_URL": _database_url(), "REGISTRY_VAR_DIR": str(var),
-            "CELERY_BROKER_URL": broker, "CELERY_RESULT_BACKEND": broker,
+            **os.environ,
+            "DATABASE_URL": _database_url(),
+            "REGISTRY_VAR_DIR": str(var),
+            "CELERY_BROKER_URL": broker,
+            "CELERY_RESULT_BACKEND": broker,
             "REGISTRY_JOB_MODEL_ROOTS": str(models),
             "PYTHONUNBUFFERED": "1",
         }
         if hold:  # the acquisitions it runs hold after their first point (module docstring)
             self.env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [str(HOLD), os.environ.get("PYTHONPATH")]))
+                filter(None, [str(HOLD), os.environ.get("PYTHONPATH")])
+            )
         self.log = var / "worker.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -89,13 +108,36 @@ class Worker:
         self.var.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo",
-                 "--queues", "cpu", "-n", NODE, "--without-gossip", "--without-mingle",
-                 "--without-heartbeat", "--loglevel", "INFO"],
-                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "config",
+                    "worker",
+                    "--pool",
+                    "solo",
+                    "--queues",
+                    "cpu",
+                    "-n",
+                    NODE,
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "--loglevel",
+                    "INFO",
+                ],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
-        wait_for(lambda: b"ready." in self.log.read_bytes(), 60, "the worker to start",
-                 lambda: self.log.read_text()[-2000:])
+        wait_for(
+            lambda: b"ready." in self.log.read_bytes(),
+            60,
+            "the worker to start",
+            lambda: self.log.read_text()[-2000:],
+        )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -155,7 +197,9 @@ def _queue(uploader: APIClient, model: str, **extra: Any) -> dict[str, Any]:
 
 def _explain(worker: Worker, pk: int) -> str:
     job = AcquisitionJob.objects.get(pk=pk)
-    return f"{job.state} {job.error}\n{job.log_tail}\n--- worker ---\n{worker.log.read_text()[-3000:]}"
+    return (
+        f"{job.state} {job.error}\n{job.log_tail}\n--- worker ---\n{worker.log.read_text()[-3000:]}"
+    )
 
 
 def test_it_runs_a_queued_job_and_publishes_its_bundle(
@@ -180,27 +224,38 @@ def test_it_runs_a_queued_job_and_publishes_its_bundle(
     assert body["started_at"] and body["finished_at"]
     assert {a["name"] for a in body["artifacts"]} >= {"acquisition.log", "progress.jsonl"}
     bundle = body["result_bundle"]
-    assert (bundle["hardware"], bundle["model"], bundle["variant"]) == ("CPU", "test/tiny-moe",
-                                                                        "fp32")
+    assert (bundle["hardware"], bundle["model"], bundle["variant"]) == (
+        "CPU",
+        "test/tiny-moe",
+        "fp32",
+    )
 
     served = api.get(f"/api/v1/bundles/{bundle['id']}/").json()
     assert served["source"] == "acquisition"
     assert served["source_detail"] == f"acquisition job {pk}"
     assert len(served["tables"]) == 1
-    answer = api.post("/api/v1/lookup", {
-        "bundle": bundle["id"], "target": {"tp": 1, "dp": 1, "rank": 0},
-        "queries": [{"component": "gate_routing", "tokens": 2}],
-    }, format="json").json()
+    answer = api.post(
+        "/api/v1/lookup",
+        {
+            "bundle": bundle["id"],
+            "target": {"tp": 1, "dp": 1, "rank": 0},
+            "queries": [{"component": "gate_routing", "tokens": 2}],
+        },
+        format="json",
+    ).json()
     assert answer["answers"][0]["time_us"] > 0
 
-    phases = [json.loads(line)["phase"] for line in
-              (Path(body["work_dir"]) / "progress.jsonl").read_text().splitlines()]
+    phases = [
+        json.loads(line)["phase"]
+        for line in (Path(body["work_dir"]) / "progress.jsonl").read_text().splitlines()
+    ]
     assert phases[0] == "plan" and "measure" in phases and phases[-1] == "done"
 
 
 def _resumed_points(work_dir: str) -> int:
-    events = [json.loads(line) for line in
-              (Path(work_dir) / "progress.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line) for line in (Path(work_dir) / "progress.jsonl").read_text().splitlines()
+    ]
     return max((e["points_done"] for e in events if "resumed" in e.get("message", "")), default=0)
 
 
@@ -223,14 +278,18 @@ def test_it_resumes_a_job_after_its_worker_is_killed(
     worker = holding_worker
     pk = _queue(uploader, tiny_model, **LONG)["id"]
     mid = wait_for(
-        lambda: (j := AcquisitionJob.objects.get(pk=pk)).points_done >= 1 and j, 90,
+        lambda: (j := AcquisitionJob.objects.get(pk=pk)).points_done >= 1 and j,
+        90,
         "the first measured point",
     )
     worker.kill()
     # The kernel sends the acquisition SIGTERM when its worker dies (PR_SET_PDEATHSIG): it
     # stops and keeps its samples before the restarted worker resumes in the same folder.
-    wait_for(lambda: _last_phase(mid.work_dir) == "cancelled", 60,
-             "the acquisition to stop with its worker")
+    wait_for(
+        lambda: _last_phase(mid.work_dir) == "cancelled",
+        60,
+        "the acquisition to stop with its worker",
+    )
     killed = AcquisitionJob.objects.get(pk=pk)
     assert killed.state == "running", _explain(worker, pk)
     assert (killed.points_done, killed.points_total) == (1, 20)
@@ -259,8 +318,9 @@ def test_it_cancels_a_running_job_and_a_retry_resumes_it(
     response = uploader.post(f"/api/v1/jobs/{pk}/cancel")
     assert response.status_code == 200
     assert response.json()["cancel_requested"] is True
-    cancelled = wait_for(lambda: job_state(pk, "cancelled", "succeeded", "failed"), 60,
-                         "the job to stop")
+    cancelled = wait_for(
+        lambda: job_state(pk, "cancelled", "succeeded", "failed"), 60, "the job to stop"
+    )
     assert cancelled.state == "cancelled", _explain(worker, pk)
     assert cancelled.finished_at is not None
     assert (cancelled.points_done, cancelled.points_total) == (1, 20)

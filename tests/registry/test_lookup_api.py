@@ -32,8 +32,13 @@ QUERIES: list[dict[str, Any]] = [
     {"component": "experts", "tokens": 1, "activated_experts": 4, "local_assignments": 4},
     {"component": "experts", "tokens": 6, "activated_experts": 4, "local_assignments": 24},
     {"component": "experts", "tokens": 1, "activated_experts": 0, "local_assignments": 0},
-    {"component": "experts", "mode": "graph", "tokens": 8, "activated_experts": 8,
-     "local_assignments": 32},
+    {
+        "component": "experts",
+        "mode": "graph",
+        "tokens": 8,
+        "activated_experts": 8,
+        "local_assignments": 32,
+    },
     {"component": "gate_routing", "tokens": 1_000_000},  # beyond measured support
     {"component": "no_such_component", "tokens": 1},
     {"component": "experts", "tokens": 1, "activated_experts": 9, "local_assignments": 1},
@@ -58,8 +63,12 @@ def test_it_answers_like_moetables(api: APIClient, published: Bundle, shipped: P
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["bundle"] == {
-        "id": published.pk, "sha256": published.sha256, "backend": "vllm-modular",
-        "kernel": "TRITON", "native": True, "vllm_version": "0.28.0",
+        "id": published.pk,
+        "sha256": published.sha256,
+        "backend": "vllm-modular",
+        "kernel": "TRITON",
+        "native": True,
+        "vllm_version": "0.28.0",
     }
     # R-issue 13: what answered is in the headers too, for a simulator to record.
     assert response["X-Bundle-Id"] == str(published.pk)
@@ -78,7 +87,10 @@ def test_it_answers_like_moetables(api: APIClient, published: Bundle, shipped: P
 
 
 def test_it_prints_what_the_moetables_command_prints(
-    api: APIClient, published: Bundle, shipped: Path, tmp_path: Path,
+    api: APIClient,
+    published: Bundle,
+    shipped: Path,
+    tmp_path: Path,
 ) -> None:
     """The REST answers equal ``python -m moetables lookup`` on the same queries, line by line."""
     queries = tmp_path / "queries.jsonl"
@@ -86,8 +98,16 @@ def test_it_prints_what_the_moetables_command_prints(
     out = io.StringIO()
     code = cli.main(
         [
-            "lookup", str(shipped), "--tp", "1", "--dp", "2", "--rank", "0",
-            "--queries", str(queries),
+            "lookup",
+            str(shipped),
+            "--tp",
+            "1",
+            "--dp",
+            "2",
+            "--rank",
+            "0",
+            "--queries",
+            str(queries),
         ],
         out=out,
     )
@@ -98,7 +118,9 @@ def test_it_prints_what_the_moetables_command_prints(
 
 
 def test_it_answers_every_rank_of_the_bundle(
-    api: APIClient, published: Bundle, shipped: Path,
+    api: APIClient,
+    published: Bundle,
+    shipped: Path,
 ) -> None:
     target = {**TARGET, "rank": 1}
     body = lookup(api, {"bundle": published.pk, "target": target, "queries": QUERIES}).json()
@@ -122,14 +144,17 @@ def test_it_answers_a_current_layout_bundle(api: APIClient, make_bundle: Any) ->
 
 
 def test_it_finds_the_latest_bundle_by_hardware_model_and_variant(
-    api: APIClient, published: Bundle, make_bundle: Any
-,
+    api: APIClient,
+    published: Bundle,
+    make_bundle: Any,
 ) -> None:
     older = publish_bundle(make_bundle(hardware="H100", model="m/x", scale=1.0)).bundle
     newer = publish_bundle(make_bundle(hardware="H100", model="m/x", scale=2.0)).bundle
     assert newer.published_at >= older.published_at
     body = {
-        "hardware": "H100", "model": "m/x", "variant": "bf16",
+        "hardware": "H100",
+        "model": "m/x",
+        "variant": "bf16",
         "target": {"tp": 1, "dp": 1, "rank": 0},
         "queries": [{"component": "gate_routing", "tokens": 1}],
     }
@@ -145,7 +170,8 @@ def test_it_accepts_an_empty_batch(api: APIClient, published: Bundle) -> None:
 
 
 def test_it_answers_non_object_queries_as_invalid_in_place(
-    api: APIClient, published: Bundle,
+    api: APIClient,
+    published: Bundle,
 ) -> None:
     queries = [7, {"component": "gate_routing", "tokens": 1}, "x"]
     answers = lookup(api, {"bundle": published.pk, "target": TARGET, "queries": queries}).json()[
@@ -156,15 +182,19 @@ def test_it_answers_non_object_queries_as_invalid_in_place(
 
 
 def test_it_says_when_no_bundle_matches(api: APIClient, published: Bundle) -> None:
-    for ref in ({"bundle": published.pk + 1}, {"sha256": "0" * 64},
-                {"hardware": "X", "model": "Y", "variant": "Z"}):
+    for ref in (
+        {"bundle": published.pk + 1},
+        {"sha256": "0" * 64},
+        {"hardware": "X", "model": "Y", "variant": "Z"},
+    ):
         response = lookup(api, {**ref, "target": TARGET, "queries": []})
         assert response.status_code == 404
         assert response.json()["error"] == "not_found"
 
 
 def test_it_says_when_the_bundle_has_no_table_for_the_target(
-    api: APIClient, published: Bundle,
+    api: APIClient,
+    published: Bundle,
 ) -> None:
     target = {"tp": 1, "dp": 1, "rank": 0, "sequence_parallel": False}
     response = lookup(api, {"bundle": published.pk, "target": target, "queries": QUERIES})
@@ -192,8 +222,10 @@ def test_it_says_when_the_bundle_has_no_table_for_the_target(
     ],
 )
 def test_it_refuses_malformed_requests(
-    api: APIClient, published: Bundle, body: Any, fragment: str
-,
+    api: APIClient,
+    published: Bundle,
+    body: Any,
+    fragment: str,
 ) -> None:
     response = lookup(api, body)
     assert response.status_code == 400
@@ -213,8 +245,9 @@ def test_it_limits_the_batch_size(api: APIClient, published: Bundle, settings: A
 
 
 def test_it_keeps_loaded_tables_for_the_process(
-    api: APIClient, published: Bundle, monkeypatch: pytest.MonkeyPatch
-,
+    api: APIClient,
+    published: Bundle,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     loads: list[Path] = []
     original = lookup_service.ComponentTables
@@ -245,8 +278,9 @@ def test_it_reports_a_corrupt_checkout_as_a_conflict(api: APIClient, published: 
 
 
 def test_it_throttles_lookups_when_a_rate_is_set(
-    api: APIClient, published: Bundle, settings: Any
-,
+    api: APIClient,
+    published: Bundle,
+    settings: Any,
 ) -> None:
     cache.clear()
     settings.REGISTRY = {**settings.REGISTRY, "LOOKUP_THROTTLE": "2/minute"}

@@ -45,19 +45,22 @@ def post(api: APIClient, body: Any, query: str = "") -> Any:
     return api.post(f"/api/v1/lookup{query}", json.dumps(body), content_type="application/json")
 
 
-def test_it_picks_a_bundle_that_covers_the_target(
-    api: APIClient, h200: dict[str, Bundle]
-) -> None:
+def test_it_picks_a_bundle_that_covers_the_target(api: APIClient, h200: dict[str, Bundle]) -> None:
     """The live bundle (DP1 only) is the latest; a DP2 target is still answered, natively."""
     response = post(api, {**NAME, "target": DP2, "queries": QUERIES})
     assert response.status_code == 200, response.content
     chosen = h200["modular"]
     assert response.json()["bundle"] == {
-        "id": chosen.pk, "sha256": chosen.sha256, "backend": "vllm-modular", "kernel": "TRITON",
-        "native": True, "vllm_version": "0.26.0",
+        "id": chosen.pk,
+        "sha256": chosen.sha256,
+        "backend": "vllm-modular",
+        "kernel": "TRITON",
+        "native": True,
+        "vllm_version": "0.26.0",
     }
     assert (response["X-Bundle-Id"], response["X-Bundle-Backend"]) == (
-        str(chosen.pk), "vllm-modular"
+        str(chosen.pk),
+        "vllm-modular",
     )
     assert response["X-Bundle-Vllm-Version"] == "0.26.0"
     local = ComponentTables(ROOT / "H200" / "Qwen/Qwen3-30B-A3B-Instruct-2507/bf16")
@@ -105,8 +108,11 @@ def test_pins_in_the_body_and_the_query_string(api: APIClient, h200: dict[str, B
         ({**NAME, "target": DP1, "backnd": "vllm-live"}, "", "unknown keys 'backnd'"),
         ({**NAME, "target": {**DP1, "pp": 2}}, "", "target: unknown keys 'pp'"),
         ({**NAME, "target": DP1}, "?bakend=x", "unknown parameter 'bakend'"),
-        ({**NAME, "target": DP1, "backend": "vllm-live"}, "?backend=vllm-modular",
-         "the body says 'vllm-live' and the query string 'vllm-modular'"),
+        (
+            {**NAME, "target": DP1, "backend": "vllm-live"},
+            "?backend=vllm-modular",
+            "the body says 'vllm-live' and the query string 'vllm-modular'",
+        ),
         ({**NAME, "target": DP1, "backend": ""}, "", "backend: must be a non-empty string"),
         ({**NAME, "hardware": "H2\x0000", "target": DP1}, "", "without NUL characters"),
         ({**NAME, "target": DP1, "bundle": "abc"}, "", "bundle: must be a positive integer"),

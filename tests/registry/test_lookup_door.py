@@ -45,8 +45,16 @@ QUERIES: list[Any] = [
 ]
 # Headers a client could see; the rest (Date, Server) belong to the server, not the view.
 HEADERS = (
-    "Content-Type", "Allow", "Vary", "Set-Cookie", "X-Frame-Options", "X-Content-Type-Options",
-    "Referrer-Policy", "Cross-Origin-Opener-Policy", "WWW-Authenticate", "Retry-After",
+    "Content-Type",
+    "Allow",
+    "Vary",
+    "Set-Cookie",
+    "X-Frame-Options",
+    "X-Content-Type-Options",
+    "Referrer-Policy",
+    "Cross-Origin-Opener-Policy",
+    "WWW-Authenticate",
+    "Retry-After",
 )
 
 
@@ -77,8 +85,13 @@ BODIES = [
     {"bundle": None, "target": TARGET, "queries": []},
     {"bundle": None, "target": {**TARGET, "dp": 1}, "queries": QUERIES[:1]},
     {"bundle": None, "target": {**TARGET, "rank": 2}},
-    {"hardware": "RTXPRO6000", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16",
-     "target": TARGET, "queries": QUERIES[:4]},
+    {
+        "hardware": "RTXPRO6000",
+        "model": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+        "variant": "bf16",
+        "target": TARGET,
+        "queries": QUERIES[:4],
+    },
     {"hardware": "X", "model": "Y", "variant": "Z", "target": TARGET},
     {"sha256": "0" * 64, "target": TARGET},
     [],
@@ -105,20 +118,29 @@ def test_every_way_answers_alike(
         (b"", 400),
         (b'{"bundle": 1, "target": {"tp": 1, "dp": NaN, "rank": 0}}', 400),
         (b'{"bundle": 1, "target": {"tp": 1, "dp": 1e400, "rank": 0}}', 400),
-        (b'{"hardware": "RTXPRO6000", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", '
-         b'"variant": "bf16", "target": {"tp": 18446744073709551617, "dp": 1, "rank": 0}}', 422),
+        (
+            b'{"hardware": "RTXPRO6000", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", '
+            b'"variant": "bf16", "target": {"tp": 18446744073709551617, "dp": 1, "rank": 0}}',
+            422,
+        ),
         (b'{"bundle": 1, "target": {"tp": 1, "dp": -9223372036854775809, "rank": 0}}', 400),
-        (b'{"hardware": "RTXPRO6000", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", '
-         b'"variant": "bf16", "target": {"tp": 1, "dp": 2, "rank": 0}, '
-         b'"queries": [{"component": "\\udc00", "tokens": 1}]}', 200),
+        (
+            b'{"hardware": "RTXPRO6000", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", '
+            b'"variant": "bf16", "target": {"tp": 1, "dp": 2, "rank": 0}, '
+            b'"queries": [{"component": "\\udc00", "tokens": 1}]}',
+            200,
+        ),
         (b'\xef\xbb\xbf{"bundle": 1}', 400),
         (b'{"bundle": 1, "target": "\xff"}', 400),
         (b"[1, 2,]", 400),
         (b'"just a string"', 400),
         # Once 500s: a bundle id past 64 bits, and a lone surrogate in a bundle's name.
         (b'{"bundle": 9223372036854775808, "target": {"tp": 1, "dp": 1, "rank": 0}}', 400),
-        (b'{"hardware": "\\udc00", "model": "m", "variant": "v", '
-         b'"target": {"tp": 1, "dp": 1, "rank": 0}}', 400),
+        (
+            b'{"hardware": "\\udc00", "model": "m", "variant": "v", '
+            b'"target": {"tp": 1, "dp": 1, "rank": 0}}',
+            400,
+        ),
     ],
 )
 def test_bodies_orjson_reads_otherwise_take_the_json_way(
@@ -155,12 +177,12 @@ def test_a_throttle_applies_with_or_without_a_cookie(
     cache.clear()
 
 
-def test_a_new_bundle_of_the_same_name_is_found_at_once(
-    api: APIClient, make_bundle: Any
-) -> None:
+def test_a_new_bundle_of_the_same_name_is_found_at_once(api: APIClient, make_bundle: Any) -> None:
     """Resolutions are reused only while the database is unchanged (SQLite's change stamp)."""
     body = {
-        "hardware": "H100", "model": "m/x", "variant": "bf16",
+        "hardware": "H100",
+        "model": "m/x",
+        "variant": "bf16",
         "target": {"tp": 1, "dp": 1, "rank": 0},
         "queries": [{"component": "gate_routing", "tokens": 1}],
     }
@@ -171,8 +193,9 @@ def test_a_new_bundle_of_the_same_name_is_found_at_once(
     assert _post(api, raw)[1]["bundle"]["id"] == second.pk
     second.delete()
     assert _post(api, raw)[1]["bundle"]["id"] == first.pk
-    by_id = json.dumps({**body, "hardware": None, "model": None, "variant": None,
-                        "bundle": first.pk}).encode()
+    by_id = json.dumps(
+        {**body, "hardware": None, "model": None, "variant": None, "bundle": first.pk}
+    ).encode()
     assert _post(api, by_id)[0] == 200
     first.delete()
     assert _post(api, by_id)[0] == 404
@@ -189,7 +212,9 @@ def test_a_bundle_published_by_another_connection_is_found(
     from django.db import connection
 
     body = {
-        "hardware": "H200", "model": "m/y", "variant": "bf16",
+        "hardware": "H200",
+        "model": "m/y",
+        "variant": "bf16",
         "target": {"tp": 1, "dp": 1, "rank": 0},
         "queries": [{"component": "gate_routing", "tokens": 1}],
     }

@@ -32,24 +32,47 @@ EXAMPLES = settings(
 )
 
 NAMES = st.one_of(
-    st.sampled_from([
-        "meta.yaml", "b/meta.yaml", "/etc/passwd", "../meta.yaml", "a/../../x", "a\\b", "./",
-        "b/tp1/components.csv", "b/../b/meta.yaml", "C:/meta.yaml", "", ".", "a/\x00b",
-    ]),
+    st.sampled_from(
+        [
+            "meta.yaml",
+            "b/meta.yaml",
+            "/etc/passwd",
+            "../meta.yaml",
+            "a/../../x",
+            "a\\b",
+            "./",
+            "b/tp1/components.csv",
+            "b/../b/meta.yaml",
+            "C:/meta.yaml",
+            "",
+            ".",
+            "a/\x00b",
+        ]
+    ),
     st.text(min_size=1, max_size=40),
 )
-TAR_TYPES = st.sampled_from([
-    tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE,
-    tarfile.BLKTYPE, tarfile.FIFOTYPE, tarfile.CONTTYPE,
-])
+TAR_TYPES = st.sampled_from(
+    [
+        tarfile.REGTYPE,
+        tarfile.DIRTYPE,
+        tarfile.SYMTYPE,
+        tarfile.LNKTYPE,
+        tarfile.CHRTYPE,
+        tarfile.BLKTYPE,
+        tarfile.FIFOTYPE,
+        tarfile.CONTTYPE,
+    ]
+)
 CONTENT = st.one_of(
     st.binary(max_size=300),
-    st.sampled_from([
-        b"hardware: x\nmodel: y\nvariant: z\n",
-        b"moe_components: {schema: 1}\n",
-        b"- not a mapping\n",
-        b"per_tp: {1: {moe_components: {schema: moe-components}}}",
-    ]),
+    st.sampled_from(
+        [
+            b"hardware: x\nmodel: y\nvariant: z\n",
+            b"moe_components: {schema: 1}\n",
+            b"- not a mapping\n",
+            b"per_tp: {1: {moe_components: {schema: moe-components}}}",
+        ]
+    ),
 )
 
 
@@ -86,12 +109,14 @@ def build_tar(members: list[tuple[str, bytes, bytes]], fmt: int) -> bytes:
 
 
 @EXAMPLES
-@given(data=st.one_of(
-    st.binary(max_size=600),
-    st.binary(max_size=600).map(lambda b: b"\x1f\x8b" + b),
-    st.binary(max_size=600).map(lambda b: b"PK\x03\x04" + b),
-    st.binary(max_size=600).map(gzip.compress),
-))
+@given(
+    data=st.one_of(
+        st.binary(max_size=600),
+        st.binary(max_size=600).map(lambda b: b"\x1f\x8b" + b),
+        st.binary(max_size=600).map(lambda b: b"PK\x03\x04" + b),
+        st.binary(max_size=600).map(gzip.compress),
+    )
+)
 def test_it_refuses_random_bytes(uploader: APIClient, registry_dirs: Path, data: bytes) -> None:
     assert_refused_and_nothing_stored(post(uploader, data), registry_dirs)
 
@@ -102,8 +127,10 @@ def test_it_refuses_random_bytes(uploader: APIClient, registry_dirs: Path, data:
     fmt=st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT]),
 )
 def test_it_refuses_generated_tar_archives(
-    uploader: APIClient, registry_dirs: Path, members: list[tuple[str, bytes, bytes]], fmt: int
-,
+    uploader: APIClient,
+    registry_dirs: Path,
+    members: list[tuple[str, bytes, bytes]],
+    fmt: int,
 ) -> None:
     try:
         data = build_tar(members, fmt)
@@ -116,12 +143,14 @@ def test_it_refuses_generated_tar_archives(
 @given(
     members=st.lists(
         st.tuples(NAMES, st.sampled_from([0o100644, 0o120777, 0o010644, 0o040755, 0]), CONTENT),
-        min_size=1, max_size=6,
+        min_size=1,
+        max_size=6,
     )
 )
 def test_it_refuses_generated_zip_archives(
-    uploader: APIClient, registry_dirs: Path, members: list[tuple[str, int, bytes]]
-,
+    uploader: APIClient,
+    registry_dirs: Path,
+    members: list[tuple[str, int, bytes]],
 ) -> None:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as zf, warnings.catch_warnings():
@@ -154,7 +183,9 @@ def valid_tar(make_bundle: Any) -> tuple[bytes, dict[str, tuple[int, int]]]:
 @EXAMPLES
 @given(cut=st.floats(min_value=0.0, max_value=1.0, exclude_max=True))
 def test_it_refuses_a_truncated_bundle_archive(
-    uploader: APIClient, registry_dirs: Path, valid_tar: tuple[bytes, dict[str, tuple[int, int]]],
+    uploader: APIClient,
+    registry_dirs: Path,
+    valid_tar: tuple[bytes, dict[str, tuple[int, int]]],
     cut: float,
 ) -> None:
     data, spans = valid_tar
@@ -166,7 +197,9 @@ def test_it_refuses_a_truncated_bundle_archive(
 @EXAMPLES
 @given(choice=st.data())
 def test_it_refuses_a_bundle_with_a_changed_checksummed_byte(
-    uploader: APIClient, registry_dirs: Path, valid_tar: tuple[bytes, dict[str, tuple[int, int]]],
+    uploader: APIClient,
+    registry_dirs: Path,
+    valid_tar: tuple[bytes, dict[str, tuple[int, int]]],
     choice: st.DataObject,
 ) -> None:
     data, spans = valid_tar
@@ -174,13 +207,13 @@ def test_it_refuses_a_bundle_with_a_changed_checksummed_byte(
     start, end = spans[choice.draw(st.sampled_from(tables))]
     position = choice.draw(st.integers(min_value=start, max_value=end - 1))
     new = choice.draw(st.integers(min_value=0, max_value=255).filter(lambda b: b != data[position]))
-    changed = data[:position] + bytes([new]) + data[position + 1:]
+    changed = data[:position] + bytes([new]) + data[position + 1 :]
     assert_refused_and_nothing_stored(post(uploader, gzip.compress(changed)), registry_dirs)
 
 
 def test_it_accepts_the_untouched_archive(
-    uploader: APIClient, valid_tar: tuple[bytes, dict[str, tuple[int, int]]]
-,
+    uploader: APIClient,
+    valid_tar: tuple[bytes, dict[str, tuple[int, int]]],
 ) -> None:
     """The generators above start from an archive that is itself valid."""
     assert post(uploader, gzip.compress(valid_tar[0])).status_code == 201

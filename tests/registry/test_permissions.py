@@ -36,7 +36,11 @@ def _user(name: str, **extra: Any) -> Any:
 
 @pytest.fixture
 def people() -> dict[str, Any]:
-    return {"owner": _user("olive"), "other": _user("mallory"), "staff": _user("sam", is_staff=True)}
+    return {
+        "owner": _user("olive"),
+        "other": _user("mallory"),
+        "staff": _user("sam", is_staff=True),
+    }
 
 
 def _api(who: str, people: dict[str, Any]) -> APIClient:
@@ -61,7 +65,10 @@ def _web(who: str, people: dict[str, Any]) -> Client:
 def _job(owner: Any, **fields: Any) -> AcquisitionJob:
     params = {"model": QWEN, "hardware": "H200", "device": "cuda", "command": "slice"}
     return AcquisitionJob.objects.create(
-        parameters=params, queue="gpu.H200", created_by=owner, work_dir="/srv/jobs/job-7",
+        parameters=params,
+        queue="gpu.H200",
+        created_by=owner,
+        work_dir="/srv/jobs/job-7",
         **fields,
     )
 
@@ -70,7 +77,9 @@ API_CANCEL = {"anonymous": 401, "wrong_token": 401, "other": 403, "owner": 200, 
 
 
 @pytest.mark.parametrize("who", WHO)
-def test_it_lets_only_the_owner_or_staff_cancel_over_the_api(who: str, people: dict[str, Any]) -> None:
+def test_it_lets_only_the_owner_or_staff_cancel_over_the_api(
+    who: str, people: dict[str, Any]
+) -> None:
     """Issue 17 item 2: POST /api/v1/jobs/{id}/cancel."""
     job = _job(people["owner"])
     response = _api(who, people).post(f"/api/v1/jobs/{job.pk}/cancel")
@@ -90,7 +99,9 @@ WEB_CANCEL = {"anonymous": 302, "wrong_token": 302, "other": 403, "owner": 302, 
 
 
 @pytest.mark.parametrize("who", WHO)
-def test_it_lets_only_the_owner_or_staff_cancel_on_the_web(who: str, people: dict[str, Any]) -> None:
+def test_it_lets_only_the_owner_or_staff_cancel_on_the_web(
+    who: str, people: dict[str, Any]
+) -> None:
     """Issue 17 item 2: POST /jobs/{id}/cancel once cancelled anyone's job; now the same rule
     as the API."""
     job = _job(people["owner"])
@@ -119,7 +130,10 @@ API_RETRY = {"anonymous": 401, "wrong_token": 401, "other": 403, "owner": 200, "
 
 @pytest.mark.parametrize("who", WHO)
 def test_it_lets_only_the_owner_or_staff_retry(
-    who: str, people: dict[str, Any], redis_broker: Any, django_capture_on_commit_callbacks: Any,
+    who: str,
+    people: dict[str, Any],
+    redis_broker: Any,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     """Issue 17 item 2: POST /api/v1/jobs/{id}/retry."""
     job = _job(people["owner"], state="failed", error="boom")
@@ -137,7 +151,10 @@ API_QUEUE = {"anonymous": 401, "wrong_token": 401, "other": 201, "owner": 201, "
 
 @pytest.mark.parametrize("who", WHO)
 def test_it_lets_signed_in_people_queue_jobs(
-    who: str, people: dict[str, Any], redis_broker: Any, django_capture_on_commit_callbacks: Any,
+    who: str,
+    people: dict[str, Any],
+    redis_broker: Any,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     """Issue 17 item 2: POST /api/v1/jobs/ and the /jobs/new form, one rule."""
     with django_capture_on_commit_callbacks(execute=True):
@@ -167,7 +184,10 @@ UPLOAD = {"anonymous": 401, "wrong_token": 401, "other": 403, "owner": 201, "sta
 
 @pytest.mark.parametrize("who", WHO)
 def test_it_lets_only_the_names_owner_or_staff_publish_under_it(
-    who: str, people: dict[str, Any], make_bundle: Any, tar_gz_of: Any,
+    who: str,
+    people: dict[str, Any],
+    make_bundle: Any,
+    tar_gz_of: Any,
 ) -> None:
     """Issue 17 items 2 and 7: POST /api/v1/bundles/. The owner's first upload claims the
     hardware/model; a stranger cannot publish under it, so cannot change what it resolves to."""
@@ -183,7 +203,9 @@ def test_it_lets_only_the_names_owner_or_staff_publish_under_it(
 
 
 def test_it_lets_staff_grant_a_name_to_another_publisher(
-    people: dict[str, Any], make_bundle: Any, tar_gz_of: Any,
+    people: dict[str, Any],
+    make_bundle: Any,
+    tar_gz_of: Any,
 ) -> None:
     """Issue 17 item 7: a grant from staff opens the name to one more publisher."""
     from registry.models import Namespace, NamespaceGrant
@@ -192,13 +214,18 @@ def test_it_lets_staff_grant_a_name_to_another_publisher(
     namespace = Namespace.objects.get()
     assert namespace.owner == people["owner"]
     assert not can_publish_under(people["other"], namespace.hardware, namespace.model)
-    NamespaceGrant.objects.create(namespace=namespace, user=people["other"],
-                                  granted_by=people["staff"])
+    NamespaceGrant.objects.create(
+        namespace=namespace, user=people["other"], granted_by=people["staff"]
+    )
     assert _upload(_api("other", people), tar_gz_of(make_bundle(scale=3.0))).status_code == 201
 
 
 def test_it_keeps_imported_names_for_staff_and_grantees(
-    people: dict[str, Any], published: Bundle, tmp_path: Any, tar_gz_of: Any, shipped: Any,
+    people: dict[str, Any],
+    published: Bundle,
+    tmp_path: Any,
+    tar_gz_of: Any,
+    shipped: Any,
 ) -> None:
     """Issue 17 item 7: a name first published by the server (an import) is nobody's to take."""
     import shutil
@@ -217,11 +244,17 @@ def test_it_decides_each_rule_in_one_place(people: dict[str, Any]) -> None:
     owner, other, staff = people["owner"], people["other"], people["staff"]
     for check in (can_cancel_job, can_retry_job, can_view_job_details):
         assert [check(u, job) for u in (anonymous, other, owner, staff)] == [
-            False, False, True, True
+            False,
+            False,
+            True,
+            True,
         ]
     assert [can_upload(u) for u in (anonymous, other, owner)] == [False, True, True]
     assert [can_delete_bundle(u) for u in (anonymous, other, owner, staff)] == [
-        False, False, False, True
+        False,
+        False,
+        False,
+        True,
     ]
     owner.is_active = False
     assert not can_cancel_job(owner, job) and not can_upload(owner)
@@ -229,7 +262,8 @@ def test_it_decides_each_rule_in_one_place(people: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("who", ("anonymous", "other", "owner", "staff"))
 def test_it_shows_the_work_folder_only_to_the_owner_and_staff(
-    who: str, people: dict[str, Any],
+    who: str,
+    people: dict[str, Any],
 ) -> None:
     """Issue 17 item 9: an anonymous job view showed the server's work_dir."""
     job = _job(people["owner"])

@@ -19,13 +19,22 @@ KEY = "k" * 20 + "-production-key-of-the-test-0123456789abcdef"
 def _manage(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "REGISTRY_"))}
     base.update(PYTHONPATH=str(REPO), REGISTRY_VAR_DIR=str(tmp_path), **env)
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=base, text=True,
-                          capture_output=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO,
+        env=base,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 # docs/registry.md, "Production settings": what a deployment sets.
-PRODUCTION = {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": KEY,
-              "DJANGO_ALLOWED_HOSTS": "registry.example.org"}
+PRODUCTION = {
+    "DJANGO_DEBUG": "0",
+    "DJANGO_SECRET_KEY": KEY,
+    "DJANGO_ALLOWED_HOSTS": "registry.example.org",
+}
 
 
 def test_it_passes_check_deploy_with_the_documented_production_environment(
@@ -39,7 +48,8 @@ def test_it_passes_check_deploy_with_the_documented_production_environment(
 
 @pytest.mark.parametrize("key", [None, "", "change-me-in-production", "short-key"])
 def test_it_refuses_to_start_in_production_without_a_secret_key(
-    tmp_path: Path, key: str | None,
+    tmp_path: Path,
+    key: str | None,
 ) -> None:
     """Issue 17 item 9: a deployment that forgot DJANGO_SECRET_KEY ran on the public default."""
     env = {**PRODUCTION}

@@ -26,7 +26,9 @@ def test_it_publishes_the_shipped_historical_bundle(shipped: Path) -> None:
     bundle = result.bundle
     assert result.created
     assert (bundle.hardware, bundle.model, bundle.variant) == (
-        "RTXPRO6000", "Qwen/Qwen3-30B-A3B-Instruct-2507", "bf16",
+        "RTXPRO6000",
+        "Qwen/Qwen3-30B-A3B-Instruct-2507",
+        "bf16",
     )
     assert bundle.layout == "historical"
     assert bundle.vllm_version == "0.28.0"
@@ -39,12 +41,16 @@ def test_it_publishes_the_shipped_historical_bundle(shipped: Path) -> None:
     assert bundle.missing_files == ["tp1/skew_fit.csv", "tp2/skew_fit.csv"]
     tables = list(bundle.tables.order_by("rank"))
     assert [(t.tp, t.dp, t.ep, t.rank, t.sequence_parallel) for t in tables] == [
-        (1, 2, 2, 0, False), (1, 2, 2, 1, False),
+        (1, 2, 2, 0, False),
+        (1, 2, 2, 1, False),
     ]
     first = tables[0]
     # R-issue 13: the LLMServingSim profiler's native modular region, kernel TRITON
     assert (first.backend, first.kernel, first.native, first.vllm_version) == (
-        "vllm-modular", "TRITON", True, "0.28.0"
+        "vllm-modular",
+        "TRITON",
+        True,
+        "0.28.0",
     )
     assert first.components == ["gate_routing", "experts", "finalize_copy"]
     assert first.modes == ["eager", "graph"]
@@ -89,7 +95,10 @@ def test_it_is_idempotent_for_the_same_content(shipped: Path, tmp_path: Path) ->
 
 
 def test_it_gives_a_folder_and_its_archives_one_identity(
-    shipped: Path, tmp_path: Path, make_bundle: Any, tar_gz_of: Any,
+    shipped: Path,
+    tmp_path: Path,
+    make_bundle: Any,
+    tar_gz_of: Any,
 ) -> None:
     folder = make_bundle(dp=2)
     by_folder = publish_bundle(folder).bundle
@@ -136,7 +145,10 @@ def test_it_leaves_out_acquisition_artifacts_and_reports_them(make_bundle: Any) 
 
 
 def test_it_refuses_a_changed_table_with_the_checksum_problem(
-    shipped: Path, tmp_path: Path, registry_dirs: Path, stored_files: Any,
+    shipped: Path,
+    tmp_path: Path,
+    registry_dirs: Path,
+    stored_files: Any,
 ) -> None:
     copy = shutil.copytree(shipped, tmp_path / "bf16")
     table = next(copy.rglob("components.csv"))
@@ -161,8 +173,10 @@ def test_it_collects_every_problem_not_just_the_first(shipped: Path, tmp_path: P
 def test_it_needs_hardware_model_and_variant(make_bundle: Any, key: str) -> None:
     folder = make_bundle()
     meta = folder / "meta.yaml"
-    meta.write_text("\n".join(line for line in meta.read_text().splitlines()
-                              if not line.startswith(f"{key}:")) + "\n")
+    meta.write_text(
+        "\n".join(line for line in meta.read_text().splitlines() if not line.startswith(f"{key}:"))
+        + "\n"
+    )
     with pytest.raises(PublishError) as caught:
         publish_bundle(folder)
     assert caught.value.problems == [
@@ -194,8 +208,9 @@ def test_it_keeps_files_it_does_not_understand(make_bundle: Any) -> None:
 
 
 def test_it_writes_nothing_when_indexing_fails(
-    make_bundle: Any, registry_dirs: Path, monkeypatch: pytest.MonkeyPatch
-,
+    make_bundle: Any,
+    registry_dirs: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The rows appear in one transaction: a failure mid-way leaves no bundle row."""
     from registry.models import DeploymentTable as Table
@@ -210,7 +225,9 @@ def test_it_writes_nothing_when_indexing_fails(
 
 
 def test_it_accepts_an_archive_of_the_upload_kind(
-    make_bundle: Any, tmp_path: Path, tar_gz_of: Any,
+    make_bundle: Any,
+    tmp_path: Path,
+    tar_gz_of: Any,
 ) -> None:
     archive = tmp_path / "upload.bin"  # recognized by content, not by name
     archive.write_bytes(tar_gz_of(make_bundle()))
@@ -220,7 +237,9 @@ def test_it_accepts_an_archive_of_the_upload_kind(
 
 
 def test_it_cleans_its_staging_folder(
-    make_bundle: Any, registry_dirs: Path, tmp_path: Path,
+    make_bundle: Any,
+    registry_dirs: Path,
+    tmp_path: Path,
 ) -> None:
     publish_bundle(make_bundle())
     bad = tmp_path / "bad.tar.gz"

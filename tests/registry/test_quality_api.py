@@ -141,7 +141,13 @@ def test_a_request_without_a_worker_stays_open_and_is_deduplicated(
 ) -> None:
     first, created = request_cell(_user("ann"), _live_gap(h200))
     again, joined = request_cell(_user("bob"), _live_gap(h200))
-    assert created and not joined and first.pk == again.pk and first.state == "open" and first.job is None
+    assert (
+        created
+        and not joined
+        and first.pk == again.pk
+        and first.state == "open"
+        and first.job is None
+    )
     assert first.requesters.count() == 2
     body = api.get("/api/v1/coverage/").json()
     gaps = [c for r in body["rows"] for c in r["cells"] if c["request"]]
@@ -219,8 +225,10 @@ def test_the_api_records_a_request_with_a_token(
     again = uploader.post("/api/v1/coverage/requests", body, format="json")
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
     filled = uploader.post("/api/v1/coverage/requests", {**body, "dp": 1}, format="json")
-    assert filled.status_code == 400 and "already has a published table" in filled.json()[
-        "problems"][0]
+    assert (
+        filled.status_code == 400
+        and "already has a published table" in filled.json()["problems"][0]
+    )
     listed = api.get("/api/v1/coverage/requests").json()
     assert [r["deployment"] for r in listed] == ["tp1 dp2_ep2_rank0_sp0"]
 

@@ -21,8 +21,9 @@ def test_it_serves_collected_plotly_compressed_with_a_long_lifetime(
     # The server as the run command starts it: collected files only (no finders).
     with override_settings(WHITENOISE_USE_FINDERS=False, STATIC_ROOT=root):
         client = Client()
-        response = client.get("/static/frontend/vendor/plotly-4.1.1.min.js",
-                              HTTP_ACCEPT_ENCODING="gzip")
+        response = client.get(
+            "/static/frontend/vendor/plotly-4.1.1.min.js", HTTP_ACCEPT_ENCODING="gzip"
+        )
         assert response.status_code == 200
         assert response["Content-Encoding"] in ("gzip", "br")
         body = b"".join(response.streaming_content)  # type: ignore[attr-defined]

@@ -39,3 +39,6 @@ def test_the_example_totals_are_identical_in_process_and_remote(live_server: Any
     assert remote == local
     assert local.refused == 0 and local.decode_us > 0 and not math.isnan(local.prefill_us)
     assert local.prefill_us > local.decode_us  # prefill steps carry 2-16x the tokens
+    # The layer estimate of the same steps, equal over REST (Totals compares it too), answered.
+    assert remote.estimate_us == local.estimate_us and math.isfinite(local.estimate_us)
+    assert local.estimate_us > 0

@@ -43,9 +43,11 @@ def _blob(bundle: Bundle, record: dict[str, Any]) -> Path:
 
 
 def _lookup(client: Client, bundle: Bundle) -> Any:
-    return client.post("/api/v1/lookup", json.dumps(
-        {"bundle": bundle.pk, "target": TARGET, "queries": [QUERY]}
-    ), content_type="application/json")
+    return client.post(
+        "/api/v1/lookup",
+        json.dumps({"bundle": bundle.pk, "target": TARGET, "queries": [QUERY]}),
+        content_type="application/json",
+    )
 
 
 def _everything(client: Client, bundle: Bundle, record: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +75,8 @@ def test_it_answers_503_naming_a_deleted_blob(client: Client, published: Bundle)
 
 
 def test_it_never_serves_a_corrupted_blob_under_the_published_etag(
-    client: Client, published: Bundle,
+    client: Client,
+    published: Bundle,
 ) -> None:
     """Issue 17 item 6: a corrupted blob was served with 200 and the published sha256 ETag."""
     record = _table_record(published)
@@ -88,7 +91,8 @@ def test_it_never_serves_a_corrupted_blob_under_the_published_etag(
 
 
 def test_it_serves_the_verified_checkout_once_it_exists(
-    client: Client, published: Bundle,
+    client: Client,
+    published: Bundle,
 ) -> None:
     """Issue 17 item 6: files come from a checkout whose bytes were hashed when it was made."""
     record = _table_record(published)
@@ -103,7 +107,8 @@ def test_it_serves_the_verified_checkout_once_it_exists(
 
 
 def test_it_rebuilds_a_checkout_discarded_under_a_running_worker(
-    client: Client, published: Bundle,
+    client: Client,
+    published: Bundle,
 ) -> None:
     """Issue 17 item 6: after verify_bundles discarded a checkout, lookups answered 409 and the
     table page 500 until a restart."""
@@ -112,7 +117,11 @@ def test_it_rebuilds_a_checkout_discarded_under_a_running_worker(
     shutil.rmtree(checkout_path(published.sha256))
     answers = _everything(client, published, record)
     assert {name: r.status_code for name, r in answers.items()} == {
-        "files": 200, "download": 200, "lookup": 200, "table page": 200, "detail": 200,
+        "files": 200,
+        "download": 200,
+        "lookup": 200,
+        "table page": 200,
+        "detail": 200,
         "list": 200,
     }
     clear_lookup_cache()

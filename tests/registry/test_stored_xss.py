@@ -32,7 +32,11 @@ def upload(api: APIClient, data: bytes) -> Any:
 
 
 def test_it_leaves_out_files_that_are_not_of_the_bundle_format(
-    uploader: APIClient, make_bundle: Any, tar_gz_of: Any, stored_files: Any, registry_dirs: Path,
+    uploader: APIClient,
+    make_bundle: Any,
+    tar_gz_of: Any,
+    stored_files: Any,
+    registry_dirs: Path,
 ) -> None:
     """Issue 17 item 1: evil.html / evil.svg are never stored, and the answer says why."""
     folder = make_bundle()
@@ -62,7 +66,9 @@ def test_it_serves_bundle_files_as_sandboxed_downloads(api: APIClient, published
 
 
 def test_it_never_serves_an_already_stored_html_file_as_html(
-    api: APIClient, published: Bundle, tmp_path: Path,
+    api: APIClient,
+    published: Bundle,
+    tmp_path: Path,
 ) -> None:
     """Issue 17 item 1: a .html/.svg stored before the rule existed comes back as bytes to save,
     never as text/html or image/svg+xml."""
@@ -73,9 +79,7 @@ def test_it_never_serves_an_already_stored_html_file_as_html(
 
         digest = hashlib.sha256(data).hexdigest()
         put_blob(bundle_storage(), source, digest, len(data))
-        published.manifest = [
-            *published.manifest, FileRecord(name, len(data), digest).as_dict()
-        ]
+        published.manifest = [*published.manifest, FileRecord(name, len(data), digest).as_dict()]
     published.save(update_fields=["manifest"])
     for name in ("evil.html", "evil.svg"):
         response = api.get(f"/api/v1/bundles/{published.pk}/files/{name}")
@@ -99,15 +103,30 @@ def _inline_scripts(html: bytes) -> list[bytes]:
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/jobs/", "/compare/", "/api/v1/", "/api/v1/bundles/", "/api/docs/",
-             "/api/docs/?script=", "/api/redoc/", "/api/schema/", "/accounts/login/", "/admin/login/",
-             "/no/such/page"],
+    "path",
+    [
+        "/",
+        "/jobs/",
+        "/compare/",
+        "/api/v1/",
+        "/api/v1/bundles/",
+        "/api/docs/",
+        "/api/docs/?script=",
+        "/api/redoc/",
+        "/api/schema/",
+        "/accounts/login/",
+        "/admin/login/",
+        "/no/such/page",
+    ],
 )
 def test_it_sends_a_strict_policy_on_every_response(client: Client, path: str) -> None:
     """Issue 17 item 1: a strict CSP on every response, and no page relies on inline script."""
     response = client.get(path)
     policy = response["Content-Security-Policy"]
-    assert "script-src 'self'" in policy and "'unsafe-inline'" not in policy.split("script-src")[1].split(";")[0]
+    assert (
+        "script-src 'self'" in policy
+        and "'unsafe-inline'" not in policy.split("script-src")[1].split(";")[0]
+    )
     assert "object-src 'none'" in policy and "frame-ancestors 'none'" in policy
     if response.get("Content-Type", "").startswith("text/html") and response.status_code == 200:
         assert _inline_scripts(response.content) == [], path
@@ -121,7 +140,8 @@ def test_it_sends_the_policy_on_the_lookup_fast_path(client: Client) -> None:
 
 
 def test_it_keeps_pages_with_figures_free_of_inline_script(
-    client: Client, published: Bundle,
+    client: Client,
+    published: Bundle,
 ) -> None:
     """Issue 17 item 1: the bundle and table pages (plotly figures) run only static scripts."""
     for url in (f"/bundles/{published.pk}/", f"/tables/{published.tables.first().pk}/"):

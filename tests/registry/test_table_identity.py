@@ -14,19 +14,39 @@ from registry.services.describe import table_identity
 
 
 def test_it_reads_current_and_historical_contracts() -> None:
-    current = {"backend": {"name": "vllm-live", "native": True, "native_backend": "TRITON",
-                           "vllm_version": "0.26.0"}}
+    current = {
+        "backend": {
+            "name": "vllm-live",
+            "native": True,
+            "native_backend": "TRITON",
+            "vllm_version": "0.26.0",
+        }
+    }
     reference = {"backend": {"name": "torch-reference", "native": False}}
-    historical = {"expert_region": {"schema": "native-modular-expert-region-v1",
-                                    "backend": "TRITON", "vllm_version": "0.28.0"}}
+    historical = {
+        "expert_region": {
+            "schema": "native-modular-expert-region-v1",
+            "backend": "TRITON",
+            "vllm_version": "0.28.0",
+        }
+    }
     assert table_identity(current) == {
-        "backend": "vllm-live", "kernel": "TRITON", "native": True, "vllm_version": "0.26.0"
+        "backend": "vllm-live",
+        "kernel": "TRITON",
+        "native": True,
+        "vllm_version": "0.26.0",
     }
     assert table_identity(reference) == {
-        "backend": "torch-reference", "kernel": "", "native": False, "vllm_version": ""
+        "backend": "torch-reference",
+        "kernel": "",
+        "native": False,
+        "vllm_version": "",
     }
     assert table_identity(historical) == {
-        "backend": "vllm-modular", "kernel": "TRITON", "native": True, "vllm_version": "0.28.0"
+        "backend": "vllm-modular",
+        "kernel": "TRITON",
+        "native": True,
+        "vllm_version": "0.28.0",
     }
 
 

@@ -25,12 +25,18 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("field", ["hardware", "model", "variant"])
 def test_it_answers_400_for_a_nul_in_a_name(client: Client, field: str) -> None:
     """Issue 17 item 8: a NUL in hardware or model answered 500 on PostgreSQL."""
-    body = {"hardware": "H200", "model": "m", "variant": "bf16", "target": {"tp": 1, "dp": 1,
-            "rank": 0}, "queries": []}
+    body = {
+        "hardware": "H200",
+        "model": "m",
+        "variant": "bf16",
+        "target": {"tp": 1, "dp": 1, "rank": 0},
+        "queries": [],
+    }
     body[field] = "x\u0000y"
     for headers in ({}, {"HTTP_AUTHORIZATION": "Token nope"}, {"HTTP_COOKIE": "a=b"}):
-        response = client.post("/api/v1/lookup", json.dumps(body),
-                                content_type="application/json", **headers)
+        response = client.post(
+            "/api/v1/lookup", json.dumps(body), content_type="application/json", **headers
+        )
         if "HTTP_AUTHORIZATION" in headers:
             assert response.status_code == 401
             continue
@@ -40,8 +46,13 @@ def test_it_answers_400_for_a_nul_in_a_name(client: Client, field: str) -> None:
 
 def _nested(depth: int, where: str, bundle: int) -> str:
     nest = "[" * depth + "]" * depth
-    base = json.dumps({"bundle": bundle, "target": {"tp": 1, "dp": 1, "rank": 0},
-                       "queries": [{"component": "gate_routing", "tokens": 4}]})
+    base = json.dumps(
+        {
+            "bundle": bundle,
+            "target": {"tp": 1, "dp": 1, "rank": 0},
+            "queries": [{"component": "gate_routing", "tokens": 4}],
+        }
+    )
     if where == "body":
         return nest
     if where == "query":
@@ -54,7 +65,10 @@ def _nested(depth: int, where: str, bundle: int) -> str:
 @pytest.mark.parametrize("depth", [1000, 10_000])
 @pytest.mark.parametrize("where", ["body", "query", "target", "name"])
 def test_it_answers_deep_nesting_the_same_on_every_path_never_500(
-    published: Any, depth: int, where: str, settings: Any,
+    published: Any,
+    depth: int,
+    where: str,
+    settings: Any,
 ) -> None:
     """Issue 17 item 8: 1,000 deep answered 500 on the DRF path and 200 on the plain one;
     10,000 deep, 500 on every path. The short path, the DRF view (a cookie), and the DRF view
@@ -62,12 +76,13 @@ def test_it_answers_deep_nesting_the_same_on_every_path_never_500(
     body = _nested(depth, where, published.pk)
     answers = set()
     for path in ("plain", "cookie", "throttled"):
-        settings.REGISTRY = {**settings.REGISTRY,
-                             "LOOKUP_THROTTLE": "1000/second" if path == "throttled" else None}
+        settings.REGISTRY = {
+            **settings.REGISTRY,
+            "LOOKUP_THROTTLE": "1000/second" if path == "throttled" else None,
+        }
         client = Client(raise_request_exception=False)
         headers = {"HTTP_COOKIE": "x=y"} if path == "cookie" else {}
-        response = client.post("/api/v1/lookup", body, content_type="application/json",
-                               **headers)
+        response = client.post("/api/v1/lookup", body, content_type="application/json", **headers)
         assert response.status_code < 500, (path, response.content[:200])
         answers.add(response.status_code)
     assert len(answers) == 1, answers
@@ -77,8 +92,9 @@ def test_it_answers_deep_nesting_the_same_on_every_path_never_500(
 
 def test_it_answers_400_for_deep_nesting_on_other_json_endpoints(uploader: APIClient) -> None:
     """Issue 17 item 8: the same parser for every DRF endpoint (jobs take JSON)."""
-    response = uploader.post("/api/v1/jobs/", "[" * 10_000 + "]" * 10_000,
-                             content_type="application/json")
+    response = uploader.post(
+        "/api/v1/jobs/", "[" * 10_000 + "]" * 10_000, content_type="application/json"
+    )
     assert response.status_code == 400
     assert "nested too deeply" in response.json()["detail"]
 
@@ -96,29 +112,47 @@ def test_it_reads_the_lookup_throttle_from_the_environment_end_to_end(tmp_path: 
         "codes = [(r.status_code, r.json().get('error', 'throttled')) for r in codes]\n"
         "print(json.dumps([settings.REGISTRY['LOOKUP_THROTTLE'], codes]))\n"
     )
-    env = {**os.environ, "REGISTRY_LOOKUP_THROTTLE": "2/minute", "PYTHONPATH": str(REPO),
-           "DJANGO_SETTINGS_MODULE": "config.settings", "REGISTRY_VAR_DIR": str(tmp_path),
-           "DJANGO_ALLOWED_HOSTS": "testserver"}
+    env = {
+        **os.environ,
+        "REGISTRY_LOOKUP_THROTTLE": "2/minute",
+        "PYTHONPATH": str(REPO),
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "REGISTRY_VAR_DIR": str(tmp_path),
+        "DJANGO_ALLOWED_HOSTS": "testserver",
+    }
     env.pop("REDIS_URL", None)
-    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, text=True,
-                         capture_output=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    ).stdout
     rate, codes = json.loads(out.strip().splitlines()[-1])
     assert rate == "2/minute"
     assert codes == [[400, "invalid"], [400, "invalid"], [429, "throttled"]]
 
 
 def test_it_throttles_uploads_and_job_creation(
-    uploader: APIClient, settings: Any,
+    uploader: APIClient,
+    settings: Any,
 ) -> None:
     """Issue 17 item 9: upload and job creation rates (REGISTRY_UPLOAD_THROTTLE, _JOB_)."""
-    settings.REGISTRY = {**settings.REGISTRY, "UPLOAD_THROTTLE": "2/hour",
-                         "JOB_THROTTLE": "1/hour"}
-    codes = [uploader.post("/api/v1/bundles/", {"archive": SimpleUploadedFile("a", b"x")},
-                           format="multipart").status_code for _ in range(3)]
+    settings.REGISTRY = {**settings.REGISTRY, "UPLOAD_THROTTLE": "2/hour", "JOB_THROTTLE": "1/hour"}
+    codes = [
+        uploader.post(
+            "/api/v1/bundles/", {"archive": SimpleUploadedFile("a", b"x")}, format="multipart"
+        ).status_code
+        for _ in range(3)
+    ]
     assert codes == [400, 400, 429]
     assert uploader.get("/api/v1/bundles/").status_code == 200  # reads are not counted
-    codes = [uploader.post("/api/v1/jobs/", {"model": "no/such"}, format="json").status_code
-             for _ in range(2)]
+    codes = [
+        uploader.post("/api/v1/jobs/", {"model": "no/such"}, format="json").status_code
+        for _ in range(2)
+    ]
     assert codes == [400, 429]
 
 
@@ -144,13 +178,20 @@ def test_it_refuses_even_the_right_password_after_too_many_wrong_ones(settings: 
 @pytest.mark.parametrize("value", [32768, 2**63, 2**64 + 1])
 @pytest.mark.parametrize("field", ["tp", "dp", "rank"])
 def test_it_answers_a_target_beyond_the_columns_without_asking_the_database(
-    client: Client, published: Any, field: str, value: int,
+    client: Client,
+    published: Any,
+    field: str,
+    value: int,
 ) -> None:
     """Issue 17 item 8: a TP past 64 bits was sent to SQLite (OverflowError, a 500)."""
     target = {"tp": 1, "dp": 2, "rank": 0, field: value}
-    for name in ({"bundle": published.pk},
-                 {"hardware": published.hardware, "model": published.model,
-                  "variant": published.variant}):
-        response = client.post("/api/v1/lookup", json.dumps({**name, "target": target,
-                               "queries": []}), content_type="application/json")
+    for name in (
+        {"bundle": published.pk},
+        {"hardware": published.hardware, "model": published.model, "variant": published.variant},
+    ):
+        response = client.post(
+            "/api/v1/lookup",
+            json.dumps({**name, "target": target, "queries": []}),
+            content_type="application/json",
+        )
         assert response.status_code in (400, 422), response.content

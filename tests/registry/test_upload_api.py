@@ -25,7 +25,9 @@ def upload(api: APIClient, data: bytes, name: str = "bundle.tar.gz") -> Any:
 
 
 def test_it_creates_a_bundle_from_an_upload(
-    uploader: APIClient, shipped: Path, tar_gz_of: Any,
+    uploader: APIClient,
+    shipped: Path,
+    tar_gz_of: Any,
 ) -> None:
     response = upload(uploader, tar_gz_of(shipped))
     assert response.status_code == 201, response.json()
@@ -40,7 +42,9 @@ def test_it_creates_a_bundle_from_an_upload(
 
 
 def test_it_returns_the_existing_bundle_for_identical_content(
-    uploader: APIClient, shipped: Path, tar_gz_of: Any,
+    uploader: APIClient,
+    shipped: Path,
+    tar_gz_of: Any,
 ) -> None:
     first = upload(uploader, tar_gz_of(shipped, prefix="one"))
     second = upload(uploader, tar_gz_of(shipped, prefix="two"), name="renamed.tgz")
@@ -51,7 +55,9 @@ def test_it_returns_the_existing_bundle_for_identical_content(
 
 
 def test_it_reports_left_out_artifacts(
-    uploader: APIClient, make_bundle: Any, tar_gz_of: Any,
+    uploader: APIClient,
+    make_bundle: Any,
+    tar_gz_of: Any,
 ) -> None:
     folder = make_bundle()
     (folder / "tp1" / "moe_components" / "dp1_ep1_rank0_sp0" / "samples.jsonl").write_text("{}\n")
@@ -60,7 +66,11 @@ def test_it_reports_left_out_artifacts(
 
 
 def test_it_needs_a_token(
-    api: APIClient, shipped: Path, registry_dirs: Path, tar_gz_of: Any, stored_files: Any,
+    api: APIClient,
+    shipped: Path,
+    registry_dirs: Path,
+    tar_gz_of: Any,
+    stored_files: Any,
 ) -> None:
     response = upload(api, tar_gz_of(shipped))
     assert response.status_code == 401
@@ -70,7 +80,10 @@ def test_it_needs_a_token(
 
 
 def test_it_refuses_session_logins_for_uploads(
-    api: APIClient, shipped: Path, django_user_model: Any, tar_gz_of: Any,
+    api: APIClient,
+    shipped: Path,
+    django_user_model: Any,
+    tar_gz_of: Any,
 ) -> None:
     user = django_user_model.objects.create_user("someone", password="pw")
     api.force_login(user)
@@ -78,7 +91,11 @@ def test_it_refuses_session_logins_for_uploads(
 
 
 def test_it_lists_every_problem_of_an_invalid_bundle(
-    uploader: APIClient, shipped: Path, tmp_path: Path, registry_dirs: Path, tar_gz_of: Any,
+    uploader: APIClient,
+    shipped: Path,
+    tmp_path: Path,
+    registry_dirs: Path,
+    tar_gz_of: Any,
     stored_files: Any,
 ) -> None:
     copy = shutil.copytree(shipped, tmp_path / "bf16")
@@ -109,7 +126,10 @@ def test_it_asks_for_the_archive_field(uploader: APIClient) -> None:
 
 
 def test_it_refuses_an_archive_over_the_size_limit(
-    uploader: APIClient, shipped: Path, settings: Any, tar_gz_of: Any,
+    uploader: APIClient,
+    shipped: Path,
+    settings: Any,
+    tar_gz_of: Any,
 ) -> None:
     settings.REGISTRY = {**settings.REGISTRY, "MAX_ARCHIVE_BYTES": 1000}
     response = upload(uploader, tar_gz_of(shipped))

@@ -27,15 +27,20 @@ def upload(api: APIClient, data: bytes) -> Any:
 
 
 def test_it_refuses_a_billion_laughs_meta_yaml_in_well_under_a_second(
-    uploader: APIClient, make_bundle: Any, tar_gz_of: Any, stored_files: Any,
+    uploader: APIClient,
+    make_bundle: Any,
+    tar_gz_of: Any,
+    stored_files: Any,
     registry_dirs: Path,
 ) -> None:
     """Issue 17 item 4: it took 46 s and 3.6 GB, then was accepted."""
     folder = make_bundle()
     meta = folder / "meta.yaml"
-    meta.write_bytes(meta.read_bytes() + b"laughs:\n" + b"".join(
-        b"  " + line + b"\n" for line in LAUGHS.splitlines()
-    ))
+    meta.write_bytes(
+        meta.read_bytes()
+        + b"laughs:\n"
+        + b"".join(b"  " + line + b"\n" for line in LAUGHS.splitlines())
+    )
     start = time.perf_counter()
     response = upload(uploader, tar_gz_of(folder))
     assert time.perf_counter() - start < 3.0
@@ -45,7 +50,9 @@ def test_it_refuses_a_billion_laughs_meta_yaml_in_well_under_a_second(
 
 
 def test_it_refuses_fifty_million_experts_quickly(
-    uploader: APIClient, make_bundle: Any, tar_gz_of: Any,
+    uploader: APIClient,
+    make_bundle: Any,
+    tar_gz_of: Any,
 ) -> None:
     """Issue 17 item 4: global_experts 5e7 took 4 s and 2 GB."""
     folder = make_bundle()
@@ -59,7 +66,10 @@ def test_it_refuses_fifty_million_experts_quickly(
 
 
 def test_it_keeps_each_publisher_within_the_storage_quota(
-    uploader: APIClient, make_bundle: Any, tar_gz_of: Any, settings: Any,
+    uploader: APIClient,
+    make_bundle: Any,
+    tar_gz_of: Any,
+    settings: Any,
 ) -> None:
     """Issue 17 item 4: a per-user quota (REGISTRY_USER_QUOTA_BYTES); 413 past it."""
     first = upload(uploader, tar_gz_of(make_bundle(scale=1.0)))

@@ -23,8 +23,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
         parser.add_argument("--email", default="")
-        parser.add_argument("--password-stdin", action="store_true",
-                            help="read the password from the first line of stdin")
+        parser.add_argument(
+            "--password-stdin",
+            action="store_true",
+            help="read the password from the first line of stdin",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         users = get_user_model()

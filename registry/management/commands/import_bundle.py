@@ -38,8 +38,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("paths", nargs="+", type=Path)
         parser.add_argument(
-            "--source", choices=[BundleSource.IMPORT, BundleSource.ACQUISITION],
-            default=BundleSource.IMPORT, help="how the bundle reached the registry",
+            "--source",
+            choices=[BundleSource.IMPORT, BundleSource.ACQUISITION],
+            default=BundleSource.IMPORT,
+            help="how the bundle reached the registry",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
