@@ -66,10 +66,19 @@ __all__ = ["RegistryError", "RemoteDeployment", "RemoteTables", "manifest_sha256
 LOOKUP_PATH = "/api/v1/lookup"
 ESTIMATE_PATH = "/api/v1/estimate"
 # Options of ComponentTables.estimate, as the REST request names them.
-_OPTIONS = frozenset({
-    "expert_counts", "active_curve", "load_shares", "seed", "capture_sizes", "profile", "layer",
-    "captured_expectation", "tile_cost_us",
-})
+_OPTIONS = frozenset(
+    {
+        "expert_counts",
+        "active_curve",
+        "load_shares",
+        "seed",
+        "capture_sizes",
+        "profile",
+        "layer",
+        "captured_expectation",
+        "tile_cost_us",
+    }
+)
 _COUNTING = frozenset({"histogram", "round_robin", "random", "captured"})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _CODES = {"out_of_support": OUT_OF_SUPPORT, "invalid": INVALID}
@@ -108,8 +117,9 @@ class _Http:
     """One keep-alive connection per thread, retries with backoff (every call is idempotent:
     lookups read, downloads read)."""
 
-    def __init__(self, url: str, token: str | None, timeout: float, retries: int,
-                 backoff_s: float) -> None:
+    def __init__(
+        self, url: str, token: str | None, timeout: float, retries: int, backoff_s: float
+    ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url must be http(s)://host[:port][/prefix], got {url!r}")
@@ -127,8 +137,11 @@ class _Http:
     def _connection(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            cls = (http.client.HTTPSConnection if self.scheme == "https"
-                   else http.client.HTTPConnection)
+            cls = (
+                http.client.HTTPSConnection
+                if self.scheme == "https"
+                else http.client.HTTPConnection
+            )
             conn = cls(self.host, self.port, timeout=self.timeout)
             self._local.conn = conn
         return conn
@@ -143,8 +156,12 @@ class _Http:
         self._local.conn = None
 
     def request(
-        self, method: str, path: str, body: bytes | None = None,
-        headers: dict[str, str] | None = None, sink: Any = None,
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        sink: Any = None,
     ) -> tuple[int, dict[str, str], bytes]:
         """Status, headers (lower-case names) and body; with ``sink`` a 200's body is
         streamed into it instead. Connection failures and 429/502/503/504 are retried."""
@@ -222,8 +239,14 @@ def _local_cluster(cluster: Cluster | str | None) -> Cluster | None:
 class RemoteDeployment:
     """One deployment rank answered by the registry: ``DeploymentTables``' interface."""
 
-    def __init__(self, tables: RemoteTables, target: MoeTarget, answerer: dict[str, Any],
-                 components: Sequence[str], modes: Sequence[str]) -> None:
+    def __init__(
+        self,
+        tables: RemoteTables,
+        target: MoeTarget,
+        answerer: dict[str, Any],
+        components: Sequence[str],
+        modes: Sequence[str],
+    ) -> None:
         self._tables = tables
         self.target = target
         self.answerer = answerer
@@ -231,8 +254,12 @@ class RemoteDeployment:
         self.modes = tuple(modes)
         self._envelope = {
             "bundle": answerer["sha256"],
-            "target": {"tp": target.tp, "dp": target.dp, "rank": target.rank,
-                       "sequence_parallel": target.sequence_parallel},
+            "target": {
+                "tp": target.tp,
+                "dp": target.dp,
+                "rank": target.rank,
+                "sequence_parallel": target.sequence_parallel,
+            },
         }
         self._scalars: dict[tuple[Any, ...], float] = {}
 
@@ -252,48 +279,80 @@ class RemoteDeployment:
         size = self._tables.batch_size
         answers: list[dict[str, Any]] = []
         for start in range(0, len(queries), size):
-            answers += self._ask(json.dumps(
-                {**self._envelope, "queries": list(queries[start:start + size])},
-                default=_plain,
-            ).encode())
+            answers += self._ask(
+                json.dumps(
+                    {**self._envelope, "queries": list(queries[start : start + size])},
+                    default=_plain,
+                ).encode()
+            )
         return answers
 
     def estimate(
-        self, tokens_per_rank: Sequence[int], policy: str = "balanced",
-        cluster: Cluster | str | None = None, mode: str = "eager", **options: Any,
+        self,
+        tokens_per_rank: Sequence[int],
+        policy: str = "balanced",
+        cluster: Cluster | str | None = None,
+        mode: str = "eager",
+        **options: Any,
     ) -> LayerEstimate:
         """The layer estimate of this rank's deployment (as ``DeploymentTables.estimate``)."""
         t = self.target
         return self._tables.estimate(
-            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
-            policy=policy, cluster=cluster, mode=mode, **options,
+            tokens_per_rank,
+            tp=t.tp,
+            dp=t.dp,
+            sequence_parallel=t.sequence_parallel,
+            policy=policy,
+            cluster=cluster,
+            mode=mode,
+            **options,
         )
 
     def estimate_batch(
-        self, tokens_per_rank: Any, policy: str = "balanced",
-        cluster: Cluster | str | None = None, mode: str = "eager", **options: Any,
+        self,
+        tokens_per_rank: Any,
+        policy: str = "balanced",
+        cluster: Cluster | str | None = None,
+        mode: str = "eager",
+        **options: Any,
     ) -> BatchEstimate:
         """`estimate` for many steps (as ``DeploymentTables.estimate_batch``)."""
         t = self.target
         return self._tables.estimate_batch(
-            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
-            policy=policy, cluster=cluster, mode=mode, **options,
+            tokens_per_rank,
+            tp=t.tp,
+            dp=t.dp,
+            sequence_parallel=t.sequence_parallel,
+            policy=policy,
+            cluster=cluster,
+            mode=mode,
+            **options,
         )
 
     def _ask(self, body: bytes) -> list[dict[str, Any]]:
         answers: list[dict[str, Any]] = self._tables._post(body)["answers"]
         return answers
 
-    def time_us(self, component: str, tokens: int, activated_experts: int = -1,
-                local_assignments: int = -1, mode: str = "eager", *, loads: Any = None,
-                tile_cost_us: float | None = None) -> float:
+    def time_us(
+        self,
+        component: str,
+        tokens: int,
+        activated_experts: int = -1,
+        local_assignments: int = -1,
+        mode: str = "eager",
+        *,
+        loads: Any = None,
+        tile_cost_us: float | None = None,
+    ) -> float:
         """Microseconds for one query; QueryError if malformed, CoverageError if unmeasured.
         Answers are kept (errors are not), as the in-process cache keeps them. ``loads`` and
         ``tile_cost_us``: a load description (issue 18), sent as the query's own keys."""
         key: tuple[Any, ...] = (component, tokens, activated_experts, local_assignments, mode)
         if loads is not None or tile_cost_us is not None:
-            key += (loads if isinstance(loads, str) or loads is None else tuple(loads),
-                    tile_cost_us)
+            key += (
+                loads if isinstance(loads, str) or loads is None else tuple(loads),
+                tile_cost_us,
+            )
         try:
             return self._scalars[key]
         except KeyError:
@@ -323,24 +382,45 @@ class RemoteDeployment:
             raise CoverageError(answer.get("message", "outside measured support"))
         raise QueryError(answer.get("message", "invalid query"))
 
-    def experts_time_us(self, tokens: int, activated_experts: int, local_assignments: int, *,
-                        loads: Any = "balanced", tile_cost_us: float | None = None,
-                        mode: str = "eager") -> float:
+    def experts_time_us(
+        self,
+        tokens: int,
+        activated_experts: int,
+        local_assignments: int,
+        *,
+        loads: Any = "balanced",
+        tile_cost_us: float | None = None,
+        mode: str = "eager",
+    ) -> float:
         """The expert component for a load description (issue 18), as in process."""
-        return self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode,
-                            loads=loads, tile_cost_us=tile_cost_us)
+        return self.time_us(
+            EXPERTS,
+            tokens,
+            activated_experts,
+            local_assignments,
+            mode,
+            loads=loads,
+            tile_cost_us=tile_cost_us,
+        )
 
-    def batch(self, component: str, tokens: npt.ArrayLike,
-              activated_experts: npt.ArrayLike | None = None,
-              local_assignments: npt.ArrayLike | None = None,
-              mode: str = "eager", *, loads: Any = None,
-              tile_cost_us: float | None = None) -> BatchResult:
+    def batch(
+        self,
+        component: str,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike | None = None,
+        local_assignments: npt.ArrayLike | None = None,
+        mode: str = "eager",
+        *,
+        loads: Any = None,
+        tile_cost_us: float | None = None,
+    ) -> BatchResult:
         """Vectorised lookups of one component and mode; refusals are per-row codes.
         ``loads``/``tile_cost_us`` as ``DeploymentTables.batch`` takes them (issue 18)."""
         self._known(component, mode)
         if loads is not None or tile_cost_us is not None:
-            return self._loaded_batch(component, tokens, activated_experts, local_assignments,
-                                      mode, loads, tile_cost_us)
+            return self._loaded_batch(
+                component, tokens, activated_experts, local_assignments, mode, loads, tile_cost_us
+            )
         n = np.asarray(tokens, dtype=np.int64)
         if component == EXPERTS:
             if activated_experts is None or local_assignments is None:
@@ -350,9 +430,12 @@ class RemoteDeployment:
             if a.shape != n.shape or m.shape != n.shape:
                 raise QueryError("tokens, activated_experts and local_assignments differ in length")
             head = f'{{"component":"{component}","mode":{json.dumps(mode)},"tokens":'
-            rows = [f'{head}{x},"activated_experts":{y},"local_assignments":{z}}}'
-                    for x, y, z in zip(n.ravel().tolist(), a.ravel().tolist(),
-                                       m.ravel().tolist(), strict=True)]
+            rows = [
+                f'{head}{x},"activated_experts":{y},"local_assignments":{z}}}'
+                for x, y, z in zip(
+                    n.ravel().tolist(), a.ravel().tolist(), m.ravel().tolist(), strict=True
+                )
+            ]
         else:
             head = f'{{"component":{json.dumps(component)},"mode":{json.dumps(mode)},"tokens":'
             rows = [f"{head}{x}}}" for x in n.ravel().tolist()]
@@ -363,7 +446,7 @@ class RemoteDeployment:
         for start in range(0, len(rows), size):
             # The body is written by hand: for 10,000 rows, json.dumps of dicts costs more
             # than the server's answer.
-            body = f'{envelope},"queries":[{",".join(rows[start:start + size])}]}}'.encode()
+            body = f'{envelope},"queries":[{",".join(rows[start : start + size])}]}}'.encode()
             for i, answer in enumerate(self._ask(body), start):
                 if "time_us" in answer:
                     values[i] = answer["time_us"]
@@ -372,10 +455,16 @@ class RemoteDeployment:
                     codes[i] = _CODES.get(answer.get("error", ""), INVALID)
         return BatchResult(time_us=values.reshape(n.shape), code=codes.reshape(n.shape))
 
-    def _loaded_batch(self, component: str, tokens: npt.ArrayLike,
-                      activated_experts: npt.ArrayLike | None,
-                      local_assignments: npt.ArrayLike | None, mode: str, loads: Any,
-                      tile_cost_us: float | None) -> BatchResult:
+    def _loaded_batch(
+        self,
+        component: str,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike | None,
+        local_assignments: npt.ArrayLike | None,
+        mode: str,
+        loads: Any,
+        tile_cost_us: float | None,
+    ) -> BatchResult:
         """`batch` with a load description: every row a query with its description, checked
         first as ``DeploymentTables.batch`` checks it (the same QueryError)."""
         n = np.asarray(tokens, dtype=np.int64)
@@ -392,21 +481,30 @@ class RemoteDeployment:
         else:
             each = list(loads)
             if len(each) != n.size:
-                raise QueryError(f"loads: one description per row or one for all; got "
-                                 f"{len(each)} for {n.size} rows")
+                raise QueryError(
+                    f"loads: one description per row or one for all; got "
+                    f"{len(each)} for {n.size} rows"
+                )
         for d in [loads] if isinstance(loads, str) else each:
             if not isinstance(d, (str, Sequence)) or isinstance(d, (bytes, bytearray)):
                 raise QueryError(
                     "loads: each row's description is a string or a list of per-expert "
-                    f"counts, got {d!r} (give one list of counts for one row as [[...]])")
+                    f"counts, got {d!r} (give one list of counts for one row as [[...]])"
+                )
             problem = load_problem(component, d, tile_cost_us)
             if problem is not None:
                 raise QueryError(problem)
         queries: list[dict[str, Any]] = []
-        for x, y, z, d in zip(n.ravel().tolist(), a.ravel().tolist(), m.ravel().tolist(), each,
-                              strict=True):
-            query = {"component": component, "mode": mode, "tokens": x,
-                     "activated_experts": y, "local_assignments": z}
+        for x, y, z, d in zip(
+            n.ravel().tolist(), a.ravel().tolist(), m.ravel().tolist(), each, strict=True
+        ):
+            query = {
+                "component": component,
+                "mode": mode,
+                "tokens": x,
+                "activated_experts": y,
+                "local_assignments": z,
+            }
             if not (isinstance(d, str) and d == "balanced"):
                 query["loads"] = d
                 query["tile_cost_us"] = tile_cost_us
@@ -450,10 +548,18 @@ class RemoteTables:
         batch_size: int = 10_000,
         estimate_steps: int = 1_000,
     ) -> None:
-        selection = {k: v for k, v in (
-            ("bundle", bundle), ("hardware", hardware), ("model", model),
-            ("variant", variant), ("backend", backend), ("vllm_version", vllm_version),
-        ) if v is not None}
+        selection = {
+            k: v
+            for k, v in (
+                ("bundle", bundle),
+                ("hardware", hardware),
+                ("model", model),
+                ("variant", variant),
+                ("backend", backend),
+                ("vllm_version", vllm_version),
+            )
+            if v is not None
+        }
         try:  # checked by the rule the registry applies, before anything is sent
             parse_request({**selection, "target": {"tp": 1, "dp": 1, "rank": 0}})
         except RequestError as exc:
@@ -507,8 +613,9 @@ class RemoteTables:
 
     # --- ComponentTables' interface ------------------------------------------------------
 
-    def deployment(self, tp: int, dp: int, rank: int,
-                   sequence_parallel: bool = False) -> RemoteDeployment | DeploymentTables:
+    def deployment(
+        self, tp: int, dp: int, rank: int, sequence_parallel: bool = False
+    ) -> RemoteDeployment | DeploymentTables:
         key = (tp, dp, rank, sequence_parallel)
         found = self._loaded.get(key)
         if found is not None:
@@ -531,8 +638,12 @@ class RemoteTables:
             return found
 
     def _open(self, target: MoeTarget) -> RemoteDeployment | DeploymentTables:
-        wanted = {"tp": target.tp, "dp": target.dp, "rank": target.rank,
-                  "sequence_parallel": target.sequence_parallel}
+        wanted = {
+            "tp": target.tp,
+            "dp": target.dp,
+            "rank": target.rank,
+            "sequence_parallel": target.sequence_parallel,
+        }
         index_key = json.dumps([self.url, self.selection, wanted], sort_keys=True)
         if self.offline:
             assert self.cache_dir is not None
@@ -541,8 +652,9 @@ class RemoteTables:
                 sha256 = self.selection["bundle"]
             if sha256 is None or not (self.cache_dir / sha256).is_dir():
                 raise BundleError(
-                    str(self.cache_dir), f"offline, and no cached bundle answers {wanted} "
-                    f"for {self.selection}: run once online with this cache_dir"
+                    str(self.cache_dir),
+                    f"offline, and no cached bundle answers {wanted} "
+                    f"for {self.selection}: run once online with this cache_dir",
                 )
             return self._local_tables(sha256).deployment(
                 target.tp, target.dp, target.rank, target.sequence_parallel
@@ -588,11 +700,16 @@ class RemoteTables:
         local = self._estimator(tp, dp, sequence_parallel)
         if isinstance(local, ComponentTables):
             return local.estimate(
-                tokens_per_rank, tp=tp, dp=dp, sequence_parallel=sequence_parallel,
-                policy=policy, cluster=_local_cluster(cluster), mode=mode, **options,
+                tokens_per_rank,
+                tp=tp,
+                dp=dp,
+                sequence_parallel=sequence_parallel,
+                policy=policy,
+                cluster=_local_cluster(cluster),
+                mode=mode,
+                **options,
             )
-        body = self._estimate_body(local, tp, dp, sequence_parallel, policy, cluster, mode,
-                                   options)
+        body = self._estimate_body(local, tp, dp, sequence_parallel, policy, cluster, mode, options)
         body["tokens"] = _tokens(tokens_per_rank)
         if policy in _COUNTING and not options.get("captured_expectation"):
             body["rank_expert_counts"] = True
@@ -617,11 +734,16 @@ class RemoteTables:
         local = self._estimator(tp, dp, sequence_parallel)
         if isinstance(local, ComponentTables):
             return local.estimate_batch(
-                tokens_per_rank, tp=tp, dp=dp, sequence_parallel=sequence_parallel,
-                policy=policy, cluster=_local_cluster(cluster), mode=mode, **options,
+                tokens_per_rank,
+                tp=tp,
+                dp=dp,
+                sequence_parallel=sequence_parallel,
+                policy=policy,
+                cluster=_local_cluster(cluster),
+                mode=mode,
+                **options,
             )
-        body = self._estimate_body(local, tp, dp, sequence_parallel, policy, cluster, mode,
-                                   options)
+        body = self._estimate_body(local, tp, dp, sequence_parallel, policy, cluster, mode, options)
         steps = _tokens(tokens_per_rank)
         if not isinstance(steps, list) or not steps:
             raise QueryError("tokens_per_rank must be a non-empty list of steps (steps, dp)")
@@ -635,20 +757,27 @@ class RemoteTables:
         size = len(steps) if seeded else self.estimate_steps
         answers: list[dict[str, Any]] = []
         for start in range(0, len(steps), size):
-            part = {**body, "steps": steps[start:start + size]}
+            part = {**body, "steps": steps[start : start + size]}
             if counts is not None:
-                part["expert_counts"] = counts[start:start + size] if isinstance(
-                    counts, list) else counts
+                part["expert_counts"] = (
+                    counts[start : start + size] if isinstance(counts, list) else counts
+                )
             got = self._post(json.dumps(part, default=_plain).encode(), ESTIMATE_PATH)["answers"]
             for j, answer in enumerate(got):
                 # A refusal names its step within its request: renumbered as in the call.
                 message = answer.get("message")
                 if start and isinstance(message, str) and message.startswith(f"step {j}:"):
-                    answer["message"] = f"step {start + j}:" + message[len(f"step {j}:"):]
+                    answer["message"] = f"step {start + j}:" + message[len(f"step {j}:") :]
             answers += got
         return batch_from_dicts(
-            answers, tp=tp, dp=dp, sequence_parallel=sequence_parallel,
-            components=local.components, policy=policy, mode=mode, tokens=steps,
+            answers,
+            tp=tp,
+            dp=dp,
+            sequence_parallel=sequence_parallel,
+            components=local.components,
+            policy=policy,
+            mode=mode,
+            tokens=steps,
             cluster=cluster.name if isinstance(cluster, Cluster) else cluster,
             expert_counts=per_expert,
         )
@@ -671,20 +800,33 @@ class RemoteTables:
         raise AssertionError("a cached deployment comes from a cached bundle")
 
     def _estimate_body(
-        self, first: RemoteDeployment, tp: int, dp: int, sequence_parallel: bool, policy: str,
-        cluster: Cluster | str | None, mode: str, options: dict[str, Any],
+        self,
+        first: RemoteDeployment,
+        tp: int,
+        dp: int,
+        sequence_parallel: bool,
+        policy: str,
+        cluster: Cluster | str | None,
+        mode: str,
+        options: dict[str, Any],
     ) -> dict[str, Any]:
         unknown = sorted(set(options) - _OPTIONS)
         if unknown:
             raise TypeError(f"estimate() got an unexpected keyword argument {unknown[0]!r}")
         body: dict[str, Any] = {
-            "bundle": first.answerer["sha256"], "tp": tp, "dp": dp,
-            "sequence_parallel": sequence_parallel, "policy": policy, "mode": mode,
+            "bundle": first.answerer["sha256"],
+            "tp": tp,
+            "dp": dp,
+            "sequence_parallel": sequence_parallel,
+            "policy": policy,
+            "mode": mode,
         }
         if isinstance(cluster, Cluster):
             if cluster.raw is None:
-                raise QueryError("cluster: this Cluster was not read from a description "
-                                 "(parse_cluster/load_cluster), so it cannot be sent")
+                raise QueryError(
+                    "cluster: this Cluster was not read from a description "
+                    "(parse_cluster/load_cluster), so it cannot be sent"
+                )
             body["cluster"] = dict(cluster.raw)
         elif cluster is not None:
             body["cluster"] = cluster
@@ -697,8 +839,9 @@ class RemoteTables:
             elif key == "profile" and isinstance(value, RoutingProfile):
                 body["profile"] = value.to_json()
             elif key == "active_curve" and isinstance(value, ActiveCurve):
-                body["active_curve"] = [list(p) for p in zip(value.tokens, value.active,
-                                                             strict=True)]
+                body["active_curve"] = [
+                    list(p) for p in zip(value.tokens, value.active, strict=True)
+                ]
             else:
                 body[key] = _tokens(value)
         return body

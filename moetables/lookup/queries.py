@@ -42,6 +42,7 @@ __all__ = [
     "read_columns",
 ]
 
+
 @dataclass(frozen=True, slots=True)
 class Query:
     component: str
@@ -127,8 +128,13 @@ def counts_problem(loads: Any, activated_experts: int, local_assignments: int) -
 # What one query may name; anything else is refused, never ignored (a key this reader does not
 # know would otherwise be answered as if it were absent).
 QUERY_KEYS = (
-    "component", "mode", "tokens", "activated_experts", "local_assignments",
-    "loads", "tile_cost_us",
+    "component",
+    "mode",
+    "tokens",
+    "activated_experts",
+    "local_assignments",
+    "loads",
+    "tile_cost_us",
 )
 _QUERY_SET = frozenset(QUERY_KEYS)
 # The keys of a plain query, which the column reader answers in bulk: a query with a load
@@ -235,7 +241,9 @@ def _read_few(
                 and type(a) is int
                 and type(m) is int
                 and all(INT64_MIN <= v <= INT64_MAX for v in (n, a, m))
-                and (component != EXPERTS or ("activated_experts" in q and "local_assignments" in q))
+                and (
+                    component != EXPERTS or ("activated_experts" in q and "local_assignments" in q)
+                )
             ):
                 found = columns[g]
                 if found is None:
@@ -281,8 +289,10 @@ def read_columns(
         of_mode = {c: g for (c, m), g in groups.items() if m == mode}
         group = np.array(_lookup(of_mode, components), dtype=np.int64)
     else:
-        keys = [(c, m) if type(c) is str and type(m) is str else None
-                for c, m in zip(components, modes, strict=True)]
+        keys = [
+            (c, m) if type(c) is str and type(m) is str else None
+            for c, m in zip(components, modes, strict=True)
+        ]
         group = np.array(_lookup(groups, keys), dtype=np.int64)
     n_col, good = _int64([q.get("tokens") for q in objects])
     # An absent expert coordinate reads as -1, as it does for a local component.
@@ -310,8 +320,16 @@ def read_columns(
 # Every key a lookup body may carry; anything else is refused, never ignored (a misspelt pin
 # silently ignored would answer from another bundle than the caller meant).
 ENVELOPE_KEYS = (
-    "bundle", "sha256", "hardware", "model", "variant", "backend", "vllm_version",
-    "include_exploratory", "target", "queries",
+    "bundle",
+    "sha256",
+    "hardware",
+    "model",
+    "variant",
+    "backend",
+    "vllm_version",
+    "include_exploratory",
+    "target",
+    "queries",
 )
 TARGET_KEYS = ("tp", "dp", "ep", "rank", "sequence_parallel")
 _ENVELOPE_SET = frozenset(ENVELOPE_KEYS)
@@ -429,9 +447,7 @@ def _merge_pins(
         if key == "bundle" and _DIGITS.match(raw):
             value = int(raw)
         if key in merged and merged[key] != value:
-            problems.append(
-                f"{key}: the body says {merged[key]!r} and the query string {raw!r}"
-            )
+            problems.append(f"{key}: the body says {merged[key]!r} and the query string {raw!r}")
             continue
         merged[key] = value
     return merged
@@ -480,13 +496,12 @@ def parse_request(
         problems.append("hardware, model and variant go together")
     elif given:
         problems += [
-            p for k, n in zip(("hardware", "model", "variant"), names, strict=True)
+            p
+            for k, n in zip(("hardware", "model", "variant"), names, strict=True)
             if (p := _text_problem(k, n)) is not None
         ]
     if data.get("bundle") is None and data.get("sha256") is None and not given:
-        problems.append(
-            "name the bundle: bundle (id or sha256), or hardware + model + variant"
-        )
+        problems.append("name the bundle: bundle (id or sha256), or hardware + model + variant")
     pinned: dict[str, str | None] = {}
     for key in ("backend", "vllm_version"):
         value = data.get(key)
@@ -518,8 +533,7 @@ def parse_request(
         ep = raw.get("ep", tp * dp)
         if ep != tp * dp:
             problems.append(
-                f"target.ep: ep must equal tp*dp = {tp * dp} (full expert parallelism), "
-                f"got {ep!r}"
+                f"target.ep: ep must equal tp*dp = {tp * dp} (full expert parallelism), got {ep!r}"
             )
         elif rank >= tp * dp:
             problems.append(f"target.rank: rank must be below ep = {tp * dp}, got {rank}")

@@ -117,8 +117,14 @@ class DeploymentTables:
             owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
         t = self.target
         return owner.estimate(
-            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
-            policy=policy, cluster=cluster, mode=mode, **options,
+            tokens_per_rank,
+            tp=t.tp,
+            dp=t.dp,
+            sequence_parallel=t.sequence_parallel,
+            policy=policy,
+            cluster=cluster,
+            mode=mode,
+            **options,
         )
 
     def estimate_batch(
@@ -135,8 +141,14 @@ class DeploymentTables:
             owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
         t = self.target
         return owner.estimate_batch(
-            tokens_per_rank, tp=t.tp, dp=t.dp, sequence_parallel=t.sequence_parallel,
-            policy=policy, cluster=cluster, mode=mode, **options,
+            tokens_per_rank,
+            tp=t.tp,
+            dp=t.dp,
+            sequence_parallel=t.sequence_parallel,
+            policy=policy,
+            cluster=cluster,
+            mode=mode,
+            **options,
         )
 
     def tile_shape(self) -> tuple[int, int, str]:
@@ -283,8 +295,12 @@ class DeploymentTables:
             if problem is not None:
                 raise QueryError(problem)
             return self.experts_time_us(
-                tokens, activated_experts, local_assignments,
-                loads=loads, tile_cost_us=tile_cost_us, mode=mode,
+                tokens,
+                activated_experts,
+                local_assignments,
+                loads=loads,
+                tile_cost_us=tile_cost_us,
+                mode=mode,
             )
         try:
             surface = self._experts.get((component, mode))
@@ -320,8 +336,13 @@ class DeploymentTables:
         """
         if loads is not None or tile_cost_us is not None:
             return self._loaded_batch(
-                component, tokens, activated_experts, local_assignments, mode,
-                loads, tile_cost_us,
+                component,
+                tokens,
+                activated_experts,
+                local_assignments,
+                mode,
+                loads,
+                tile_cost_us,
             )
         self._known(component, mode)
         n = np.asarray(tokens, dtype=np.int64)
@@ -451,13 +472,17 @@ class DeploymentTables:
                 for i, n, a, m, value, code in zip(
                     rows, n_col, a_col, m_col, values, codes, strict=True
                 ):
-                    answers[i] = {"time_us": value} if code == OK else self._refusal(
-                        wording.get(i) or Query(component, mode, n, a, m), code
+                    answers[i] = (
+                        {"time_us": value}
+                        if code == OK
+                        else self._refusal(wording.get(i) or Query(component, mode, n, a, m), code)
                     )
                 continue
             good = codes == OK
-            answered = zip(rows.tolist(), values.tolist(), strict=True) if good.all() else zip(
-                rows[good].tolist(), values[good].tolist(), strict=True
+            answered = (
+                zip(rows.tolist(), values.tolist(), strict=True)
+                if good.all()
+                else zip(rows[good].tolist(), values[good].tolist(), strict=True)
             )
             for i, value in answered:
                 answers[i] = {"time_us": value}
@@ -519,14 +544,25 @@ class DeploymentTables:
         """A query answered by the scalar path alone."""
         try:
             if query.loads is not None:
-                return {"time_us": self.experts_time_us(
-                    query.tokens, query.activated_experts, query.local_assignments,
-                    loads=query.loads, tile_cost_us=query.tile_cost_us, mode=query.mode,
-                )}
-            return {"time_us": self._time_us(
-                query.component, query.tokens, query.activated_experts,
-                query.local_assignments, query.mode,
-            )}
+                return {
+                    "time_us": self.experts_time_us(
+                        query.tokens,
+                        query.activated_experts,
+                        query.local_assignments,
+                        loads=query.loads,
+                        tile_cost_us=query.tile_cost_us,
+                        mode=query.mode,
+                    )
+                }
+            return {
+                "time_us": self._time_us(
+                    query.component,
+                    query.tokens,
+                    query.activated_experts,
+                    query.local_assignments,
+                    query.mode,
+                )
+            }
         except QueryError as exc:
             return {"error": "invalid", "message": str(exc)}
         except CoverageError as exc:

@@ -50,8 +50,16 @@ class DeploymentTableBriefSerializer(serializers.ModelSerializer[DeploymentTable
     class Meta:
         model = DeploymentTable
         fields = (
-            "deployment", "tp", "dp", "ep", "rank", "sequence_parallel", "backend", "kernel",
-            "native", "vllm_version",
+            "deployment",
+            "tp",
+            "dp",
+            "ep",
+            "rank",
+            "sequence_parallel",
+            "backend",
+            "kernel",
+            "native",
+            "vllm_version",
         )
 
     def get_deployment(self, table: DeploymentTable) -> str:
@@ -66,8 +74,21 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
     class Meta:
         model = DeploymentTable
         fields = (
-            "target", "table_path", "url", "table_sha256", "components", "modes", "backend",
-            "kernel", "native", "vllm_version", "row_count", "support", "contract_id", "contract", "coverage",
+            "target",
+            "table_path",
+            "url",
+            "table_sha256",
+            "components",
+            "modes",
+            "backend",
+            "kernel",
+            "native",
+            "vllm_version",
+            "row_count",
+            "support",
+            "contract_id",
+            "contract",
+            "coverage",
         )
 
     @extend_schema_field(TargetSerializer)
@@ -106,9 +127,22 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
     class Meta:
         model = Bundle
         fields: tuple[str, ...] = (
-            "id", "url", "sha256", "hardware", "model", "variant", "layout", "vllm_version",
-            "size", "file_count", "measured_at", "published_at", "source", "download_url",
-            "tables", "exploratory",
+            "id",
+            "url",
+            "sha256",
+            "hardware",
+            "model",
+            "variant",
+            "layout",
+            "vllm_version",
+            "size",
+            "file_count",
+            "measured_at",
+            "published_at",
+            "source",
+            "download_url",
+            "tables",
+            "exploratory",
         )
 
     def get_download_url(self, bundle: Bundle) -> str:
@@ -117,8 +151,20 @@ class BundleSerializer(serializers.ModelSerializer[Bundle]):
 
 
 SUMMARY_FIELDS = (
-    "id", "sha256", "hardware", "model", "variant", "layout", "vllm_version", "size",
-    "file_count", "measured_at", "published_at", "source", "targets", "exploratory",
+    "id",
+    "sha256",
+    "hardware",
+    "model",
+    "variant",
+    "layout",
+    "vllm_version",
+    "size",
+    "file_count",
+    "measured_at",
+    "published_at",
+    "source",
+    "targets",
+    "exploratory",
 )
 
 
@@ -177,8 +223,12 @@ class BundleDetailSerializer(BundleSerializer):
 
     class Meta(BundleSerializer.Meta):
         fields = (
-            *BundleSerializer.Meta.fields, "source_detail", "published_by", "missing_files",
-            "files", "meta",
+            *BundleSerializer.Meta.fields,
+            "source_detail",
+            "published_by",
+            "missing_files",
+            "files",
+            "meta",
         )
 
     @extend_schema_field(FileSerializer(many=True))
@@ -197,7 +247,8 @@ class UploadResponseSerializer(BundleDetailSerializer):
     created = serializers.BooleanField(read_only=True)
     left_out = serializers.ListField(child=serializers.CharField(), read_only=True)
     left_out_reasons = serializers.ListField(
-        child=serializers.CharField(), read_only=True,
+        child=serializers.CharField(),
+        read_only=True,
         help_text="'path: left out: why' for each file the registry did not store",
     )
 

@@ -20,7 +20,9 @@ def test_it_reads_names_pins_and_bundles() -> None:
     sha = "a" * 64
     assert parse_request({"bundle": sha, "target": TARGET}).sha256 == sha
     assert parse_request({"bundle": 7, "target": TARGET}).bundle_id == 7
-    pinned = parse_request({**NAME, "target": TARGET}, pins={"bundle": "7", "vllm_version": "0.26.0"})
+    pinned = parse_request(
+        {**NAME, "target": TARGET}, pins={"bundle": "7", "vllm_version": "0.26.0"}
+    )
     assert (pinned.bundle_id, pinned.vllm_version) == (7, "0.26.0")
     # the body a request is asked with reads back as the same request
     assert parse_request(request.body()) == request
@@ -56,9 +58,7 @@ def test_it_refuses_a_query_key_it_does_not_read(count: int) -> None:
     experts only, tests/moetables/test_lookup_loads.py)."""
     from moetables import ComponentTables
 
-    rank = ComponentTables(
-        "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
-    ).deployment(1, 1, 0)
+    rank = ComponentTables("bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16").deployment(1, 1, 0)
     good = {"component": "gate_routing", "tokens": 4}
     answers = rank.answer([good] * (count - 1) + [{**good, "load": "uniform"}])
     assert all("time_us" in a for a in answers[:-1])
