@@ -75,9 +75,12 @@ def lookup_queries(tables: ComponentTables, counts: np.ndarray) -> list[list[dic
             rows = int(r.local_rows[i, rank])
             per_rank[rank] += [
                 {"component": "gate_routing", "tokens": rows},
-                {"component": "experts", "tokens": int(r.tokens[i]),
-                 "activated_experts": int(r.activated_experts[i, rank]),
-                 "local_assignments": int(r.local_assignments[i, rank])},
+                {
+                    "component": "experts",
+                    "tokens": int(r.tokens[i]),
+                    "activated_experts": int(r.activated_experts[i, rank]),
+                    "local_assignments": int(r.local_assignments[i, rank]),
+                },
                 {"component": "finalize_copy", "tokens": rows},
             ]
     return per_rank
@@ -90,13 +93,24 @@ def in_process(count: int) -> list[dict[str, Any]]:
     tables.estimate_batch(counts[:100], tp=1, dp=2, cluster=cluster)  # load both ranks
     out = []
     for policy in ("balanced", "round_robin"):
-        seconds = best(lambda p=policy: tables.estimate_batch(
-            counts, tp=1, dp=2, cluster=cluster, policy=p))
-        out.append({"name": f"estimate_batch, {count:,} steps, {policy}, fixture cluster",
-                    "steps_per_s": count / seconds, "seconds": seconds})
+        seconds = best(
+            lambda p=policy: tables.estimate_batch(counts, tp=1, dp=2, cluster=cluster, policy=p)
+        )
+        out.append(
+            {
+                "name": f"estimate_batch, {count:,} steps, {policy}, fixture cluster",
+                "steps_per_s": count / seconds,
+                "seconds": seconds,
+            }
+        )
     seconds = best(lambda: tables.estimate_batch(counts, tp=1, dp=2))
-    out.append({"name": f"estimate_batch, {count:,} steps, balanced, no cluster",
-                "steps_per_s": count / seconds, "seconds": seconds})
+    out.append(
+        {
+            "name": f"estimate_batch, {count:,} steps, balanced, no cluster",
+            "steps_per_s": count / seconds,
+            "seconds": seconds,
+        }
+    )
     # Plain lookups of the same steps: the routing's N/A/M, 6 batch lookups of `count` rows.
     g = tables.deployment(1, 2, 0).entry.geometry
 
@@ -106,40 +120,64 @@ def in_process(count: int) -> list[dict[str, Any]]:
     def lookups() -> None:
         for rank, d in enumerate(ranks):
             d.batch("gate_routing", r.local_rows[:, rank])
-            d.batch("experts", r.tokens, r.activated_experts[:, rank],
-                    r.local_assignments[:, rank])
+            d.batch("experts", r.tokens, r.activated_experts[:, rank], r.local_assignments[:, rank])
             d.batch("finalize_copy", r.local_rows[:, rank])
 
     seconds = best(lookups)
-    out.append({"name": f"plain batch lookups of the same steps (6 per step, {count:,} steps)",
-                "steps_per_s": count / seconds, "seconds": seconds})
+    out.append(
+        {
+            "name": f"plain batch lookups of the same steps (6 per step, {count:,} steps)",
+            "steps_per_s": count / seconds,
+            "seconds": seconds,
+        }
+    )
     # One step at a time: the typed result with its events, and 6 scalar lookups.
     few = counts[:2000].tolist()
     seconds = best(lambda: [tables.estimate(s, tp=1, dp=2, cluster=cluster) for s in few], 2)
-    out.append({"name": "estimate, one step per call (typed result with events), 2,000 steps",
-                "steps_per_s": len(few) / seconds, "seconds": seconds})
+    out.append(
+        {
+            "name": "estimate, one step per call (typed result with events), 2,000 steps",
+            "steps_per_s": len(few) / seconds,
+            "seconds": seconds,
+        }
+    )
     queries = lookup_queries(tables, counts[:2000])
 
     def scalar() -> None:
         for rank, d in enumerate(ranks):
             for q in queries[rank]:
-                d.time_us(q["component"], q["tokens"], q.get("activated_experts", -1),
-                          q.get("local_assignments", -1))
+                d.time_us(
+                    q["component"],
+                    q["tokens"],
+                    q.get("activated_experts", -1),
+                    q.get("local_assignments", -1),
+                )
 
     d0 = ranks[0]
     d0.time_us.cache_clear()
     ranks[1].time_us.cache_clear()
     seconds = best(scalar, 1)  # the first pass is uncached, as distinct steps are
-    out.append({"name": "plain scalar lookups, 6 per step (uncached), 2,000 steps",
-                "steps_per_s": len(few) / seconds, "seconds": seconds})
+    out.append(
+        {
+            "name": "plain scalar lookups, 6 per step (uncached), 2,000 steps",
+            "steps_per_s": len(few) / seconds,
+            "seconds": seconds,
+        }
+    )
     return out
 
 
 def run_cli(args: list[str], stdin: Any = None) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
-    subprocess.run([PY, "-m", "moetables", *args], cwd=REPO, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stdin=stdin)
+    subprocess.run(
+        [PY, "-m", "moetables", *args],
+        cwd=REPO,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stdin=stdin,
+    )
     return time.perf_counter() - t0
 
 
@@ -147,8 +185,13 @@ def cli(scratch: Path, count: int) -> list[dict[str, Any]]:
     base = ["estimate", str(H200), "--tp", "1", "--dp", "2", "--cluster", str(FIXTURE)]
     out = []
     one = statistics.median(run_cli([*base, "--tokens", "5,300"]) for _ in range(5))
-    out.append({"name": "CLI estimate, one step (process start included), median of 5",
-                "steps_per_s": 1 / one, "seconds": one})
+    out.append(
+        {
+            "name": "CLI estimate, one step (process start included), median of 5",
+            "steps_per_s": 1 / one,
+            "seconds": one,
+        }
+    )
     tables = ComponentTables(H200)
     q1 = lookup_queries(tables, np.array([[5, 300]]))
     files = []
@@ -157,30 +200,79 @@ def cli(scratch: Path, count: int) -> list[dict[str, Any]]:
         path.write_text("\n".join(json.dumps(q) for q in q1[rank]) + "\n")
         files.append(path)
     one = statistics.median(
-        sum(run_cli(["lookup", str(H200), "--tp", "1", "--dp", "2", "--rank", str(rank),
-                     "--queries", str(files[rank])]) for rank in (0, 1))
+        sum(
+            run_cli(
+                [
+                    "lookup",
+                    str(H200),
+                    "--tp",
+                    "1",
+                    "--dp",
+                    "2",
+                    "--rank",
+                    str(rank),
+                    "--queries",
+                    str(files[rank]),
+                ]
+            )
+            for rank in (0, 1)
+        )
         for _ in range(5)
     )
-    out.append({"name": "CLI lookup of the same step: 2 invocations (one per rank), 3 queries "
-                "each, median of 5", "steps_per_s": 1 / one, "seconds": one})
+    out.append(
+        {
+            "name": "CLI lookup of the same step: 2 invocations (one per rank), 3 queries "
+            "each, median of 5",
+            "steps_per_s": 1 / one,
+            "seconds": one,
+        }
+    )
     counts = steps(count)
     path = scratch / "steps.jsonl"
     path.write_text("\n".join(json.dumps(row) for row in counts.tolist()) + "\n")
     seconds = run_cli([*base, "--tokens", str(path)])
-    out.append({"name": f"CLI estimate, JSONL file of {count:,} steps (full answers with events)",
-                "steps_per_s": count / seconds, "seconds": seconds})
+    out.append(
+        {
+            "name": f"CLI estimate, JSONL file of {count:,} steps (full answers with events)",
+            "steps_per_s": count / seconds,
+            "seconds": seconds,
+        }
+    )
     seconds = run_cli([*base, "--tokens", str(path), "--no-events"])
-    out.append({"name": f"CLI estimate, JSONL file of {count:,} steps, --no-events",
-                "steps_per_s": count / seconds, "seconds": seconds})
+    out.append(
+        {
+            "name": f"CLI estimate, JSONL file of {count:,} steps, --no-events",
+            "steps_per_s": count / seconds,
+            "seconds": seconds,
+        }
+    )
     queries = lookup_queries(tables, counts)
     total = 0.0
     for rank in (0, 1):
         qpath = scratch / f"queries-{rank}.jsonl"
         qpath.write_text("\n".join(json.dumps(q) for q in queries[rank]) + "\n")
-        total += run_cli(["lookup", str(H200), "--tp", "1", "--dp", "2", "--rank", str(rank),
-                          "--queries", str(qpath)])
-    out.append({"name": f"CLI lookup of the same {count:,} steps: 2 invocations of "
-                f"{3 * count:,} queries", "steps_per_s": count / total, "seconds": total})
+        total += run_cli(
+            [
+                "lookup",
+                str(H200),
+                "--tp",
+                "1",
+                "--dp",
+                "2",
+                "--rank",
+                str(rank),
+                "--queries",
+                str(qpath),
+            ]
+        )
+    out.append(
+        {
+            "name": f"CLI lookup of the same {count:,} steps: 2 invocations of "
+            f"{3 * count:,} queries",
+            "steps_per_s": count / total,
+            "seconds": total,
+        }
+    )
     return out
 
 
@@ -202,23 +294,40 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
 
 
 def load(url: str, body: Path, requests: int) -> dict[str, Any]:
-    cmd = [PY, str(REPO / "bench" / "registry_load.py"), "--url", url, "--body-file", str(body),
-           "--requests", str(requests), "--concurrency", "1"]
+    cmd = [
+        PY,
+        str(REPO / "bench" / "registry_load.py"),
+        "--url",
+        url,
+        "--body-file",
+        str(body),
+        "--requests",
+        str(requests),
+        "--concurrency",
+        "1",
+    ]
     result: dict[str, Any] = json.loads(
-        subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    )
     return result
 
 
 def rest(scratch: Path, port: int) -> list[dict[str, Any]]:
     # A production-mode (DEBUG off) scratch server needs its own secret key and, on plain HTTP,
     # DJANGO_HTTPS=0 (config/settings.py).
-    env = {**os.environ, "REGISTRY_VAR_DIR": str(scratch / "var"), "DJANGO_DEBUG": "0",
-           "DJANGO_LOG_LEVEL": "WARNING", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-           "DJANGO_HTTPS": "0"}  # plain HTTP on loopback: no redirect to TLS
+    env = {
+        **os.environ,
+        "REGISTRY_VAR_DIR": str(scratch / "var"),
+        "DJANGO_DEBUG": "0",
+        "DJANGO_LOG_LEVEL": "WARNING",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "DJANGO_HTTPS": "0",
+    }  # plain HTTP on loopback: no redirect to TLS
     env.pop("DATABASE_URL", None)
     for args in (["migrate", "--noinput"], ["import_bundle", "bundles/H200"]):
-        subprocess.run([PY, "manage.py", *args], cwd=REPO, env=env, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [PY, "manage.py", *args], cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL
+        )
     cluster = yaml.safe_load(FIXTURE.read_text())
     named = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16"}
     tables = ComponentTables(H200)
@@ -235,16 +344,32 @@ def rest(scratch: Path, port: int) -> list[dict[str, Any]]:
         queries = lookup_queries(tables, counts)
         for rank in (0, 1):
             bodies[f"lookup-{name}-{rank}"] = {
-                **named, "target": {"tp": 1, "dp": 2, "rank": rank}, "queries": queries[rank]}
+                **named,
+                "target": {"tp": 1, "dp": 2, "rank": rank},
+                "queries": queries[rank],
+            }
     paths = {}
     for key, body in bodies.items():
         paths[key] = scratch / f"{key}.json"
         paths[key].write_text(json.dumps(body))
     bind = f"127.0.0.1:{port}"
     server = subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "gunicorn"), "--bind", bind, "--workers", "2",
-         "--worker-class", "gthread", "--threads", "1", "--log-level", "warning", "config.wsgi"],
-        cwd=REPO, env=env,
+        [
+            str(REPO / ".venv" / "bin" / "gunicorn"),
+            "--bind",
+            bind,
+            "--workers",
+            "2",
+            "--worker-class",
+            "gthread",
+            "--threads",
+            "1",
+            "--log-level",
+            "warning",
+            "config.wsgi",
+        ],
+        cwd=REPO,
+        env=env,
     )
     out = []
     try:
@@ -252,22 +377,38 @@ def rest(scratch: Path, port: int) -> list[dict[str, Any]]:
         wait_ready(base, server)
         for name, requests, steps_each in (("1", 1000, 1), ("1000", 30, 1000)):
             r = load(base + "estimate", paths[f"estimate-{name}"], requests)
-            out.append({"name": f"REST estimate, {steps_each} step(s) per request",
-                        "steps_per_s": steps_each * r["requests_per_s"], "p50_ms": r["p50_ms"],
-                        "errors": r["errors"]})
+            out.append(
+                {
+                    "name": f"REST estimate, {steps_each} step(s) per request",
+                    "steps_per_s": steps_each * r["requests_per_s"],
+                    "p50_ms": r["p50_ms"],
+                    "errors": r["errors"],
+                }
+            )
             r = load(base + "estimate", paths[f"estimate-{name}-lean"], requests)
-            out.append({"name": f"REST estimate, {steps_each} step(s) per request, "
-                        '"events": false', "steps_per_s": steps_each * r["requests_per_s"],
-                        "p50_ms": r["p50_ms"], "errors": r["errors"]})
+            out.append(
+                {
+                    "name": f'REST estimate, {steps_each} step(s) per request, "events": false',
+                    "steps_per_s": steps_each * r["requests_per_s"],
+                    "p50_ms": r["p50_ms"],
+                    "errors": r["errors"],
+                }
+            )
             p50 = 0.0
             per_s = 0.0
             for rank in (0, 1):
                 r = load(base + "lookup", paths[f"lookup-{name}-{rank}"], requests)
                 p50 += r["p50_ms"]
                 per_s += 1 / r["requests_per_s"]
-            out.append({"name": f"REST lookup of the same steps: 2 requests (one per rank) of "
-                        f"{3 * steps_each} queries", "steps_per_s": steps_each / per_s,
-                        "p50_ms": round(p50, 3), "errors": r["errors"]})
+            out.append(
+                {
+                    "name": f"REST lookup of the same steps: 2 requests (one per rank) of "
+                    f"{3 * steps_each} queries",
+                    "steps_per_s": steps_each / per_s,
+                    "p50_ms": round(p50, 3),
+                    "errors": r["errors"],
+                }
+            )
         out += remote_tables(f"http://{bind}", cluster)
     finally:
         server.terminate()
@@ -286,19 +427,34 @@ def remote_tables(url: str, cluster_raw: dict[str, Any]) -> list[dict[str, Any]]
     from moetables.comm import parse_cluster
 
     cluster = parse_cluster(cluster_raw, source=str(FIXTURE))
-    named: dict[str, Any] = {"hardware": "H200", "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "variant": "bf16"}
+    named: dict[str, Any] = {
+        "hardware": "H200",
+        "model": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+        "variant": "bf16",
+    }
     out = []
     with RemoteTables(url, **named) as tables:
         one = steps(200, seed=11)
         tables.estimate(one[0].tolist(), tp=1, dp=2, cluster=cluster)  # pins the bundle
-        t = best(lambda: [tables.estimate(row, tp=1, dp=2, cluster=cluster)
-                          for row in one.tolist()], repeat=2)
-        out.append({"name": "RemoteTables.estimate, 1 step per call (typed LayerEstimate)",
-                    "steps_per_s": 200 / t})
+        t = best(
+            lambda: [tables.estimate(row, tp=1, dp=2, cluster=cluster) for row in one.tolist()],
+            repeat=2,
+        )
+        out.append(
+            {
+                "name": "RemoteTables.estimate, 1 step per call (typed LayerEstimate)",
+                "steps_per_s": 200 / t,
+            }
+        )
         many = steps(10_000, seed=11)
         t = best(lambda: tables.estimate_batch(many, tp=1, dp=2, cluster=cluster), repeat=2)
-        out.append({"name": "RemoteTables.estimate_batch, 10,000 steps (1,000 per request, "
-                    "typed BatchEstimate)", "steps_per_s": 10_000 / t})
+        out.append(
+            {
+                "name": "RemoteTables.estimate_batch, 10,000 steps (1,000 per request, "
+                "typed BatchEstimate)",
+                "steps_per_s": 10_000 / t,
+            }
+        )
     return out
 
 

@@ -57,8 +57,10 @@ def workload(steps: int, seed: int) -> dict[str, npt.NDArray[np.int64]]:
     rng = np.random.default_rng(seed)
     decode = rng.integers(16, 129, size=(steps, DP))
     prefill = rng.integers(256, 2049, size=(steps, DP))
-    return {"decode": np.repeat(decode.max(axis=1, keepdims=True), DP, axis=1),
-            "prefill": np.repeat(prefill.max(axis=1, keepdims=True), DP, axis=1)}
+    return {
+        "decode": np.repeat(decode.max(axis=1, keepdims=True), DP, axis=1),
+        "prefill": np.repeat(prefill.max(axis=1, keepdims=True), DP, axis=1),
+    }
 
 
 def balanced_routing(rows: npt.NDArray[np.int64], local: int) -> tuple[Any, Any]:
@@ -80,8 +82,10 @@ def moe_layer_us(tables: Any, counts: npt.NDArray[np.int64]) -> tuple[Any, int]:
         local_rows = counts[:, target.dp_rank]
         expert_rows = counts.sum(axis=1)
         active, pairs = balanced_routing(expert_rows, EXPERTS // target.ep)
-        parts = [deployment.batch("gate_routing", local_rows),
-                 deployment.batch("experts", expert_rows, active, pairs)]
+        parts = [
+            deployment.batch("gate_routing", local_rows),
+            deployment.batch("experts", expert_rows, active, pairs),
+        ]
         if "finalize_copy" in deployment.components:
             parts.append(deployment.batch("finalize_copy", local_rows))
         refused += sum(int((p.code != 0).sum()) for p in parts)
@@ -93,10 +97,13 @@ def simulate(tables: Any, steps: int = 1000, seed: int = 0) -> Totals:
     counts = workload(steps, seed)
     decode, refused_d = moe_layer_us(tables, counts["decode"])
     prefill, refused_p = moe_layer_us(tables, counts["prefill"])
-    estimate = sum(float(np.nansum(tables.estimate_batch(c, tp=TP, dp=DP).layer_compute_us))
-                   for c in counts.values())
-    return Totals(float(np.nansum(decode)), float(np.nansum(prefill)), refused_d + refused_p,
-                  estimate)
+    estimate = sum(
+        float(np.nansum(tables.estimate_batch(c, tp=TP, dp=DP).layer_compute_us))
+        for c in counts.values()
+    )
+    return Totals(
+        float(np.nansum(decode)), float(np.nansum(prefill)), refused_d + refused_p, estimate
+    )
 
 
 def shipped_folder(sha256: str) -> Path | None:
@@ -117,28 +124,36 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.local_only:
         local = simulate(ComponentTables(BUNDLE), args.steps, args.seed)
-        print(f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
-              f"over {args.steps} steps each ({local.refused} refused); "
-              f"layer estimate {local.estimate_us:.3f} us")
+        print(
+            f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
+            f"over {args.steps} steps each ({local.refused} refused); "
+            f"layer estimate {local.estimate_us:.3f} us"
+        )
         return 0
     try:
         remote_tables = RemoteTables(args.url, **NAME, retries=1)
         answerer = remote_tables.deployment(TP, DP, 0).answerer
         remote = simulate(remote_tables, args.steps, args.seed)
     except OSError as exc:
-        print(f"no registry at {args.url} ({exc}); start it with: bash scripts/run.sh",
-              file=sys.stderr)
+        print(
+            f"no registry at {args.url} ({exc}); start it with: bash scripts/run.sh",
+            file=sys.stderr,
+        )
         return 1
     folder = shipped_folder(answerer["sha256"])
     if folder is None:
         print(f"bundle {answerer['sha256']} is not among the shipped folders", file=sys.stderr)
         return 1
     local = simulate(ComponentTables(folder), args.steps, args.seed)
-    print(f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
-          f"over {args.steps} steps each ({local.refused} refused), layer estimate "
-          f"{local.estimate_us:.3f} us, {folder.relative_to(BUNDLES)}")
-    print(f"registry   : decode {remote.decode_us:.3f} us, prefill {remote.prefill_us:.3f} us, "
-          f"layer estimate {remote.estimate_us:.3f} us (bundle {answerer['id']}, {answerer['backend']}, vLLM {answerer['vllm_version']})")
+    print(
+        f"in process : decode {local.decode_us:.3f} us, prefill {local.prefill_us:.3f} us "
+        f"over {args.steps} steps each ({local.refused} refused), layer estimate "
+        f"{local.estimate_us:.3f} us, {folder.relative_to(BUNDLES)}"
+    )
+    print(
+        f"registry   : decode {remote.decode_us:.3f} us, prefill {remote.prefill_us:.3f} us, "
+        f"layer estimate {remote.estimate_us:.3f} us (bundle {answerer['id']}, {answerer['backend']}, vLLM {answerer['vllm_version']})"
+    )
     same = remote == local and not math.isnan(local.decode_us)
     print("identical totals" if same else "TOTALS DIFFER")
     return 0 if same else 1

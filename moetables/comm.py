@@ -72,6 +72,8 @@ COLLECTIVE_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "re
 # Version 2 adds the optional per-op ``bandwidth_by_size`` and per-class ``group_op_us``;
 # version 1 files load unchanged.
 VERSIONS = (1, 2)
+
+
 # NCCL's bus-bandwidth factors (nccl-tests PERFORMANCE.md): busBw = algBw * factor.
 def _bus_factor(op: str, n: int) -> float:
     if op in ("all_gather", "reduce_scatter"):
@@ -79,6 +81,7 @@ def _bus_factor(op: str, n: int) -> float:
     if op == "all_reduce":
         return 2 * (n - 1) / n
     return 1.0  # broadcast, reduce
+
 
 Kind = Literal["dp_ep_modular", "dp1_modular", "live_tp1"]
 FloatArray = npt.NDArray[np.float64]
@@ -265,8 +268,12 @@ def _bandwidth_table(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
     for i, point in enumerate(raw):
         if not isinstance(point, list) or len(point) != 2:
             raise ClusterError(f"{where}[{i}]", f"must be [size_bytes, GBps], got {point!r}")
-        points.append((_number(point[0], f"{where}[{i}] size", positive=True),
-                       _number(point[1], f"{where}[{i}] GBps", positive=True)))
+        points.append(
+            (
+                _number(point[0], f"{where}[{i}] size", positive=True),
+                _number(point[1], f"{where}[{i}] GBps", positive=True),
+            )
+        )
     for i in range(1, len(points)):
         if points[i][0] <= points[i - 1][0]:
             raise ClusterError(f"{where}[{i}]", "sizes must increase strictly")
@@ -295,8 +302,9 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
     if not isinstance(description, str):
         raise ClusterError(f"{source}: description", "must be a string")
     provenance = raw["provenance"]
-    _exact_keys(provenance, f"{source}: provenance", {"hardware", "software", "command",
-                                                      "measured_at"})
+    _exact_keys(
+        provenance, f"{source}: provenance", {"hardware", "software", "command", "measured_at"}
+    )
     for key in ("hardware", "software", "command"):
         if not isinstance(provenance[key], str) or not provenance[key].strip():
             raise ClusterError(f"{source}: provenance.{key}", "must be a non-empty string")
@@ -330,16 +338,14 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
         params = {}
         for op in COLLECTIVE_OPS:
             at = f"{where}.collectives.{op}"
-            _exact_keys(colls[op], at, {"alpha_us", "bus_bandwidth_GBps"},
-                        {"bandwidth_by_size"})
+            _exact_keys(colls[op], at, {"alpha_us", "bus_bandwidth_GBps"}, {"bandwidth_by_size"})
             table: tuple[tuple[float, float], ...] = ()
             if "bandwidth_by_size" in colls[op]:
                 if version < 2:
                     raise ClusterError(
                         f"{at}.bandwidth_by_size", "needs version 2 (version 1 has none)"
                     )
-                table = _bandwidth_table(colls[op]["bandwidth_by_size"],
-                                         f"{at}.bandwidth_by_size")
+                table = _bandwidth_table(colls[op]["bandwidth_by_size"], f"{at}.bandwidth_by_size")
             params[op] = LinkParameters(
                 alpha_us=_number(colls[op]["alpha_us"], f"{at}.alpha_us", positive=False),
                 bus_bandwidth_GBps=_number(
@@ -365,7 +371,9 @@ def parse_cluster(raw: Any, *, source: str = "<memory>") -> Cluster:
             or not ranks
             or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks)
         ):
-            raise ClusterError(f"{where}.ranks", f"must be a non-empty list of ranks, got {ranks!r}")
+            raise ClusterError(
+                f"{where}.ranks", f"must be a non-empty list of ranks, got {ranks!r}"
+            )
         if len(set(ranks)) != len(ranks):
             raise ClusterError(f"{where}.ranks", f"lists a rank twice: {ranks!r}")
         groups.append(LinkGroup(g["link"], frozenset(ranks)))
@@ -426,8 +434,9 @@ def tensor_widths(entry: TableEntry) -> TensorWidths:
     c = entry.contract
     hidden = _find(c, "geometry.hidden_size", "hidden_dim", "expert_region.hidden_dim")
     dtypes = {
-        "hidden_states": _find(c, "backend.dtypes.hidden_states", "input_dtype",
-                               "expert_region.input_dtype"),
+        "hidden_states": _find(
+            c, "backend.dtypes.hidden_states", "input_dtype", "expert_region.input_dtype"
+        ),
         "topk_weights": _find(c, "backend.dtypes.topk_weights", "topk_weights_dtype"),
         "topk_ids": _find(c, "backend.dtypes.topk_ids", "topk_ids_dtype"),
     }
@@ -489,9 +498,11 @@ class CollectiveStep:
         if equal:
             return ["ncclAllGather" if self.op == "all_gather" else "ncclReduceScatter"]
         call = "ncclBroadcast" if self.op == "all_gather" else "ncclReduce"
-        return ["ncclGroupStart"] + [f"{call}(root={i})" for i in range(participants)] + [
-            "ncclGroupEnd"
-        ]
+        return (
+            ["ncclGroupStart"]
+            + [f"{call}(root={i})" for i in range(participants)]
+            + ["ncclGroupEnd"]
+        )
 
 
 Step = ComputeStep | CollectiveStep
@@ -582,16 +593,13 @@ def build_trace(
             op: Literal["all_gather", "all_reduce"] = (
                 "all_gather" if sequence_parallel else "all_reduce"
             )
-            steps.append(
-                CollectiveStep(op, "layer_output", "tp", tp_groups, widths.hidden_states)
-            )
+            steps.append(CollectiveStep(op, "layer_output", "tp", tp_groups, widths.hidden_states))
     elif kind == "dp1_modular":
         steps.append(ComputeStep(EXPERTS, "expert"))
         if tp > 1:
             assert widths is not None
             steps.append(
-                CollectiveStep("all_reduce", "layer_output", "tp", tp_groups,
-                               widths.hidden_states)
+                CollectiveStep("all_reduce", "layer_output", "tp", tp_groups, widths.hidden_states)
             )
     else:
         steps += [ComputeStep(EXPERTS, "expert"), ComputeStep("wrapper", "local")]
@@ -626,7 +634,9 @@ def collective_bytes(
 
 def _link_terms(
     step: CollectiveStep, n: int, size: IntArray, shares: IntArray
-) -> tuple[tuple[str, FloatArray, FloatArray], tuple[str, list[tuple[FloatArray, FloatArray]]] | None]:
+) -> tuple[
+    tuple[str, FloatArray, FloatArray], tuple[str, list[tuple[FloatArray, FloatArray]]] | None
+]:
     """The NCCL operations of one collective: for equal counts (op, link bytes, size), for
     unequal counts (single-root op, [(link bytes, size) per root]); None for all_reduce.
 
@@ -692,9 +702,7 @@ def launch_transfer_us(
         return per_class[0]
     totals = np.stack([np.sum(parts, axis=0) for parts in per_class])
     pick = np.argmax(totals, axis=0)
-    return [
-        np.choose(pick, [parts[j] for parts in per_class]) for j in range(len(members))
-    ]
+    return [np.choose(pick, [parts[j] for parts in per_class]) for j in range(len(members))]
 
 
 def transfer_us(

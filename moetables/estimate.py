@@ -70,7 +70,10 @@ class DeploymentTables(Protocol):
     def tile_shape(self) -> tuple[int, int, str]: ...
 
     def balanced_tiles_batch(
-        self, tokens: npt.ArrayLike, activated_experts: npt.ArrayLike, local_assignments: npt.ArrayLike,
+        self,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike,
+        local_assignments: npt.ArrayLike,
         mode: str = "eager",
     ) -> _Answers: ...
 
@@ -81,6 +84,7 @@ class ComponentTables(Protocol):
     def deployment(
         self, tp: int, dp: int, rank: int, sequence_parallel: bool = False
     ) -> DeploymentTables: ...
+
 
 __all__ = [
     "MODES",
@@ -244,9 +248,12 @@ class LayerEstimate:
                     "transfer_us": r.transfer_us,
                     "end_us": r.end_us,
                     **(
-                        {"expert_range": list(r.expert_range or ()),
-                         "expert_counts": list(r.expert_counts or ())}
-                        if expert_counts else {}
+                        {
+                            "expert_range": list(r.expert_range or ()),
+                            "expert_counts": list(r.expert_counts or ()),
+                        }
+                        if expert_counts
+                        else {}
                     ),
                 }
                 for r in self.ranks
@@ -375,8 +382,14 @@ class BatchEstimate:
                 for rank in range(ep):
                     events.append(
                         TraceEvent(
-                            rank, tstep.component, "compute", float(arrays.start[i, rank]),
-                            float(arrays.end[i, rank]), 0.0, None, None,
+                            rank,
+                            tstep.component,
+                            "compute",
+                            float(arrays.start[i, rank]),
+                            float(arrays.end[i, rank]),
+                            0.0,
+                            None,
+                            None,
                         )
                     )
                 continue
@@ -404,8 +417,13 @@ class BatchEstimate:
                 for j, rank in enumerate(group):
                     events.append(
                         TraceEvent(
-                            rank, tstep.name, "collective", float(arrays.arrive[i, rank]),
-                            float(arrays.end[i, rank]), float(wait[i, j]), tr,
+                            rank,
+                            tstep.name,
+                            "collective",
+                            float(arrays.arrive[i, rank]),
+                            float(arrays.end[i, rank]),
+                            float(wait[i, j]),
+                            tr,
                             int(shares[i, j]),
                         )
                     )
@@ -429,8 +447,11 @@ class BatchEstimate:
             critical_rank=int(np.argmax(finals)),
             cluster=self.cluster,
             notes=self.notes
-            + (("graph mode: this step exceeds the largest capture size and runs eagerly",)
-               if self.graph is not None and not self.graph[i] else ()),
+            + (
+                ("graph mode: this step exceeds the largest capture size and runs eagerly",)
+                if self.graph is not None and not self.graph[i]
+                else ()
+            ),
         )
 
     def _table_mode(self, i: int) -> str:
@@ -439,9 +460,7 @@ class BatchEstimate:
             return "eager"
         return self.table_mode
 
-    def as_dicts(
-        self, *, events: bool = True, expert_counts: bool = False
-    ) -> list[dict[str, Any]]:
+    def as_dicts(self, *, events: bool = True, expert_counts: bool = False) -> list[dict[str, Any]]:
         """One JSON answer per step (`LayerEstimate.as_dict`, without ``events`` when asked,
         with each rank's per-expert counts when asked), refusals as ``{"error", "message"}``.
         Built from the arrays converted once, not step by step: this is what a request of
@@ -457,8 +476,9 @@ class BatchEstimate:
         ep, steps_ = trace.ep, len(self)
         assert self._steps is not None
         tolist = np.ndarray.tolist
-        local_rows, n_, a_, m_ = (tolist(x) for x in (
-            r.local_rows, r.tokens, r.activated_experts, r.local_assignments))
+        local_rows, n_, a_, m_ = (
+            tolist(x) for x in (r.local_rows, r.tokens, r.activated_experts, r.local_assignments)
+        )
         padded, given = tolist(r.padded_tokens), tolist(self.tokens)
         comps = {c: tolist(v) for c, v in self.components.items()}
         compute, wait = tolist(self.compute_us), tolist(self.wait_us)
@@ -468,8 +488,13 @@ class BatchEstimate:
         ends = tolist(self._steps[-1].end)
         critical = tolist(np.argmax(self._steps[-1].end, axis=1))
         code = tolist(self.code)
-        deployment = {"tp": trace.tp, "dp": trace.dp, "ep": ep,
-                      "sequence_parallel": trace.sequence_parallel, "kind": trace.kind}
+        deployment = {
+            "tp": trace.tp,
+            "dp": trace.dp,
+            "ep": ep,
+            "sequence_parallel": trace.sequence_parallel,
+            "kind": trace.kind,
+        }
         eager_note = "graph mode: this step exceeds the largest capture size and runs eagerly"
         graph = tolist(self.graph) if self.graph is not None else None
         # Per trace step, lists once: compute (start, end) or collective groups.
@@ -480,8 +505,17 @@ class BatchEstimate:
                 continue
             groups = []
             for group, size, shares, equal, start, tr, w in arrays.collectives:
-                groups.append((group, tolist(size), tolist(shares), tolist(equal), tolist(start),
-                               tolist(tr) if tr is not None else None, tolist(w)))
+                groups.append(
+                    (
+                        group,
+                        tolist(size),
+                        tolist(shares),
+                        tolist(equal),
+                        tolist(start),
+                        tolist(tr) if tr is not None else None,
+                        tolist(w),
+                    )
+                )
             walked.append((tstep, tolist(arrays.arrive), tolist(arrays.end), groups))
         out: list[dict[str, Any]] = []
         for i in range(steps_):
@@ -491,11 +525,17 @@ class BatchEstimate:
                 continue
             ranks = [
                 {
-                    "rank": k, "dp_rank": k // trace.tp, "tp_rank": k % trace.tp,
-                    "tokens": padded[i][k // trace.tp], "local_rows": local_rows[i][k],
-                    "N": n_[i], "A": a_[i][k], "M": m_[i][k],
+                    "rank": k,
+                    "dp_rank": k // trace.tp,
+                    "tp_rank": k % trace.tp,
+                    "tokens": padded[i][k // trace.tp],
+                    "local_rows": local_rows[i][k],
+                    "N": n_[i],
+                    "A": a_[i][k],
+                    "M": m_[i][k],
                     "components": {c: v[i][k] for c, v in comps.items()},
-                    "compute_us": compute[i][k], "wait_us": wait[i][k],
+                    "compute_us": compute[i][k],
+                    "wait_us": wait[i][k],
                     "transfer_us": transfer[i][k] if transfer is not None else None,
                     "end_us": ends[i][k],
                 }
@@ -512,46 +552,78 @@ class BatchEstimate:
                 if groups is None:
                     if events:
                         event_list += [
-                            {"rank": k, "name": tstep.component, "kind": "compute",
-                             "start_us": first[i][k], "end_us": last[i][k], "wait_us": 0.0,
-                             "transfer_us": None, "bytes": None}
+                            {
+                                "rank": k,
+                                "name": tstep.component,
+                                "kind": "compute",
+                                "start_us": first[i][k],
+                                "end_us": last[i][k],
+                                "wait_us": 0.0,
+                                "transfer_us": None,
+                                "bytes": None,
+                            }
                             for k in range(ep)
                         ]
                     continue
                 for group, size, shares, equal, start, tr, w in groups:
                     eq = equal[i]
                     t = tr[i] if tr is not None else None
-                    collectives.append({
-                        "op": tstep.op, "tensor": tstep.tensor, "scope": tstep.scope,
-                        "ranks": list(group), "bytes": size[i], "bytes_by_rank": shares[i],
-                        "equal_counts": eq, "vllm_call": _vllm_call(tstep.op, eq),
-                        "kernels": tstep.kernels(eq, len(group)), "launch": tstep.launch,
-                        "start_us": start[i],
-                        "transfer_us": t, "wait_us": max(w[i]), "wait_by_rank": w[i],
-                    })
+                    collectives.append(
+                        {
+                            "op": tstep.op,
+                            "tensor": tstep.tensor,
+                            "scope": tstep.scope,
+                            "ranks": list(group),
+                            "bytes": size[i],
+                            "bytes_by_rank": shares[i],
+                            "equal_counts": eq,
+                            "vllm_call": _vllm_call(tstep.op, eq),
+                            "kernels": tstep.kernels(eq, len(group)),
+                            "launch": tstep.launch,
+                            "start_us": start[i],
+                            "transfer_us": t,
+                            "wait_us": max(w[i]),
+                            "wait_by_rank": w[i],
+                        }
+                    )
                     if events:
                         event_list += [
-                            {"rank": k, "name": tstep.name, "kind": "collective",
-                             "start_us": first[i][k], "end_us": last[i][k],
-                             "wait_us": w[i][j], "transfer_us": t, "bytes": shares[i][j]}
+                            {
+                                "rank": k,
+                                "name": tstep.name,
+                                "kind": "collective",
+                                "start_us": first[i][k],
+                                "end_us": last[i][k],
+                                "wait_us": w[i][j],
+                                "transfer_us": t,
+                                "bytes": shares[i][j],
+                            }
                             for j, k in enumerate(group)
                         ]
             notes = list(self.notes)
             if graph is not None and not graph[i]:
                 notes.append(eager_note)
             answer: dict[str, Any] = {
-                "deployment": dict(deployment), "policy": self.policy, "mode": self.mode,
-                "table_mode": self._table_mode(i), "tokens": given[i],
+                "deployment": dict(deployment),
+                "policy": self.policy,
+                "mode": self.mode,
+                "table_mode": self._table_mode(i),
+                "tokens": given[i],
                 "padded_tokens": padded[i],
-                "cluster": self.cluster, "ranks": ranks, "collectives": collectives,
+                "cluster": self.cluster,
+                "ranks": ranks,
+                "collectives": collectives,
             }
             if events:
                 answer["events"] = event_list
-            answer.update({
-                "layer_us": layer[i] if layer is not None else None,
-                "layer_compute_us": layer_compute[i], "critical_rank": critical[i],
-                "notes": notes,
-            })
+            answer.update(
+                {
+                    "layer_us": layer[i] if layer is not None else None,
+                    "layer_compute_us": layer_compute[i],
+                    "critical_rank": critical[i],
+                    "notes": notes,
+                }
+            )
             out.append(answer)
         return out
 
@@ -565,8 +637,6 @@ def _ranges(trace: Trace, routing: BatchRouting) -> list[tuple[int, int]]:
         start = rank * base + min(rank, extra)
         out.append((start, start + base + (1 if rank < extra else 0)))
     return out
-
-
 
 
 _NO_COUNTS = (
@@ -611,9 +681,7 @@ class LayerEstimator:
         widths = None
         if dp > 1 or tp > 1:
             widths = tensor_widths(first)
-        self.trace = build_trace(
-            tp, dp, sequence_parallel, components, widths, where=first.where
-        )
+        self.trace = build_trace(tp, dp, sequence_parallel, components, widths, where=first.where)
         self.modes = set(first.modes)
         for d in self.ranks[1:]:
             self.modes &= set(d.entry.modes)
@@ -739,14 +807,24 @@ class LayerEstimator:
             times = np.empty((steps, ep), dtype=np.float64)
             for rank, tables in enumerate(self.ranks):
                 for part_mode, rows in parts:
-                    self._lookup(tables, rank, component, part_mode, routing, rows, times,
-                                 code, errors)
+                    self._lookup(
+                        tables, rank, component, part_mode, routing, rows, times, code, errors
+                    )
             components[component] = times
         if tile_cost_us is not None:
             self._charge_tiles(routing, components, tile_cost_us, table_mode, notes)
         return self._time(
-            routing, components, code, errors, cluster, policy, mode, table_mode,
-            np.atleast_2d(given), tuple(notes), graph,
+            routing,
+            components,
+            code,
+            errors,
+            cluster,
+            policy,
+            mode,
+            table_mode,
+            np.atleast_2d(given),
+            tuple(notes),
+            graph,
         )
 
     def _charge_tiles(
@@ -777,7 +855,9 @@ class LayerEstimator:
             n = routing.tokens
             a = routing.activated_experts[:, rank]
             m = routing.local_assignments[:, rank]
-            blocks = np.array([block_size_m(int(x), local, width, device=device) for x in n.tolist()])
+            blocks = np.array(
+                [block_size_m(int(x), local, width, device=device) for x in n.tolist()]
+            )
             pick = np.flatnonzero((blocks >= MODEL_BLOCK_M) & np.isfinite(times[:, rank]) & (a > 0))
             if pick.size == 0:
                 continue
@@ -849,9 +929,11 @@ class LayerEstimator:
             try:
                 if component == EXPERTS:
                     times[i, rank] = tables.time_us(
-                        EXPERTS, int(routing.tokens[i]),
+                        EXPERTS,
+                        int(routing.tokens[i]),
                         int(routing.activated_experts[i, rank]),
-                        int(routing.local_assignments[i, rank]), mode,
+                        int(routing.local_assignments[i, rank]),
+                        mode,
                     )
                 else:
                     times[i, rank] = tables.time_us(
@@ -881,15 +963,21 @@ class LayerEstimator:
         """A refused lookup worded by the scalar path, naming the rank and component."""
         if component == EXPERTS:
             query = {
-                "component": EXPERTS, "mode": mode, "tokens": int(routing.tokens[i]),
+                "component": EXPERTS,
+                "mode": mode,
+                "tokens": int(routing.tokens[i]),
                 "activated_experts": int(routing.activated_experts[i, rank]),
                 "local_assignments": int(routing.local_assignments[i, rank]),
             }
-            coords = (f"N={query['tokens']} A={query['activated_experts']} "
-                      f"M={query['local_assignments']}")
+            coords = (
+                f"N={query['tokens']} A={query['activated_experts']} M={query['local_assignments']}"
+            )
         else:
-            query = {"component": component, "mode": mode,
-                     "tokens": int(routing.local_rows[i, rank])}
+            query = {
+                "component": component,
+                "mode": mode,
+                "tokens": int(routing.local_rows[i, rank]),
+            }
             coords = f"rows={query['tokens']}"
         answer = tables.answer([query])[0]
         message = answer.get("message", "outside measured support")
@@ -966,8 +1054,10 @@ class LayerEstimator:
             kept.append(StepArrays(arrive, start_all, clock, timings))
         bad = code != OK
         final = clock
-        layer_compute = final.max(axis=1) if transfer is None else _without_transfers(
-            self.trace, components, routing
+        layer_compute = (
+            final.max(axis=1)
+            if transfer is None
+            else _without_transfers(self.trace, components, routing)
         )
         layer = final.max(axis=1) if transfer is not None else None
         if bad.any():
@@ -993,10 +1083,16 @@ class LayerEstimator:
             errors=errors,
             cluster=cluster.name if cluster is not None else None,
             notes=notes
-            + (() if cluster is not None else (
-                "no cluster given: collectives carry their bytes but no transfer time, and "
-                "layer_us is null; layer_compute_us leaves transfers out",
-            ) if any(isinstance(s, CollectiveStep) for s in self.trace.steps) else ()),
+            + (
+                ()
+                if cluster is not None
+                else (
+                    "no cluster given: collectives carry their bytes but no transfer time, and "
+                    "layer_us is null; layer_compute_us leaves transfers out",
+                )
+                if any(isinstance(s, CollectiveStep) for s in self.trace.steps)
+                else ()
+            ),
             graph=graph,
             _steps=kept,
         )
@@ -1031,4 +1127,3 @@ def estimator_for(
     if found is None:
         found = cache[key] = LayerEstimator(tables, tp, dp, sequence_parallel)
     return found
-

@@ -23,9 +23,24 @@ from moetables.routing import POLICIES, ActiveCurve
 __all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
 
 _FIELDS = {
-    "tp", "dp", "sequence_parallel", "tokens", "steps", "policy", "expert_counts", "seed",
-    "active_curve", "load_shares", "mode", "capture_sizes", "events", "rank_expert_counts",
-    "profile", "layer", "profile_draw", "tile_cost_us",
+    "tp",
+    "dp",
+    "sequence_parallel",
+    "tokens",
+    "steps",
+    "policy",
+    "expert_counts",
+    "seed",
+    "active_curve",
+    "load_shares",
+    "mode",
+    "capture_sizes",
+    "events",
+    "rank_expert_counts",
+    "profile",
+    "layer",
+    "profile_draw",
+    "tile_cost_us",
 }
 PROFILE_DRAWS = ("sample", "expectation")
 _INT64_MAX = 2**63 - 1
@@ -70,8 +85,10 @@ def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], defaul
 
 
 def _int_list(value: Any, what: str, problems: list[str]) -> list[int] | None:
-    if not isinstance(value, list) or not value or any(
-        isinstance(v, bool) or not isinstance(v, int) for v in value
+    if (
+        not isinstance(value, list)
+        or not value
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
     ):
         problems.append(f"{what}: must be a non-empty list of integers, got {value!r}")
         return None
@@ -156,16 +173,15 @@ def parse_estimate_request(
         else:
             expert_counts = []
             for i, row in enumerate(rows):
-                got = _int_list(row, f"expert_counts[{i}]" if not single else "expert_counts",
-                                problems)
+                got = _int_list(
+                    row, f"expert_counts[{i}]" if not single else "expert_counts", problems
+                )
                 if got is None:
                     expert_counts = None
                     break
                 expert_counts.append(got)
             if expert_counts is not None and len(expert_counts) != len(steps):
-                problems.append(
-                    f"expert_counts: {len(expert_counts)} rows for {len(steps)} steps"
-                )
+                problems.append(f"expert_counts: {len(expert_counts)} rows for {len(steps)} steps")
     curve = None
     if raw.get("active_curve") is not None:
         try:
@@ -214,7 +230,11 @@ def parse_estimate_request(
         )
     tile_cost = raw.get("tile_cost_us")
     if tile_cost is not None:
-        if isinstance(tile_cost, bool) or not isinstance(tile_cost, (int, float)) or not tile_cost >= 0:
+        if (
+            isinstance(tile_cost, bool)
+            or not isinstance(tile_cost, (int, float))
+            or not tile_cost >= 0
+        ):
             problems.append(f"tile_cost_us: must be a number >= 0, got {tile_cost!r}")
         elif policy in POLICIES and policy not in COUNTING_POLICIES:
             problems.append(
@@ -222,7 +242,9 @@ def parse_estimate_request(
                 f"{', '.join(COUNTING_POLICIES)} do"
             )
         elif policy == "captured" and draw == "expectation":
-            problems.append("tile_cost_us: the captured policy's expectation gives no per-expert counts; its draws do")
+            problems.append(
+                "tile_cost_us: the captured policy's expectation gives no per-expert counts; its draws do"
+            )
     if problems:
         raise QueryError("; ".join(problems))
     return EstimateRequest(

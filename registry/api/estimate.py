@@ -38,12 +38,14 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
     dp = serializers.IntegerField(min_value=1)
     sequence_parallel = serializers.BooleanField(default=False)
     tokens = serializers.ListField(
-        child=serializers.IntegerField(min_value=1), required=False,
+        child=serializers.IntegerField(min_value=1),
+        required=False,
         help_text="one step: the padded token count of every DP rank (answer: one object)",
     )
     steps = serializers.ListField(
         child=serializers.ListField(child=serializers.IntegerField(min_value=1)),
-        required=False, help_text="many steps (answer: `answers`, one per step)",
+        required=False,
+        help_text="many steps (answer: `answers`, one per step)",
     )
     policy = serializers.ChoiceField(choices=list(POLICIES), default="balanced")
     expert_counts = serializers.JSONField(
@@ -63,21 +65,25 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
         min_value=0, required=False, help_text="captured: the profile's layer (default: all)"
     )
     profile_draw = serializers.ChoiceField(
-        choices=["sample", "expectation"], default="sample",
+        choices=["sample", "expectation"],
+        default="sample",
         help_text="captured: a seeded draw at N, or the mean per-rank (A, M)",
     )
     mode = serializers.ChoiceField(choices=["eager", "graph"], default="eager")
-    capture_sizes = serializers.ListField(child=serializers.IntegerField(min_value=1),
-                                          required=False)
+    capture_sizes = serializers.ListField(
+        child=serializers.IntegerField(min_value=1), required=False
+    )
     events = serializers.BooleanField(
-        default=True, help_text="include the per-rank trace events; false for smaller answers")
+        default=True, help_text="include the per-rank trace events; false for smaller answers"
+    )
     rank_expert_counts = serializers.BooleanField(
         default=False,
         help_text="add each rank's pairs per local expert (`expert_range`, `expert_counts`); "
         "histogram, round_robin and random policies only",
     )
     tile_cost_us = serializers.FloatField(
-        min_value=0, required=False,
+        min_value=0,
+        required=False,
         help_text="issue 18: microseconds per expert-kernel row tile that the step's per-expert "
         "counts run beyond the table's balanced tiles (counting policies; docs/estimate.md)",
     )
@@ -103,11 +109,13 @@ class RankSerializer(serializers.Serializer[Any]):
     transfer_us = serializers.FloatField(allow_null=True)
     end_us = serializers.FloatField()
     expert_range = serializers.ListField(
-        child=serializers.IntegerField(), required=False,
+        child=serializers.IntegerField(),
+        required=False,
         help_text="with rank_expert_counts: the rank's global experts [start, stop)",
     )
     expert_counts = serializers.ListField(
-        child=serializers.IntegerField(), required=False,
+        child=serializers.IntegerField(),
+        required=False,
         help_text="with rank_expert_counts: the rank's pairs per local expert",
     )
 
@@ -160,7 +168,8 @@ class EstimateAnswerSerializer(serializers.Serializer[Any]):
     critical_rank = serializers.IntegerField()
     notes = serializers.ListField(child=serializers.CharField())
     answers = serializers.ListField(
-        child=serializers.DictField(), required=False,
+        child=serializers.DictField(),
+        required=False,
         help_text="with `steps`: one answer (as above, or error + message) per step",
     )
 

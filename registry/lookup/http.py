@@ -40,15 +40,23 @@ from registry.lookup.services import Answerer, LookupFailure, parse_lookup, run_
 from registry.tokens import HashedTokenAuthentication
 
 __all__ = [
-    "ANSWERER_HEADERS", "LookupMiddleware", "door", "json_response", "lookup", "read_body",
+    "ANSWERER_HEADERS",
+    "LookupMiddleware",
+    "door",
+    "json_response",
+    "lookup",
+    "read_body",
 ]
 
 ALLOW = "POST, OPTIONS"
 STATUSES = {"not_found": 404, "no_coverage": 422, "corrupt_bundle": 409, "storage_fault": 503}
 # Who answered, in headers too, so that a simulator can record it without parsing the body.
 ANSWERER_HEADERS = {
-    "X-Bundle-Id": "id", "X-Bundle-Sha256": "sha256", "X-Bundle-Backend": "backend",
-    "X-Bundle-Kernel": "kernel", "X-Bundle-Vllm-Version": "vllm_version",
+    "X-Bundle-Id": "id",
+    "X-Bundle-Sha256": "sha256",
+    "X-Bundle-Backend": "backend",
+    "X-Bundle-Kernel": "kernel",
+    "X-Bundle-Vllm-Version": "vllm_version",
 }
 # A run of 19 digits (every digit made "0", then searched: ten times faster than a regular
 # expression): maybe an integer beyond int64, which orjson reads as a float and json as an
@@ -79,9 +87,9 @@ def read_body(request: HttpRequest) -> Any:
     try:
         body = request.body
     except RequestDataTooBig:
-        raise RequestError([
-            f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"
-        ]) from None
+        raise RequestError(
+            [f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes"]
+        ) from None
     charset = (request.content_params or {}).get("charset", "utf-8").lower()
     if charset in ("utf-8", "utf8") and _LONG_NUMBER not in body.translate(_DIGITS_AS_ZERO):
         try:
@@ -102,12 +110,12 @@ def read_body(request: HttpRequest) -> Any:
         raise RequestError([f"the body is not valid JSON: {exc}"]) from None
 
 
-def json_response(
-    body: Any, status: int, headers: dict[str, str] | None = None
-) -> HttpResponse:
+def json_response(body: Any, status: int, headers: dict[str, str] | None = None) -> HttpResponse:
     """A door's answer: JSON written by orjson, with the methods it allows."""
     return HttpResponse(
-        orjson.dumps(body), content_type="application/json", status=status,
+        orjson.dumps(body),
+        content_type="application/json",
+        status=status,
         headers={"Allow": ALLOW, **headers} if headers else {"Allow": ALLOW},
     )
 
@@ -131,7 +139,8 @@ def _credentials(request: HttpRequest) -> HttpResponse | None:
             found = auth.authenticate(request)  # type: ignore[arg-type]
         except AuthenticationFailed as exc:
             return json_response(
-                {"detail": str(exc.detail)}, 401,
+                {"detail": str(exc.detail)},
+                401,
                 {"WWW-Authenticate": auth.authenticate_header(request) or "Token"},  # type: ignore[arg-type]
             )
         user = found[0] if found else None
@@ -143,7 +152,8 @@ def _credentials(request: HttpRequest) -> HttpResponse | None:
             seconds = max(1, int(wait or 0) + (1 if wait and wait % 1 else 0))
             return json_response(
                 {"detail": f"Request was throttled. Expected available in {seconds} seconds."},
-                429, {"Retry-After": str(seconds)},
+                429,
+                {"Retry-After": str(seconds)},
             )
     return None
 
@@ -153,8 +163,9 @@ def door(request: HttpRequest, name: str) -> HttpResponse | None:
     throttle (the lookup's and the estimate's requests count against one rate). A response
     refuses (or answers OPTIONS); None lets the request in."""
     if request.method == "OPTIONS":
-        return json_response({"name": name, "renders": ["application/json"],
-                              "parses": ["application/json"]}, 200)
+        return json_response(
+            {"name": name, "renders": ["application/json"], "parses": ["application/json"]}, 200
+        )
     if request.method != "POST":
         return json_response({"detail": f'Method "{request.method}" not allowed.'}, 405)
     if "HTTP_AUTHORIZATION" in request.META or settings.REGISTRY.get("LOOKUP_THROTTLE"):
@@ -164,8 +175,9 @@ def door(request: HttpRequest, name: str) -> HttpResponse | None:
 
 def answerer_headers(bundle: dict[str, Any]) -> dict[str, str]:
     """The X-Bundle-* headers of an answer's ``bundle`` (who answered)."""
-    return {header: _ascii(bundle[key]) for header, key in ANSWERER_HEADERS.items()
-            if key in bundle}
+    return {
+        header: _ascii(bundle[key]) for header, key in ANSWERER_HEADERS.items() if key in bundle
+    }
 
 
 @csrf_exempt
@@ -184,7 +196,9 @@ def lookup(request: HttpRequest) -> HttpResponse:
         return json_response({"error": "invalid", "problems": exc.problems}, 400)
     except LookupFailure as exc:
         headers = {"Retry-After": "300"} if exc.code == "storage_fault" else None
-        return json_response({"error": exc.code, "message": exc.message}, STATUSES[exc.code], headers)
+        return json_response(
+            {"error": exc.code, "message": exc.message}, STATUSES[exc.code], headers
+        )
     except RecursionError:  # the repr of a value nested ~1,000 deep in a message
         return json_response({"error": "invalid", "problems": [TOO_DEEP]}, 400)
     return json_response(body, 200, _answerer_headers(answerer))
