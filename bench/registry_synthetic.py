@@ -81,8 +81,8 @@ def main() -> None:
 
     django.setup()
     from moetables import write_bundle
+    from registry.bundles.services import publish_bundle
     from registry.choices import BundleSource
-    from registry.services import publish_bundle
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="synthetic-bundles-") as work:

@@ -12,8 +12,8 @@ from django.shortcuts import get_object_or_404, render
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.routing import POLICIES
+from registry.bundles.models import Bundle
 from registry.lookup.services import BundleRef, tables_for
-from registry.models import Bundle
 from registry.profile_models import RoutingProfileRecord
 from registry.services.estimate import cluster_dir, named_cluster
 from registry.services.profiles import published_profile

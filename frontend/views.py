@@ -12,9 +12,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from frontend import pages
+from registry.bundles.models import Bundle, DeploymentTable
+from registry.bundles.services.checkout import BlobDriftError
 from registry.filtersets import BundleFilterSet
-from registry.models import Bundle, DeploymentTable
-from registry.services.checkout import BlobDriftError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -9,8 +9,8 @@ from typing import Any
 import django_filters
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from registry.bundles.models import Bundle, DeploymentTable
 from registry.choices import BundleLayout, BundleSource
-from registry.models import Bundle, DeploymentTable
 
 __all__ = ["BundleFilterSet"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from registry.bundles.models import Bundle
     from registry.jobs.models import AcquisitionJob
-    from registry.models import Bundle
     from registry.profile_models import RoutingProfileRecord
 
 __all__ = [

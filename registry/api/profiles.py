@@ -19,10 +19,10 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
 from registry.api.throttles import UploadThrottle
+from registry.bundles.services.publish import PublishError, QuotaExceeded
 from registry.permissions import NotAllowed
 from registry.profile_models import RoutingProfileRecord
 from registry.services.profiles import delete_profile, publish_profile
-from registry.services.publish import PublishError, QuotaExceeded
 from registry.storage import blob_name, bundle_storage
 from registry.tokens import HashedTokenAuthentication
 

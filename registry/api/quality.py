@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from moetables.errors import BundleError
-from registry.models import DeploymentTable
+from registry.bundles.models import DeploymentTable
 from registry.services.coverage import coverage_matrix
 from registry.services.quality import conservation_payload, stability_payload
 from registry.tokens import HashedTokenAuthentication

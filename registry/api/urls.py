@@ -14,7 +14,8 @@ from registry.api.quality import (
     CoverageView,
     StabilityView,
 )
-from registry.api.views import ApiRootView, BundleViewSet, LookupDocumentation
+from registry.api.views import ApiRootView, LookupDocumentation
+from registry.bundles.api.views import BundleViewSet
 from registry.lookup.http import lookup
 
 app_name = "registry-api"

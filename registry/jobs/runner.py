@@ -294,7 +294,7 @@ def _publish_or_cancel(job: AcquisitionJob, bundle_dir: Path) -> None:
 
 
 def _publish(job: AcquisitionJob, bundle_dir: Path) -> None:
-    from registry.services import PublishError, publish_bundle
+    from registry.bundles.services import PublishError, publish_bundle
 
     try:
         result = publish_bundle(

@@ -24,8 +24,8 @@ from django.db.backends.base.operations import BaseDatabaseOperations
 
 from moetables.errors import BundleError, CoverageError
 from moetables.lookup import ComponentTables, LookupRequest, parse_request
-from registry.models import Bundle, DeploymentTable
-from registry.services.checkout import BlobDriftError, BlobMissingError, checkout_bundle
+from registry.bundles.models import Bundle, DeploymentTable
+from registry.bundles.services.checkout import BlobDriftError, BlobMissingError, checkout_bundle
 
 __all__ = [
     "Answerer",

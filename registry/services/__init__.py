@@ -1,21 +1,2 @@
-"""What the registry does, as plain functions the API, commands and tasks all call."""
-
-from __future__ import annotations
-
-from registry.services.checkout import checkout_bundle
-from registry.services.export import bundle_archive_chunks, export_bundle
-from registry.services.publish import PublishError, PublishResult, publish_bundle, publish_upload
-from registry.services.verify import Drift, VerifyReport, verify_bundles
-
-__all__ = [
-    "Drift",
-    "PublishError",
-    "PublishResult",
-    "VerifyReport",
-    "bundle_archive_chunks",
-    "checkout_bundle",
-    "export_bundle",
-    "publish_bundle",
-    "publish_upload",
-    "verify_bundles",
-]
+"""What the registry does, as plain functions the API, commands and tasks all call. The bundle
+feature's own services (publish, describe, checkout, export, verify) live in registry/bundles/services/."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.urls import reverse
 
-from registry.models import DeploymentTable
+from registry.bundles.models import DeploymentTable
 from registry.services.quality import table_quality
 
 __all__ = ["Deployment", "coverage_matrix", "deployment_label"]

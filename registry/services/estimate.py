@@ -19,8 +19,8 @@ from moetables.comm import Cluster, ClusterError, load_cluster, parse_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.lookup import LookupRequest, RequestError, parse_request
+from registry.bundles.services.checkout import BlobDriftError
 from registry.lookup.services import LookupFailure, NoCoverage, choose_bundle, tables_for
-from registry.services.checkout import BlobDriftError
 from registry.services.profiles import published_profile
 
 __all__ = ["cluster_dir", "named_cluster", "run_estimate"]

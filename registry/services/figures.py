@@ -16,7 +16,7 @@ from registry.lookup.services import BundleRef, tables_for
 
 if TYPE_CHECKING:
     from moetables.lookup.tables import DeploymentTables
-    from registry.models import DeploymentTable
+    from registry.bundles.models import DeploymentTable
 
 __all__ = ["LoadedTable", "load_deployment"]
 

@@ -21,9 +21,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from moetables.profiles import ProfileError, RoutingProfile, read_profile
+from registry.bundles.services.publish import PublishError, QuotaExceeded
 from registry.permissions import NotAllowed, can_delete_routing_profile, can_upload
 from registry.profile_models import RoutingProfileRecord
-from registry.services.publish import PublishError, QuotaExceeded
 from registry.storage import blob_name, bundle_storage, open_blob, put_blob
 
 __all__ = [
@@ -57,7 +57,7 @@ def _max_unpacked() -> int:
 
 
 def _check_quota(user: Any, adding: int) -> None:
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
     quota = settings.REGISTRY.get("USER_QUOTA_BYTES") or 0
     if not quota or not getattr(user, "pk", None) or getattr(user, "is_staff", False):

@@ -17,7 +17,7 @@ from registry.lookup.services import BundleRef, tables_for
 from registry.services.figures import load_deployment
 
 if TYPE_CHECKING:
-    from registry.models import DeploymentTable
+    from registry.bundles.models import DeploymentTable
 
 __all__ = ["conservation_payload", "stability_payload", "table_evidence", "table_quality"]
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from registry.bundles.models import DeploymentTable
 from registry.coverage_models import CoverageRequest, WorkerPresence
-from registry.models import DeploymentTable
 
 if TYPE_CHECKING:
     from registry.models import AcquisitionJob, Bundle

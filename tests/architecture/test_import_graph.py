@@ -200,6 +200,22 @@ def test_it_keeps_the_apps_off_the_project_celery_module() -> None:
         assert bad == []
 
 
+def test_it_keeps_bundle_services_below_the_api() -> None:
+    """The bundle feature reads like the jobs wing (issue 12): its models and services are plain
+    code the API, commands, tasks and pages call, so they import no API module themselves."""
+    below = ("registry.bundles.models", "registry.bundles.services")
+    bad = [
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        if name.startswith(below)
+        for target in targets
+        if target.startswith(("registry.api", "registry.bundles.api", "frontend"))
+    ]
+    assert bad == []
+    assert "registry.bundles.models" in MODULES
+    assert "registry.bundles.models" in GRAPH["registry.models"]
+
+
 def test_it_imports_no_private_name_across_modules() -> None:
     """A name with a leading underscore belongs to its module: another module that needs it
     gets a public name (the jobs wing once imported ``runner._artifacts`` and ``_tail``)."""

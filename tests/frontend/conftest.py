@@ -98,14 +98,14 @@ def write_current_bundle(dest: Path, *, hardware: str = "SYNTH-GPU") -> Path:
 
 @pytest.fixture
 def shipped_bundle(db: None) -> Any:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     return publish_bundle(SHIPPED).bundle
 
 
 @pytest.fixture
 def h200_bundle(db: None) -> Any:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     if not H200.is_dir():
         pytest.skip("no shipped H200 bundle")
@@ -114,7 +114,7 @@ def h200_bundle(db: None) -> Any:
 
 @pytest.fixture
 def current_bundle(db: None, tmp_path: Path) -> Any:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     return publish_bundle(write_current_bundle(tmp_path / "made")).bundle
 

@@ -66,7 +66,7 @@ def page(browser: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def bundles(transactional_db: None, tmp_path: Path) -> tuple[Any, Any]:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
     from tests.frontend.conftest import H200, SHIPPED, write_current_bundle
 
     shipped = publish_bundle(SHIPPED).bundle

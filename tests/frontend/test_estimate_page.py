@@ -131,7 +131,7 @@ def browser() -> Iterator[Any]:
 def test_it_draws_the_per_rank_timeline_in_a_browser(
     browser: Any, live_server: Any, transactional_db: None, clusters: Path
 ) -> None:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
     from tests.frontend.conftest import H200
 
     bundle = publish_bundle(H200).bundle

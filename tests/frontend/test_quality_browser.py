@@ -33,7 +33,7 @@ H200 = [
 
 @pytest.fixture
 def h200(transactional_db: None) -> list[Any]:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     return [publish_bundle(path).bundle for path in H200]
 

@@ -26,7 +26,7 @@ def _params() -> dict[str, Any]:
 @pytest.fixture
 def far_bundle(tmp_path: Path) -> Any:
     """Synthetic, tests only: measured only at 5,000 and 10,000 rows, far beyond the others."""
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     spec = make_spec(MoeTarget.for_rank(1, 2, 0), tokens=[5000, 10000])
     header = {"hardware": "FAR-GPU", "model": "synthetic/far", "variant": "bf16"}

@@ -210,7 +210,7 @@ def uploader(db: None) -> APIClient:
 
 @pytest.fixture
 def published(db: None, shipped: Path) -> Any:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     return publish_bundle(shipped).bundle
 

@@ -324,8 +324,8 @@ def upload_and_check(client: Any, hostile: Hostile, var: Path, report: FuzzRepor
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     from moetables.bundle import validate_bundle
-    from registry.models import Bundle
-    from registry.services.checkout import checkout_bundle
+    from registry.bundles.models import Bundle
+    from registry.bundles.services.checkout import checkout_bundle
 
     before_rows = Bundle.objects.count()
     before = _stored(var)

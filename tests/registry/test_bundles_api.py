@@ -9,9 +9,9 @@ import pytest
 from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
-from registry.api.serializers import BundleSerializer
-from registry.models import Bundle
-from registry.services import publish_bundle
+from registry.bundles.api.serializers import BundleSerializer
+from registry.bundles.models import Bundle
+from registry.bundles.services import publish_bundle
 
 if TYPE_CHECKING:
     from rest_framework.test import APIClient

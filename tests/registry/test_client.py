@@ -19,8 +19,8 @@ import pytest
 from moetables import ComponentTables
 from moetables.client import RegistryError, RemoteTables, _Http
 from moetables.errors import BundleError, CoverageError, QueryError
-from registry.models import Bundle
-from registry.services import publish_bundle
+from registry.bundles.models import Bundle
+from registry.bundles.services import publish_bundle
 
 ROOT = Path(__file__).resolve().parents[2] / "bundles"
 QWEN = "Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"

@@ -14,7 +14,7 @@ import pytest
 from moetables import ComponentTables, load_cluster
 from moetables.client import RemoteTables
 from moetables.errors import CoverageError, QueryError
-from registry.services import publish_bundle
+from registry.bundles.services import publish_bundle
 from tests.moetables.test_captured_estimate import qwen_like_profile
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from registry.models import Bundle
-from registry.services import checkout_bundle, publish_bundle
+from registry.bundles.models import Bundle
+from registry.bundles.services import checkout_bundle, publish_bundle
 from registry.storage import blob_name, bundle_storage
 
 if TYPE_CHECKING:

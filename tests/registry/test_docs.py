@@ -10,7 +10,7 @@ import pytest
 if TYPE_CHECKING:
     from django.test import Client
 
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
 pytestmark = pytest.mark.django_db
 

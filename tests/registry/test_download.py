@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from registry.models import Bundle
-from registry.services import publish_bundle
+from registry.bundles.models import Bundle
+from registry.bundles.services import publish_bundle
 
 if TYPE_CHECKING:
     from pathlib import Path

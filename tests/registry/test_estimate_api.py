@@ -25,7 +25,7 @@ FIXTURE = REPO / "tests/moetables/data/cluster-fixture.yaml"
 
 @pytest.fixture
 def h200(db: None) -> Any:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     return publish_bundle(H200).bundle
 

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.core.cache import cache
 
-from registry.services import publish_bundle
+from registry.bundles.services import publish_bundle
 
 if TYPE_CHECKING:
     from rest_framework.test import APIClient
 
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
 pytestmark = pytest.mark.django_db
 

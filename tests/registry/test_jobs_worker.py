@@ -302,7 +302,7 @@ def test_it_resumes_a_job_after_its_worker_is_killed(
     assert _resumed_points(done.work_dir) == 1
     bundle = done.result_bundle
     assert bundle is not None
-    from registry.services import checkout_bundle
+    from registry.bundles.services import checkout_bundle
 
     assert validate_bundle(checkout_bundle(bundle)).problems == []
     served = api.get(f"/api/v1/bundles/{bundle.pk}/").json()

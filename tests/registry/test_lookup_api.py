@@ -11,15 +11,15 @@ from django.core.cache import cache
 
 from moetables import cli
 from moetables.lookup import ComponentTables
+from registry.bundles.services import checkout_bundle, publish_bundle
 from registry.lookup import services as lookup_service
-from registry.services import checkout_bundle, publish_bundle
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from rest_framework.test import APIClient
 
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
 pytestmark = pytest.mark.django_db
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.core.cache import cache
 
+from registry.bundles.services import publish_bundle
 from registry.lookup import services as lookup_service
-from registry.services import publish_bundle
 
 if TYPE_CHECKING:
     from rest_framework.test import APIClient
 
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
 pytestmark = pytest.mark.django_db
 

@@ -15,8 +15,8 @@ import pytest
 from moetables import ComponentTables
 from moetables.client import RemoteTables
 from moetables.errors import CoverageError, QueryError
-from registry.models import Bundle
-from registry.services import publish_bundle
+from registry.bundles.models import Bundle
+from registry.bundles.services import publish_bundle
 
 F2 = (
     Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from registry.models import Bundle
+from registry.bundles.models import Bundle
 
 if TYPE_CHECKING:
     from pathlib import Path

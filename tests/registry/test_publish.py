@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from registry.bundles.models import Bundle, DeploymentTable
+from registry.bundles.services import PublishError, publish_bundle
 from registry.choices import BundleSource
 from registry.manifest import Manifest
-from registry.models import Bundle, DeploymentTable
-from registry.services import PublishError, publish_bundle
 from registry.storage import blob_name, bundle_storage
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from registry.bundles.services import publish_bundle
 from registry.models import AcquisitionJob, CoverageRequest, DeploymentTable, WorkerPresence
-from registry.services import publish_bundle
 from registry.services.requests import request_cell, waiting_for_worker
 
 pytestmark = [pytest.mark.django_db]
@@ -237,7 +237,7 @@ def test_publication_refuses_evidence_that_does_not_match(db: None, tmp_path: Pa
     """The registry validates the evidence like the reader: a changed stability.csv is refused."""
     import shutil
 
-    from registry.services import PublishError
+    from registry.bundles.services import PublishError
 
     copy = tmp_path / "bf16"
     shutil.copytree(H200["H200-vllm-live"], copy)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.test import Client
 
+from registry.bundles.services import publish_bundle
 from registry.models import AcquisitionJob, Bundle
-from registry.services import publish_bundle
 
 if TYPE_CHECKING:
     from rest_framework.test import APIClient

@@ -97,7 +97,7 @@ def test_it_lets_only_the_publisher_or_staff_delete(
 def test_it_estimates_with_a_published_profile_by_id(
     uploader: APIClient, api: APIClient, profile_bytes: bytes
 ) -> None:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     bundle = publish_bundle(H200).bundle
     pk = _upload(uploader, profile_bytes).json()["id"]
@@ -159,7 +159,7 @@ def test_it_bins_many_step_sizes_for_the_curves() -> None:
 def test_it_offers_published_profiles_on_the_estimate_page(
     uploader: APIClient, client: Any, profile_bytes: bytes
 ) -> None:
-    from registry.services import publish_bundle
+    from registry.bundles.services import publish_bundle
 
     bundle = publish_bundle(H200).bundle
     pk = _upload(uploader, profile_bytes).json()["id"]

@@ -13,7 +13,7 @@ import pytest
 
 from moetables import ComponentTables
 from moetables.client import RemoteTables
-from registry.services import publish_bundle
+from registry.bundles.services import publish_bundle
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "step_simulator.py"
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from registry.bundles.services.checkout import checkout_path
 from registry.lookup.services import clear_lookup_cache
-from registry.services.checkout import checkout_path
 from registry.storage import blob_name, bundle_storage
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from django.test import Client
 
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
 pytestmark = pytest.mark.django_db
 

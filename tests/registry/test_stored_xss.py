@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from registry.bundles.models import Bundle
 from registry.manifest import FileRecord
-from registry.models import Bundle
 from registry.storage import bundle_storage, put_blob
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from registry.services import publish_bundle
-from registry.services.describe import table_identity
+from registry.bundles.services import publish_bundle
+from registry.bundles.services.describe import table_identity
 
 
 def test_it_reads_current_and_historical_contracts() -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from registry.models import Bundle
+from registry.bundles.models import Bundle
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from registry.models import Bundle
+from registry.bundles.models import Bundle
 from tests.moetables.test_bounded_yaml import LAUGHS
 
 if TYPE_CHECKING:

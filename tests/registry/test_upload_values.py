@@ -14,9 +14,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from registry.audit import StateChange
+from registry.bundles.services import PublishError, publish_bundle
 from registry.checks import check_row
 from registry.models import Bundle, DeploymentTable, Namespace
-from registry.services import PublishError, publish_bundle
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -12,7 +12,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from moetables.lookup import ComponentTables
-from registry.services import publish_bundle
+from registry.bundles.services import publish_bundle
 
 pytestmark = [pytest.mark.django_db]
 

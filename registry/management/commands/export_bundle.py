@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from registry.models import Bundle
-from registry.services import export_bundle
+from registry.bundles.models import Bundle
+from registry.bundles.services import export_bundle
 
 
 class Command(BaseCommand):

@@ -13,8 +13,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from registry.bundles.services import PublishError, publish_bundle
 from registry.choices import BundleSource
-from registry.services import PublishError, publish_bundle
 
 
 def bundle_sources(path: Path) -> list[Path]:

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from registry.models import Bundle
-from registry.services import verify_bundles
+from registry.bundles.models import Bundle
+from registry.bundles.services import verify_bundles
 
 
 class Command(BaseCommand):

@@ -7,13 +7,13 @@ from functools import partial
 from typing import IO, TYPE_CHECKING, cast
 
 from registry.archives import iter_tar_gz
-from registry.services.checkout import checkout_bundle, checkout_file
+from registry.bundles.services.checkout import checkout_bundle, checkout_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
 __all__ = ["bundle_archive_chunks", "export_bundle", "format_archive"]
 

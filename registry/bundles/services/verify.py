@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from registry.manifest import Manifest
-from registry.models import Bundle
-from registry.services.checkout import checkout_path
+from registry.bundles.models import Bundle
+from registry.bundles.services.checkout import checkout_path
 from registry.storage import blob_name, bundle_storage, hash_blob
 
 if TYPE_CHECKING:

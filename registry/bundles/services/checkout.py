@@ -18,7 +18,7 @@ from django.conf import settings
 from registry.storage import bundle_storage, open_blob
 
 if TYPE_CHECKING:
-    from registry.models import Bundle
+    from registry.bundles.models import Bundle
 
 __all__ = [
     "BlobDriftError",

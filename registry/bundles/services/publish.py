@@ -34,7 +34,7 @@ from registry.manifest import (
 )
 from registry.models import Bundle, DeploymentTable, Namespace
 from registry.permissions import NotAllowed, can_publish_under, can_upload
-from registry.services.describe import (
+from registry.bundles.services.describe import (
     jsonable,
     measured_at_of,
     measured_at_problems,
