@@ -15,7 +15,7 @@ from django.db import migrations, models
 
 
 def fill_identity(apps: Any, schema_editor: Any) -> None:
-    from registry.services.describe import (
+    from registry.bundles.services.describe import (
         measured_at_of_meta,
         table_identity,
         vllm_version_of_meta,
