@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import orjson
 from django.http import HttpResponse
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,44 +22,6 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
 
 __all__ = ["ApiRootView", "LookupDocumentation"]
-
-# Bundle files are data and are always served as downloads (issue 17, item 1): a type from
-# this table or application/octet-stream, never one guessed from the name (an .html or .svg
-# stored before the registry refused them must not come back as text/html or image/svg+xml).
-CONTENT_TYPES = {
-    ".csv": "text/csv",
-    ".yaml": "application/yaml",
-    ".yml": "application/yaml",
-    ".json": "application/json",
-    ".jsonl": "application/jsonl",
-    ".md": "text/plain",
-    ".txt": "text/plain",
-}
-
-
-def _etag_matches(request: Request, etag: str) -> bool:
-    header = request.headers.get("If-None-Match", "")
-    if not header:
-        return False
-    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
-    return "*" in tags or etag in tags
-
-
-def _storage_fault(exc: Exception) -> HttpResponse:
-    """A stored file is missing or damaged: a clear 503, never a 500 or a cut connection."""
-    response = HttpResponse(
-        orjson.dumps({"error": "storage_fault", "message": str(exc)}),
-        status=status.HTTP_503_SERVICE_UNAVAILABLE,
-        content_type="application/json",
-    )
-    response["Retry-After"] = "300"
-    return response
-
-
-def _not_modified(etag: str) -> HttpResponse:
-    response = HttpResponse(status=status.HTTP_304_NOT_MODIFIED)
-    response["ETag"] = etag
-    return response
 
 
 @extend_schema(exclude=True)
