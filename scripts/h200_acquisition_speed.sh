@@ -13,7 +13,13 @@
 # runs.tar.gz into the run root first (a resumed run continues its checkpoint).
 # $OUT receives runs.tar.gz (per run: phases.jsonl, progress.jsonl, run.log, the bundle's
 # runtime files and the _acquisition checkpoint without writer locks) and speed.log.
+# BUDGET_S (optional): wall seconds for the whole script from its start; each run's limit is
+# cut to what is left after RESERVE_S (packing, analysis; default 30), and a run with less than
+# MIN_RUN_S (default 40) left is skipped and logged. SUMMARY=1 ends with
+# bench/acquisition_speed_summary.py over the run root (phase table, equivalence against the
+# shipped factor-2 bundles and between before/after pairs) into $OUT/summary.md.
 set -uo pipefail
+SCRIPT_START=$(date +%s)
 OUT_DIR=${OUT:-var/speed-out}
 ROOT=${ROOT:-/tmp/speed}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
@@ -27,6 +33,18 @@ for spec in "$@"; do
   label=${spec%%=*}
   IFS=: read -r dir backend factor dps limit <<<"${spec#*=}"
   run=$ROOT/$label
+  if [ -n "${BUDGET_S:-}" ]; then
+    left=$(( BUDGET_S - ${RESERVE_S:-30} - ($(date +%s) - SCRIPT_START) ))
+    if [ "$left" -lt "${MIN_RUN_S:-40}" ]; then
+      log "$label: skipped, ${left}s left of the ${BUDGET_S}s budget"
+      continue
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  if [ ! -d "$dir/acquisition" ]; then
+    log "$label: skipped, $dir holds no project copy"
+    continue
+  fi
   mkdir -p "$run"
   rm -rf "$run/triton" "$run/vllm-cache"
   extra=()
@@ -51,3 +69,10 @@ python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm._
 tar -czf "$OUT_DIR/runs.tar.gz" -C "$ROOT" --exclude=writer.lock --exclude=triton \
   --exclude=vllm-cache .
 log "packed $(du -h "$OUT_DIR/runs.tar.gz" | cut -f1)"
+if [ "${SUMMARY:-0}" = 1 ]; then
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 60 python3 bench/acquisition_speed_summary.py \
+    "$ROOT" >"$OUT_DIR/summary.md" 2>&1
+  log "summary (exit $?):"
+  cat "$OUT_DIR/summary.md" | tee -a "$OUT_DIR/speed.log"
+fi
+log "script wall $(( $(date +%s) - SCRIPT_START ))s"
