@@ -17,7 +17,8 @@
 # cut to what is left after RESERVE_S (packing, analysis; default 30), and a run with less than
 # MIN_RUN_S (default 40) left is skipped and logged. SUMMARY=1 ends with
 # bench/acquisition_speed_summary.py over the run root (phase table, equivalence against the
-# shipped factor-2 bundles and between before/after pairs) into $OUT/summary.md.
+# shipped factor-2 bundles and between before/after pairs) into $OUT/summary.md. EXTRA_ARGS
+# (optional) is appended to every run's command line, e.g. "--isolate-targets off".
 set -uo pipefail
 SCRIPT_START=$(date +%s)
 OUT_DIR=${OUT:-var/speed-out}
@@ -49,6 +50,8 @@ for spec in "$@"; do
   rm -rf "$run/triton" "$run/vllm-cache"
   extra=()
   [ "$backend" = vllm-live ] && extra=(--engine-attention-backend TRITON_ATTN)
+  read -r -a more <<<"${EXTRA_ARGS:-}"
+  extra+=("${more[@]}")
   cmd=(python3 -m acquisition.adapters.vllm_cli slice Qwen/Qwen3-30B-A3B-Instruct-2507
     --hardware H200 --tp 1 --tp-refresh 1 --group moe --max-num-batched-tokens 2048
     --max-num-seqs 128 --moe-rounds 3 --measurement-iterations 3 --moe-grid-factor "$factor"
@@ -64,7 +67,8 @@ for spec in "$@"; do
   log "$label: exit $status after $(( $(date +%s) - start ))s; $(tail -n 1 "$run/run.log" | cut -c1-200)"
 done
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv >>"$OUT_DIR/speed.log" 2>&1
-python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" \
+# Versions from the installed metadata: importing vLLM here would cost seconds of the budget.
+python3 -c "from importlib.metadata import version as v; print('torch', v('torch'), 'vllm', v('vllm'))" \
   >>"$OUT_DIR/speed.log" 2>&1
 tar -czf "$OUT_DIR/runs.tar.gz" -C "$ROOT" --exclude=writer.lock --exclude=triton \
   --exclude=vllm-cache .
