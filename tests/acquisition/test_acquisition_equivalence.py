@@ -101,3 +101,27 @@ def test_the_summary_pairs_runs_with_bundles_and_with_their_before(
     assert "### after-modular-f2 against before-modular-f2" in printed
     assert printed.count("verdict: DIFFER") == 2  # the after run, against both
     assert code == 1
+
+
+def test_an_isolated_command_counts_once_in_the_phase_table(tmp_path: Path) -> None:
+    """--isolate-targets: the children's records sit inside the parent's wall (issue 19)."""
+    phases = module("acquisition_phases")
+    records = []
+    for key, wall in (("tp1/dp2_ep2_rank0_sp0", 50.0), ("tp1/dp2_ep2_rank1_sp0", 60.0)):
+        records.append({"type": "phases", "wall_s": wall, "exit_status": 0,
+                        "command_line": f"python -m acquisition --only-target {key} --dp 2",
+                        "targets": {key: {"seconds": {"timed_forwards": 40.0}, "points": 10},
+                                    "run": {"seconds": {"process_start": 2.0}, "points": 0}}})  # fmt: skip
+    records.append({"type": "phases", "wall_s": 115.0, "exit_status": 0, "points_total": 20,
+                    "command_line": "python -m acquisition --dp 2",
+                    "targets": {"tp1/dp2_ep2_rank0_sp0": {"seconds": {"isolated_target": 51.0}},
+                                "tp1/dp2_ep2_rank1_sp0": {"seconds": {"isolated_target": 62.0}},
+                                "run": {"seconds": {"plan": 1.0}}}})  # fmt: skip
+    log = tmp_path / "phases.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = phases.load(log, "isolated")
+    assert run.wall_s == 115.0 and run.points == 20
+    assert run.seconds["isolated_target"] == 3.0  # spawning and relaying only
+    assert run.seconds["timed_forwards"] == 80.0 and run.seconds["process_start"] == 4.0
+    assert run.exit_status == [0]
+    assert sum(run.seconds.values()) <= run.wall_s
