@@ -116,7 +116,7 @@ class ProfilerCapture:
             results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
             events = results.events()  # type: ignore[union-attr]
             if self.device == "cuda":
-                return read_cuda_window(events, _host_device(self._torch))
+                return read_cuda_window(events)
             window = ProfiledWindow()
             for event in events:
                 _classify(event, window)
@@ -229,18 +229,14 @@ def _host_call(event: Any, name: str, correlation: int | None = None) -> HostCal
     )
 
 
-def _host_device(torch: Any) -> Any:
-    """The CPU member of the events' device enum (compared as is: no string per event)."""
-    return getattr(getattr(torch._C._autograd, "DeviceType", None), "CPU", None)
-
-
-def read_cuda_window(events: Sequence[Any], host: Any = None) -> ProfiledWindow:
+def read_cuda_window(events: Sequence[Any]) -> ProfiledWindow:
     """A CUDA window read lean: what ``attribute_launches`` consults, nothing more.
 
-    Hundreds of thousands of events per batch, each field a native call: the device type is
-    compared as an enum (``host``; by its string where None), an event's name is read once,
-    and a host call becomes a ``HostCall`` only if some device activity of the window carries
-    its correlation id. Attribution looks launches up by the correlation ids of activities,
+    Hundreds of thousands of events per batch, each field a native call: whether an event's
+    device type is the host is decided once per type value (formatting the enum to a string
+    per event cost more than reading the event), an event's name is read once, and a host call
+    becomes a ``HostCall`` only if some device activity of the window carries its correlation
+    id. Attribution looks launches up by the correlation ids of activities,
     so the calls dropped here (``cudaStreamIsCapturing``, event records, launches whose
     activity fell outside the window) are never consulted: the attribution is the same, with
     its ownership and conservation checks (R15).
@@ -250,9 +246,12 @@ def read_cuda_window(events: Sequence[Any], host: Any = None) -> ProfiledWindow:
     ranges = window.ranges
     candidates: list[tuple[Any, str, int]] = []
     kind_of = None
+    hosts: dict[Any, bool] = {}
     for event in events:
         device = event.device_type()
-        on_host = device == host if host is not None else str(device).endswith("CPU")
+        on_host = hosts.get(device)
+        if on_host is None:
+            on_host = hosts[device] = str(device).endswith("CPU")
         if not on_host:
             if event.is_user_annotation():
                 continue  # the GPU copy of a record_function range, not an activity

@@ -121,10 +121,31 @@ def test_the_lean_window_attributes_exactly_like_the_full_one(cls: type[FakeEven
     assert result.unattributed_ns == 5 and result.total_ns == 52
 
 
-def test_the_device_enum_is_compared_without_strings() -> None:
-    """With the host member given, events are split by equality, not by their string."""
+def test_the_device_type_is_formatted_once_per_value() -> None:
+    """Whether a device type is the host is decided per value, not per event."""
+
+    class Device:
+        formatted = 0
+
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def __hash__(self) -> int:
+            return hash(self.text)
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Device) and other.text == self.text
+
+        def __str__(self) -> str:
+            Device.formatted += 1
+            return self.text
+
     events = forward_events()
-    assert read_cuda_window(events, HOST) == read_cuda_window(events)
+    plain = read_cuda_window(events)
+    for event in events:
+        event.device = Device(event.device)  # type: ignore[assignment]
+    assert read_cuda_window(events) == plain
+    assert Device.formatted == 2  # host and device, once each, for 22 events
 
 
 def test_ownership_failures_still_surface_through_the_lean_reader() -> None:
