@@ -236,10 +236,10 @@ def read_cuda_window(events: Sequence[Any]) -> ProfiledWindow:
     device type is the host is decided once per type value (formatting the enum to a string
     per event cost more than reading the event), an event's name is read once, and a host call
     becomes a ``HostCall`` only if some device activity of the window carries its correlation
-    id. Attribution looks launches up by the correlation ids of activities,
-    so the calls dropped here (``cudaStreamIsCapturing``, event records, launches whose
-    activity fell outside the window) are never consulted: the attribution is the same, with
-    its ownership and conservation checks (R15).
+    id. Attribution looks launches up by the correlation ids of activities, so the calls
+    dropped here (``cudaStreamIsCapturing``, event records, launches whose activity was not
+    recorded) are never consulted: the attribution is the same, with its ownership and
+    conservation checks (R15).
     """
     window = ProfiledWindow()
     activities = window.activities
