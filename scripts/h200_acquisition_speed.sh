@@ -27,6 +27,18 @@ CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
 mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/speed.log"; }
+# Whether vLLM's modules have bytecode before the first run (without importing vLLM): without
+# it the first process compiles every module it imports, which lands in `admission`.
+python3 - <<'PY' 2>&1 | tee -a "$OUT_DIR/speed.log"
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("vllm")
+root = pathlib.Path(spec.origin).parent if spec and spec.origin else None
+if root is not None:
+    tag = sys.implementation.cache_tag
+    sources = sum(1 for _ in root.rglob("*.py"))
+    compiled = sum(1 for _ in root.rglob(f"__pycache__/*.{tag}.pyc"))
+    print(f"vllm at {root}: {sources} .py files, {compiled} {tag} .pyc files before the runs")
+PY
 if [ -n "${RESUME_FROM:-}" ]; then
   tar -xzf "$RESUME_FROM" -C "$ROOT" && log "resumed state from $RESUME_FROM"
 fi
