@@ -125,3 +125,5 @@ def test_an_isolated_command_counts_once_in_the_phase_table(tmp_path: Path) -> N
     assert run.seconds["timed_forwards"] == 80.0 and run.seconds["process_start"] == 4.0
     assert run.exit_status == [0]
     assert sum(run.seconds.values()) <= run.wall_s
+    # Once started: without process starts, planning and spawning (8 s of the 115 s).
+    assert run.measuring_points_per_minute == pytest.approx(20 / 107 * 60)
