@@ -7,6 +7,12 @@ Each file is what ``python -m acquisition ... --phase-log FILE`` appended (one J
 run; several records in one file are summed, e.g. a run and its resume). Prints a Markdown
 table: seconds per phase for each run side by side, the share of the wall time, and the
 points measured per minute from the process's start to the published bundle.
+
+With ``--isolate-targets`` a command writes one record per child (its command line holds
+``--only-target KEY``) and then the parent's, whose ``isolated_target`` seconds contain the
+children's whole walls. Such a group counts once: the parent's wall, the children's phases, and
+as ``isolated_target`` only what the children's own records do not hold (spawning them,
+relaying their progress).
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from acquisition.phases import PHASES
+
+START_PHASES = frozenset({"process_start", "plan", "runtime_probe", "admission", "isolated_target"})
 
 
 @dataclass
@@ -36,19 +45,75 @@ class Run:
     def points_per_minute(self) -> float:
         return self.points / self.wall_s * 60.0 if self.wall_s > 0 else 0.0
 
+    @property
+    def measuring_points_per_minute(self) -> float:
+        """Points a minute once started: without the once-per-process and per-target start
+        (interpreter, torch, vLLM import, builds, child spawning), which a cold machine's
+        caches sway by seconds between two runs of the same code."""
+        start = sum(
+            v for k, v in self.seconds.items() if k in START_PHASES or k.startswith("build")
+        )
+        measuring = self.wall_s - start
+        return self.points / measuring * 60.0 if measuring > 0 else 0.0
+
+
+def _child_target(record: dict[str, Any]) -> str | None:
+    """The target an isolated child measured (None for a parent or a plain run)."""
+    words = str(record.get("command_line") or "").split()
+    if "--only-target" in words:
+        index = words.index("--only-target") + 1
+        return words[index] if index < len(words) else ""
+    return None
+
+
+def _fold(parent: dict[str, Any], children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A parent's record with its children's walls taken out of its ``isolated_target``."""
+    targets = {key: {**entry, "seconds": dict(entry["seconds"])}
+               for key, entry in parent["targets"].items()}  # fmt: skip
+    for child in children:
+        entry = targets.get(_child_target(child) or "")
+        if entry is not None and "isolated_target" in entry["seconds"]:
+            left = float(entry["seconds"]["isolated_target"]) - float(child["wall_s"])
+            entry["seconds"]["isolated_target"] = max(0.0, left)
+    children_only = [{**child, "wall_s": 0.0, "exit_status": None} for child in children]
+    return [*children_only, {**parent, "targets": targets}]
+
+
+def _grouped(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records with each isolated command's children folded into its parent's."""
+    out: list[dict[str, Any]] = []
+    children: list[dict[str, Any]] = []
+    for record in records:
+        if _child_target(record) is not None:
+            children.append(record)
+            continue
+        isolated = any(
+            "isolated_target" in entry["seconds"] for entry in record["targets"].values()
+        )
+        if children and isolated:
+            out.extend(_fold(record, children))
+        else:
+            out.extend([*children, record])
+        children = []
+    return out + children  # children of a parent killed before writing its record
+
 
 def load(path: Path, label: str) -> Run:
     run = Run(label)
+    records = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         record = json.loads(line)
         if record.get("type") != "phases":
             raise SystemExit(f"{path}:{number}: not a phase record")
+        records.append(record)
+    for record in _grouped(records):
         run.wall_s += float(record["wall_s"])
         run.points_total = max(run.points_total, int(record.get("points_total") or 0))
         status = record.get("exit_status")
-        run.exit_status.append(-1 if status is None else int(status))
+        if record["wall_s"] or status is not None:
+            run.exit_status.append(-1 if status is None else int(status))
         for target, entry in record["targets"].items():
             per_target = run.targets.setdefault(target, {})
             for phase, seconds in entry["seconds"].items():
@@ -84,6 +149,11 @@ def table(runs: list[Run]) -> str:
     lines.append(
         "| **points per minute** | "
         + " | ".join(f"**{r.points_per_minute:.0f}** | " for r in runs)
+        + " |"
+    )
+    lines.append(
+        "| points per minute once started (no start, import, build) | "
+        + " | ".join(f"{r.measuring_points_per_minute:.0f} | " for r in runs)
         + " |"
     )
     return "\n".join(lines)

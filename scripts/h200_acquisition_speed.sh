@@ -13,13 +13,32 @@
 # runs.tar.gz into the run root first (a resumed run continues its checkpoint).
 # $OUT receives runs.tar.gz (per run: phases.jsonl, progress.jsonl, run.log, the bundle's
 # runtime files and the _acquisition checkpoint without writer locks) and speed.log.
+# BUDGET_S (optional): wall seconds for the whole script from its start; each run's limit is
+# cut to what is left after RESERVE_S (packing, analysis; default 30), and a run with less than
+# MIN_RUN_S (default 40) left is skipped and logged. SUMMARY=1 ends with
+# bench/acquisition_speed_summary.py over the run root (phase table, equivalence against the
+# shipped factor-2 bundles and between before/after pairs) into $OUT/summary.md. EXTRA_ARGS
+# (optional) is appended to every run's command line, e.g. "--isolate-targets off".
 set -uo pipefail
+SCRIPT_START=$(date +%s)
 OUT_DIR=${OUT:-var/speed-out}
 ROOT=${ROOT:-/tmp/speed}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
 mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/speed.log"; }
+# Whether vLLM's modules have bytecode before the first run (without importing vLLM): without
+# it the first process compiles every module it imports, which lands in `admission`.
+python3 - <<'PY' 2>&1 | tee -a "$OUT_DIR/speed.log"
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("vllm")
+root = pathlib.Path(spec.origin).parent if spec and spec.origin else None
+if root is not None:
+    tag = sys.implementation.cache_tag
+    sources = sum(1 for _ in root.rglob("*.py"))
+    compiled = sum(1 for _ in root.rglob(f"__pycache__/*.{tag}.pyc"))
+    print(f"vllm at {root}: {sources} .py files, {compiled} {tag} .pyc files before the runs")
+PY
 if [ -n "${RESUME_FROM:-}" ]; then
   tar -xzf "$RESUME_FROM" -C "$ROOT" && log "resumed state from $RESUME_FROM"
 fi
@@ -27,10 +46,24 @@ for spec in "$@"; do
   label=${spec%%=*}
   IFS=: read -r dir backend factor dps limit <<<"${spec#*=}"
   run=$ROOT/$label
+  if [ -n "${BUDGET_S:-}" ]; then
+    left=$(( BUDGET_S - ${RESERVE_S:-30} - ($(date +%s) - SCRIPT_START) ))
+    if [ "$left" -lt "${MIN_RUN_S:-40}" ]; then
+      log "$label: skipped, ${left}s left of the ${BUDGET_S}s budget"
+      continue
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  if [ ! -d "$dir/acquisition" ]; then
+    log "$label: skipped, $dir holds no project copy"
+    continue
+  fi
   mkdir -p "$run"
   rm -rf "$run/triton" "$run/vllm-cache"
   extra=()
   [ "$backend" = vllm-live ] && extra=(--engine-attention-backend TRITON_ATTN)
+  read -r -a more <<<"${EXTRA_ARGS:-}"
+  extra+=("${more[@]}")
   cmd=(python3 -m acquisition.adapters.vllm_cli slice Qwen/Qwen3-30B-A3B-Instruct-2507
     --hardware H200 --tp 1 --tp-refresh 1 --group moe --max-num-batched-tokens 2048
     --max-num-seqs 128 --moe-rounds 3 --measurement-iterations 3 --moe-grid-factor "$factor"
@@ -46,8 +79,16 @@ for spec in "$@"; do
   log "$label: exit $status after $(( $(date +%s) - start ))s; $(tail -n 1 "$run/run.log" | cut -c1-200)"
 done
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv >>"$OUT_DIR/speed.log" 2>&1
-python3 -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)" \
+# Versions from the installed metadata: importing vLLM here would cost seconds of the budget.
+python3 -c "from importlib.metadata import version as v; print('torch', v('torch'), 'vllm', v('vllm'))" \
   >>"$OUT_DIR/speed.log" 2>&1
 tar -czf "$OUT_DIR/runs.tar.gz" -C "$ROOT" --exclude=writer.lock --exclude=triton \
   --exclude=vllm-cache .
 log "packed $(du -h "$OUT_DIR/runs.tar.gz" | cut -f1)"
+if [ "${SUMMARY:-0}" = 1 ]; then
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 60 python3 bench/acquisition_speed_summary.py \
+    "$ROOT" >"$OUT_DIR/summary.md" 2>&1
+  log "summary (exit $?):"
+  cat "$OUT_DIR/summary.md" | tee -a "$OUT_DIR/speed.log"
+fi
+log "script wall $(( $(date +%s) - SCRIPT_START ))s"

@@ -132,7 +132,11 @@ class _RangeIndex:
             self._ranges[thread] = items
             self._starts[thread] = [r.start_ns for r in items]
 
-    def owner(self, thread: int, start_ns: int, end_ns: int, what: str) -> TimedRange | None:
+    def owner(
+        self, thread: int, start_ns: int, end_ns: int, what: str, name: str, of: str = ""
+    ) -> TimedRange | None:
+        """The range holding [start, end] on ``thread``; the event is named in an error only
+        (``what`` + ``name`` + " of " + ``of``), so no message is built per event."""
         starts = self._starts.get(thread)
         if not starts:
             return None
@@ -143,8 +147,9 @@ class _RangeIndex:
         if start_ns > candidate.end_ns:
             return None
         if end_ns > candidate.end_ns:
+            event = f"{what}{name} of {of}" if of else f"{what}{name}"
             raise AttributionError(
-                f"{what} starts inside {candidate.name} but ends after it", ranges=[candidate.name]
+                f"{event} starts inside {candidate.name} but ends after it", ranges=[candidate.name]
             )
         return candidate
 
@@ -198,25 +203,28 @@ def attribute_launches(window: ProfiledWindow) -> Attribution:
     total = sum(a.duration_ns for a in activities)
     owned: dict[str, list[int]] = defaultdict(list)
     unattributed: list[int] = []
+    owner_of = index.owner
     for activity in activities:
-        calls = launches.get(activity.correlation, ())
+        calls = launches.get(activity.correlation)
+        if not calls:
+            # Launched before the window opened, or by a call the window did not record.
+            unattributed.append(activity.duration_ns)
+            continue
         # A runtime call and the driver call beneath it may share one correlation id; they
-        # must then agree on the owning range.
-        owners = {
-            index.owner(
-                call.thread, call.start_ns, call.end_ns, f"launch {call.name} of {activity.name}"
-            )
+        # must then agree on the owning range. (Most ids have one call: no set built.)
+        owners = [
+            owner_of(call.thread, call.start_ns, call.end_ns, "launch ", call.name, activity.name)
             for call in calls
-        }
-        if len(owners) > 1:
+        ]
+        owner = owners[0]
+        if any(other is not owner for other in owners[1:]):
             raise AttributionError(
                 f"correlation id {activity.correlation} of {activity.name} is claimed by "
                 f"launch calls in different ranges",
-                ranges=sorted(o.name for o in owners if o is not None),
+                ranges=sorted({o.name for o in owners if o is not None}),
             )
-        owner = owners.pop() if owners else None
         if owner is None:
-            # Launched before the window opened, or outside every range.
+            # Launched outside every range.
             unattributed.append(activity.duration_ns)
         else:
             owned[owner.name].append(activity.duration_ns)
@@ -245,7 +253,7 @@ def attribute_operators(window: ProfiledWindow) -> Attribution:
             outer_end = op.end_ns
             duration = op.end_ns - op.start_ns
             total += duration
-            owner = index.owner(thread, op.start_ns, op.end_ns, f"operator {op.name}")
+            owner = index.owner(thread, op.start_ns, op.end_ns, "operator ", op.name)
             if owner is None:
                 unattributed.append(duration)
             else:

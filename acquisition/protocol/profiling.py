@@ -19,11 +19,11 @@ from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import DeviceActivity, HostCall, ProfiledWindow, TimedRange
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
     from types import TracebackType
 
-__all__ = ["RANGE_PREFIX", "ProfilerCapture"]
+__all__ = ["RANGE_PREFIX", "ProfilerCapture", "read_cuda_window"]
 
 RANGE_PREFIX = "acq:"
 _LAUNCH_KINDS = {"cuda_runtime", "cuda_driver"}
@@ -114,10 +114,12 @@ class ProfilerCapture:
         """Ranges, launches and device activities (CUDA), or ranges and operators (CPU)."""
         with self.clock.phase("trace_collection"):
             results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
+            events = results.events()  # type: ignore[union-attr]
+            if self.device == "cuda":
+                return read_cuda_window(events)
             window = ProfiledWindow()
-            cuda = self.device == "cuda"
-            for event in results.events():  # type: ignore[union-attr]
-                _classify(event, window, cuda=cuda)
+            for event in events:
+                _classify(event, window)
             return window
 
 
@@ -216,31 +218,80 @@ def _kind(event: Any) -> str | None:
         return None
 
 
-def _host_call(event: Any, name: str) -> HostCall:
+def _host_call(event: Any, name: str, correlation: int | None = None) -> HostCall:
     start = int(event.start_ns())
     return HostCall(
         name=name,
         thread=int(event.start_thread_id()),
         start_ns=start,
         end_ns=start + int(event.duration_ns()),
-        correlation=int(event.correlation_id()),
+        correlation=int(event.correlation_id()) if correlation is None else correlation,
     )
 
 
-def _classify(event: Any, window: ProfiledWindow, *, cuda: bool) -> None:
-    # Hundreds of thousands of events per point: read as few fields as each kind needs.
+def read_cuda_window(events: Sequence[Any]) -> ProfiledWindow:
+    """A CUDA window read lean: what ``attribute_launches`` consults, nothing more.
+
+    Hundreds of thousands of events per batch, each field a native call: whether an event's
+    device type is the host is decided once per type value (formatting the enum to a string
+    per event cost more than reading the event), an event's name is read once, and a host call
+    becomes a ``HostCall`` only if some device activity of the window carries its correlation
+    id. Attribution looks launches up by the correlation ids of activities, so the calls
+    dropped here (``cudaStreamIsCapturing``, event records, launches whose activity was not
+    recorded) are never consulted: the attribution is the same, with its ownership and
+    conservation checks (R15).
+    """
+    window = ProfiledWindow()
+    activities = window.activities
+    ranges = window.ranges
+    candidates: list[tuple[Any, str, int]] = []
+    kind_of = None
+    hosts: dict[Any, bool] = {}
+    for event in events:
+        device = event.device_type()
+        on_host = hosts.get(device)
+        if on_host is None:
+            on_host = hosts[device] = str(device).endswith("CPU")
+        if not on_host:
+            if event.is_user_annotation():
+                continue  # the GPU copy of a record_function range, not an activity
+            activities.append(
+                DeviceActivity(
+                    name=event.name(),
+                    start_ns=int(event.start_ns()),
+                    duration_ns=int(event.duration_ns()),
+                    correlation=int(event.correlation_id()),
+                )
+            )
+            continue
+        name = event.name()
+        if name.startswith(RANGE_PREFIX):
+            if event.is_user_annotation():
+                call = _host_call(event, name[len(RANGE_PREFIX) :])
+                ranges.append(TimedRange(call.name, call.thread, call.start_ns, call.end_ns))
+            continue
+        if kind_of is None:
+            kind_of = _kind if hasattr(type(event), "activity_type") else _no_kind
+        kind = kind_of(event)
+        if kind in _LAUNCH_KINDS if kind is not None else name.startswith("cu"):
+            candidates.append((event, name, int(event.correlation_id())))
+    launched = {activity.correlation for activity in activities}
+    window.launches.extend(
+        _host_call(event, name, correlation)
+        for event, name, correlation in candidates
+        if correlation in launched
+    )
+    return window
+
+
+def _no_kind(event: Any) -> str | None:
+    return None
+
+
+def _classify(event: Any, window: ProfiledWindow) -> None:
+    """One event of a CPU window (ranges and operators); CUDA windows use ``read_cuda_window``."""
     name = event.name()
     if not str(event.device_type()).endswith("CPU"):
-        if event.is_user_annotation():
-            return  # the GPU copy of a record_function range, not an activity
-        window.activities.append(
-            DeviceActivity(
-                name=name,
-                start_ns=int(event.start_ns()),
-                duration_ns=int(event.duration_ns()),
-                correlation=int(event.correlation_id()),
-            )
-        )
         return
     if name.startswith(RANGE_PREFIX):
         if event.is_user_annotation():
@@ -248,11 +299,5 @@ def _classify(event: Any, window: ProfiledWindow, *, cuda: bool) -> None:
             window.ranges.append(TimedRange(call.name, call.thread, call.start_ns, call.end_ns))
         return
     kind = _kind(event)
-    if cuda:
-        # CPU operators are not needed on CUDA: ownership follows the launch calls.
-        is_launch = kind in _LAUNCH_KINDS if kind is not None else name.startswith("cu")
-        if is_launch:
-            window.launches.append(_host_call(event, name))
-        return
     if (kind is None or kind in _OPERATOR_KINDS) and not event.is_user_annotation():
         window.operators.append(_host_call(event, name))

@@ -73,6 +73,37 @@ def _split_evenly(total: int, parts: int) -> list[int]:
     return [base + 1 if i < extra else base for i in range(parts)]
 
 
+def _dealt_ids(
+    n: int,
+    k: int,
+    a: int,
+    m: int,
+    local_globals: npt.NDArray[np.int64],
+    remote_globals: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Each row's local run and remote remainder, before the shuffle.
+
+    Row r takes l_r local choices (``_split_evenly(m, n)``), the local slots following on
+    from the pairs dealt to earlier rows (mod A), then k - l_r remote slots following on from
+    the earlier rows' remote choices (mod R). Array arithmetic, not a loop over rows: a point
+    of 2048 tokens is built in well under a millisecond (issue 19).
+    """
+    per_token = np.array(_split_evenly(m, n) if m else [0] * n, dtype=np.int64)
+    pairs_before = np.cumsum(per_token) - per_token
+    remote_before = np.cumsum(k - per_token) - (k - per_token)
+    column = np.arange(k, dtype=np.int64)[None, :]
+    local = column < per_token[:, None]
+    ids = np.empty((n, k), dtype=np.int64)
+    if local.any():
+        slots = (pairs_before[:, None] + column) % max(a, 1)
+        ids[local] = local_globals[slots[local]]
+    if not local.all():
+        # Feasibility keeps every remainder within R distinct remote experts (R > 0 here).
+        slots = (remote_before[:, None] + column - per_token[:, None]) % remote_globals.size
+        ids[~local] = remote_globals[slots[~local]]
+    return ids
+
+
 def routing_stimulus(
     geometry: ExpertGeometry,
     expert_map: Sequence[int],
@@ -104,19 +135,7 @@ def routing_stimulus(
     if local_globals.size != geometry.local_experts:
         raise StimulusError("expert map and geometry disagree on the local expert count")
     k = geometry.top_k
-    local_per_token = _split_evenly(m, n) if m else [0] * n
-    ids = np.empty((n, k), dtype=np.int64)
-    pair = 0
-    remote_cursor = 0
-    remote_count = remote_globals.size
-    for row, local_count in enumerate(local_per_token):
-        local_slots = [(pair + j) % a for j in range(local_count)] if local_count else []
-        pair += local_count
-        remote_needed = k - local_count
-        remote_slots = [(remote_cursor + j) % remote_count for j in range(remote_needed)]
-        remote_cursor += remote_needed
-        ids[row, :local_count] = local_globals[local_slots]
-        ids[row, local_count:] = remote_globals[remote_slots]
+    ids = _dealt_ids(n, k, a, m, local_globals, remote_globals)
     rng = np.random.default_rng(seed)
     # Column order carries no meaning for routing; shuffling keeps local choices from always
     # sitting in the first slots, as a real router would not put them there.

@@ -76,3 +76,51 @@ def test_it_refuses_infeasible_points() -> None:
     geometry = ExpertGeometry(8, 2, 8)  # EP1: M must be N*k
     with pytest.raises(StimulusError, match="infeasible"):
         routing_stimulus(geometry, list(range(8)), 4, 2, 5)
+
+
+def _dealt_row_by_row(
+    n: int, k: int, a: int, m: int, local_globals: np.ndarray, remote_globals: np.ndarray
+) -> np.ndarray:
+    """The dealing as first written, one row at a time: what every shipped table met."""
+    per_token = [m // n + (1 if i < m % n else 0) for i in range(n)] if m else [0] * n
+    ids = np.empty((n, k), dtype=np.int64)
+    pair = remote_cursor = 0
+    for row, count in enumerate(per_token):
+        local_slots = [(pair + j) % a for j in range(count)]
+        pair += count
+        remote_slots = [(remote_cursor + j) % remote_globals.size for j in range(k - count)]
+        remote_cursor += k - count
+        ids[row, :count] = local_globals[local_slots]
+        ids[row, count:] = remote_globals[remote_slots]
+    return ids
+
+
+@given(point=points())
+def test_the_array_dealing_equals_the_row_by_row_one(
+    point: tuple[ExpertGeometry, list[int], int, int, int],
+) -> None:
+    """Issue 19: the stimulus is built faster, never differently (resume and old tables)."""
+    from acquisition.protocol.stimulus import _dealt_ids, _local_globals
+
+    geometry, mapping, n, a, m = point
+    table = np.asarray(mapping, dtype=np.int64)
+    local, remote = _local_globals(table), np.flatnonzero(table < 0)
+    expected = _dealt_row_by_row(n, geometry.top_k, a, m, local, remote)
+    np.testing.assert_array_equal(_dealt_ids(n, geometry.top_k, a, m, local, remote), expected)
+
+
+def test_the_shipped_grid_points_are_dealt_as_before() -> None:
+    """Qwen3-30B-A3B (E=128, k=8) on TP1/DP1 and both DP2/EP2 ranks, up to 2048 tokens."""
+    from acquisition.protocol.stimulus import _dealt_ids, _local_globals
+
+    for ep, rank in ((1, 0), (2, 0), (2, 1)):
+        table = np.asarray(linear_expert_map(128, ep, rank), dtype=np.int64)
+        local, remote = _local_globals(table), np.flatnonzero(table < 0)
+        geometry = ExpertGeometry(128, 8, local.size)
+        for n in (1, 3, 64, 2048):
+            for a in (0, 1, 7, 64):
+                for m in {0, a, 3 * a, n * 8 // 2, n * 8}:
+                    if not geometry.feasible(n, a, m):
+                        continue
+                    expected = _dealt_row_by_row(n, 8, a, m, local, remote)
+                    np.testing.assert_array_equal(_dealt_ids(n, 8, a, m, local, remote), expected)
