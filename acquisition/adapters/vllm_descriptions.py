@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from acquisition.adapters.vllm_capabilities import qualified_name
+from acquisition.adapters.vllm_fp8 import DISPATCH_QUANT
 from acquisition.adapters.vllm_live_scopes import WRAPPER
 from acquisition.adapters.vllm_modular_native import NO_DP_EP
 from moetables.bundle import EXPERTS
@@ -36,20 +37,43 @@ def describe_modular(session: Any) -> dict[str, Any]:
     torch = session._torch
     vllm_version = _vllm_version()
     choice = session.choice
+    quantized = choice.fp8 is not None
+    if choice.prepare_kind == NO_DP_EP:
+        experts_boundary = (
+            "native prepare (dynamic FP8 quantization of the activations, per token and "
+            "128-column group) + experts.apply into the caller's buffer + native finalize "
+            "with the no-op reduction (no copy)"
+            if quantized
+            else "native prepare (verified input-preserving no-op) + experts.apply into the "
+            "caller's buffer + native finalize with the no-op reduction (no copy)"
+        )
+    else:
+        experts_boundary = (
+            "experts.apply on the gathered rows"
+            + (" (FP8 values and their per-group scales)" if quantized else "")
+            + " into the caller's buffer + the experts' no-op reduction; dispatch "
+            "(all-gather) and combine (reduce-scatter) are collectives and excluded"
+        )
     boundaries = {
         "gate_routing": (
             "gate projection (vLLM UnquantizedLinearMethod.apply, the method "
             "ReplicatedLinear.forward calls) + router.select_experts"
         ),
-        EXPERTS: (
-            "native prepare (verified input-preserving no-op) + experts.apply into the "
-            "caller's buffer + native finalize with the no-op reduction (no copy)"
-            if choice.prepare_kind == NO_DP_EP
-            else "experts.apply on the gathered rows into the caller's buffer + the "
-            "experts' no-op reduction; dispatch (all-gather) and combine (reduce-scatter) "
-            "are collectives and excluded"
-        ),
+        EXPERTS: experts_boundary,
     }
+    quantized_dtypes: dict[str, str] = {}
+    if quantized:
+        # The all-gather of a quantized DP+EP rank carries FP8 rows and float32 group scales.
+        quantized_dtypes = {"weight_scales": _dtype(session.w13_scale)}
+        quantized_dtypes["expert_activations"] = "float8_e4m3fn"
+        if choice.prepare_kind != NO_DP_EP:
+            quantized_dtypes["dispatched_hidden_states"] = "float8_e4m3fn"
+            quantized_dtypes["dispatched_scales"] = "float32"
+    if DISPATCH_QUANT in session.components:
+        boundaries[DISPATCH_QUANT] = (
+            "the native prepare's dynamic FP8 quantization of this rank's local rows before "
+            "the all-gather (naive_dp_ep._quantize_and_setup_dispatch)"
+        )
     if "finalize_copy" in session.components:
         boundaries["finalize_copy"] = (
             "the native finalize's copy of the combined local rows into the layer output"
@@ -64,7 +88,11 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "prepare_finalize_class": qualified_name(session.prepare_finalize),
         "reduction_class": qualified_name(session.reduction),
         "native_backend": choice.backend_label,
-        "backend_resolution": "select_unquantized_moe_backend(FusedMoEConfig of this rank)",
+        "backend_resolution": (
+            choice.fp8.as_dict()["resolution"]
+            if choice.fp8 is not None
+            else "select_unquantized_moe_backend(FusedMoEConfig of this rank)"
+        ),
         "prepare_finalize_kind": choice.prepare_kind,
         "all2all_backend": choice.all2all_backend,
         "router_class": qualified_name(session.router),
@@ -78,8 +106,27 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "expert_layout": {
             "w13": {"shape": list(session.w13.shape), "stride": list(session.w13.stride())},
             "w2": {"shape": list(session.w2.shape), "stride": list(session.w2.stride())},
-            "conversion": "convert_to_unquantized_kernel_format(backend)",
+            "conversion": (
+                "convert_to_fp8_moe_kernel_format(backend)"
+                if quantized
+                else "convert_to_unquantized_kernel_format(backend)"
+            ),
+            **(
+                {
+                    "w13_scale": {
+                        "shape": list(session.w13_scale.shape),
+                        "stride": list(session.w13_scale.stride()),
+                    },
+                    "w2_scale": {
+                        "shape": list(session.w2_scale.shape),
+                        "stride": list(session.w2_scale.stride()),
+                    },
+                }
+                if quantized
+                else {}
+            ),
         },
+        "quantization": _quantization(session) if quantized else None,
         "activation": str(getattr(choice.activation, "value", choice.activation)),
         "activation_layout": "standard",
         "routing": {
@@ -90,6 +137,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "dtypes": {
             "hidden_states": session.dtype_name,
             "expert_weights": str(session.w13.dtype).removeprefix("torch."),
+            **quantized_dtypes,
             "gate_weight": str(session.gate.weight.dtype).removeprefix("torch."),
             "router_logits": session.observations.get("router_logits_dtype"),
             "topk_weights": "float32",
@@ -116,6 +164,31 @@ def describe_modular(session: Any) -> dict[str, Any]:
             if session.device.type == "cuda"
             else None
         ),
+    }
+
+
+def _dtype(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _quantization(session: Any) -> dict[str, Any]:
+    """What the FP8 experts run on: dtypes, scales, blocks, activation scaling, the oracle."""
+    oracle = session.choice.fp8
+    block = list(oracle.block_shape)
+    return {
+        "method": "fp8",
+        "weight_dtype": _dtype(session.w13),
+        "weight_scale_dtype": _dtype(session.w13_scale),
+        "weight_block_shape": block,
+        "weight_scales": "one per [block_n, block_k] weight block, stored as vLLM's "
+        "weight_scale_inv (dequantized = fp8 value x scale)",
+        "activation_dtype": "float8_e4m3fn",
+        "activation_quantization": f"dynamic, per token and {block[1]}-column group (1 x "
+        f"{block[1]}), float32 scales, by the native prepare",
+        "quant_config_class": qualified_name(session.quant_config),
+        "synthetic_weights": "the seeded bf16 values quantized per block (scale = block "
+        "absolute maximum / 448)",
+        "oracle": oracle.as_dict(),
     }
 
 
