@@ -198,7 +198,9 @@ def describe_live(session: Any) -> dict[str, Any]:
     layer = session.layer
     experts = getattr(layer.kernel, "fused_experts", None)
     prepare = getattr(layer.kernel, "prepare_finalize", None)
-    backend = getattr(layer.quant_method, "unquantized_backend", None)
+    backend = getattr(layer.quant_method, "unquantized_backend", None) or getattr(
+        layer.quant_method, "fp8_backend", None
+    )
     return {
         "name": "vllm-live",
         "native": True,
@@ -230,6 +232,11 @@ def describe_live(session: Any) -> dict[str, Any]:
             "router_logits": session.observations.get("router_logits_dtype"),
             "topk_weights": "float32",
             "topk_ids": str(session.topk_dtype).removeprefix("torch."),
+            **(
+                {"weight_scales": _dtype(session.w13_scale)}
+                if session.w13_scale is not None
+                else {}
+            ),
         },
         "boundaries": {
             "gate_routing": "the layer's gate projection + router.select_experts",
@@ -244,6 +251,7 @@ def describe_live(session: Any) -> dict[str, Any]:
                 "so it has no table row"
             ),
         },
+        "quantization": _live_quantization(session),
         "launch_ownership": session.ownership,
         "state_checks": "parameter bindings, layouts and version counters; effective MoE "
         "config; callable identities; at build and before every reference comparison",
@@ -253,4 +261,31 @@ def describe_live(session: Any) -> dict[str, Any]:
         },
         "excluded": ["collectives", "cpu_time", "launch_gaps"],
         "attribution": ATTRIBUTION,
+    }
+
+
+def _live_quantization(session: Any) -> dict[str, Any] | None:
+    """The engine kernel's quantized state as the live session clones it per bank."""
+    config = session.quant_config
+    if config is None:
+        return None
+    block = getattr(config, "block_shape", None)
+    quant_dtype = getattr(config, "quant_dtype", None)
+    return {
+        "weight_dtype": _dtype(session.w13),
+        "weight_scale_dtype": _dtype(session.w13_scale),
+        "weight_block_shape": list(block) if block is not None else None,
+        "weight_scale_shapes": {
+            "w13": list(session.w13_scale.shape),
+            "w2": list(session.w2_scale.shape),
+        },
+        "activation_dtype": str(quant_dtype).removeprefix("torch."),
+        "activation_quantization": (
+            f"dynamic, per token and {block[1]}-column group, by the native prepare"
+            if block is not None
+            else "dynamic per tensor or per token, by the native prepare"
+        ),
+        "quant_config_class": qualified_name(config),
+        "banks": "each bank clones the weights and the weight scales, and runs a kernel of the "
+        "engine's classes whose experts read the bank's scales (the engine's prepare/finalize)",
     }

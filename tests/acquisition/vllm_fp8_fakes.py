@@ -40,6 +40,10 @@ class Fp8QuantConfig:
     a1_scale: Any = None
     a2_scale: Any = None
 
+    @property
+    def is_quantized(self) -> bool:
+        return True
+
 
 def quantize_groups(a1: Any) -> tuple[Any, Any]:
     """Dynamic per-token, per-128-column FP8 quantization (``per_token_group_fp8_quant``)."""
