@@ -8,7 +8,7 @@ in the kernel's quant config, a quantizing prepare), as vLLM's Fp8MoEMethod leav
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -32,7 +32,7 @@ QUANT = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_sch
 class Fp8LLM(fv.FakeLLM):
     """The fake engine with its MoE layer processed to block FP8."""
 
-    extra: dict[str, Any] = {}
+    extra: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
