@@ -258,7 +258,6 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         if reasons:
             raise CapabilityError(*reasons)
 
-        h_scale = self.hidden**-0.5
         self.expert_map = (
             torch.tensor(choice.expert_map, dtype=torch.int32, device=self.device)
             if self.target.ep > 1

@@ -2,7 +2,8 @@
 
 The rank's ``FusedMoEParallelConfig`` (filled as vLLM's ``make`` would for full EP), the
 linear expert map from ``determine_expert_map``, the router, the ``FusedMoEConfig`` and the
-native unquantized expert backend that vLLM's oracle selects for it, with the checks that
+native expert backend that vLLM's oracle selects for it (the unquantized oracle, or for a
+block-FP8 checkpoint the FP8 oracle as ``Fp8MoEMethod`` calls it), with the checks that
 decline what one GPU cannot emulate (monolithic or batched experts, other all-to-all kinds).
 """
 
