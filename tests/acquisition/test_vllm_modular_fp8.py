@@ -280,3 +280,30 @@ def test_the_block_trace_gathers_fp8_rows_and_their_scales() -> None:
     assert {s.launch for s in steps if s.op == "all_gather"} == {"dispatch"}  # one NCCL group
     combine = [s.row_bytes for s in steps if s.op == "reduce_scatter"]
     assert combine == [4096]  # the combine moves bf16 rows
+
+
+def test_the_protocol_measures_dispatch_quant_and_fp8_expert_points(model: MoeModel) -> None:
+    """R14-R17 on the FP8 DP+EP rank: the local quantization verified against its reference
+    (byte-exact FP8 values and scales) and timed; expert points over every bank."""
+    from acquisition.plan import PlanPoint
+    from acquisition.protocol.measure import PointMeter, ProtocolSettings, context_order
+
+    session = backend().build(model, DP2_RANK1, fv.fake_runtime(), "bfloat16")
+    try:
+        geometry = ExpertGeometry.for_target(model.global_experts, model.top_k, DP2_RANK1)
+        mapping = linear_expert_map(model.global_experts, 2, 1)
+        session.allocate_banks(4)
+        meter = PointMeter(
+            session,
+            ProtocolSettings(rounds=1, iterations=1),
+            geometry,
+            mapping,
+            banks=2,
+            device="cpu",
+        )
+        for point in (PlanPoint("dispatch_quant", 8), PlanPoint("experts", 4, 2, 5)):
+            results, _, checked = meter.measure(point, context_order(point, 1), verify=True)
+            assert checked >= 1
+            assert all(t > 0 for r in results for t in r.forwards_us)
+    finally:
+        session.close()
