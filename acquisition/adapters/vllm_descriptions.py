@@ -126,7 +126,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
                 else {}
             ),
         },
-        "quantization": _quantization(session) if quantized else None,
+        **({"quantization": _quantization(session)} if quantized else {}),
         "activation": str(getattr(choice.activation, "value", choice.activation)),
         "activation_layout": "standard",
         "routing": {
@@ -251,7 +251,11 @@ def describe_live(session: Any) -> dict[str, Any]:
                 "so it has no table row"
             ),
         },
-        "quantization": _live_quantization(session),
+        **(
+            {"quantization": _live_quantization(session)}
+            if session.quant_config is not None
+            else {}
+        ),
         "launch_ownership": session.ownership,
         "state_checks": "parameter bindings, layouts and version counters; effective MoE "
         "config; callable identities; at build and before every reference comparison",
