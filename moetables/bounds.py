@@ -3,9 +3,11 @@
 An expert row at (N, A, M) reads the weights of its A active local experts at least once and
 multiplies M token rows through each gated MLP. Neither can go faster than the GPU's peak:
 
-- memory bound: A x (bytes of one expert's gate/up and down projections) / peak bandwidth;
+- memory bound: A x (bytes of one expert's gate/up and down projections, plus their weight
+  scales where the contract records block-quantized weights) / peak bandwidth;
 - compute bound: 2 x M x (weight elements of one expert) / dense tensor-core peak of the
-  weights' dtype, which for a gated MLP of hidden H and width I is 2 x M x H x 3I.
+  weights' dtype (the FP8 rate for float8 weights), which for a gated MLP of hidden H and
+  width I is 2 x M x H x 3I.
 
 A measured row below either is a measurement error (weights served from cache, a router that did
 not route as planned), never a fast kernel. The geometry and dtypes come from the contract of
@@ -81,10 +83,12 @@ class ExpertWeights:
     elements: int
     local_experts: int
     notes: tuple[str, ...]
+    # Block-quantized weights (FP8): bytes of one expert's weight scales, read with its weights.
+    scale_bytes: int = 0
 
     @property
     def bytes_per_expert(self) -> int:
-        return self.elements * _DTYPE_BYTES[self.dtype]
+        return self.elements * _DTYPE_BYTES[self.dtype] + self.scale_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +189,8 @@ def _check_recorded_bytes(recorded: Any, weights: ExpertWeights, *, where: str) 
     if total == computed:
         return (f"{name} = {total} bytes agrees with the geometry and dtype",)
     return (
-        f"{name} = {total} bytes exceeds the {computed} weight bytes (scales or padding); "
-        "the bound counts the weights alone",
+        f"{name} = {total} bytes exceeds the {computed} bytes of weights and recorded scales "
+        "(padding or unrecorded state); the bound counts the weights and recorded scales",
     )
 
 
@@ -220,11 +224,39 @@ def _current_weights(entry: TableEntry) -> ExpertWeights:
         notes.append(f"gated MLP from backend.expert_layout: w13 [2I={2 * width}, H={hidden}]")
     else:
         notes.append(f"gated MLP assumed (H={hidden}, I={width}): no physical layout recorded")
-    weights = ExpertWeights(hidden, width, dtype, elements, local, tuple(notes))
+    scale_bytes = _scale_bytes(backend, local, where=f"{where}.backend")
+    if scale_bytes:
+        notes.append(
+            f"{scale_bytes} bytes of weight scales per expert (backend.expert_layout "
+            "w13_scale/w2_scale, backend.dtypes.weight_scales)"
+        )
+    weights = ExpertWeights(hidden, width, dtype, elements, local, tuple(notes), scale_bytes)
     extra = _check_recorded_bytes(
         c.get("expert_weight_bytes"), weights, where=f"{where}.expert_weight_bytes"
     )
-    return ExpertWeights(hidden, width, dtype, elements, local, (*notes, *extra))
+    return ExpertWeights(hidden, width, dtype, elements, local, (*notes, *extra), scale_bytes)
+
+
+def _scale_bytes(backend: dict[str, Any], local: int, *, where: str) -> int:
+    """Per-expert bytes of the weight scales a block-quantized layout records (0 if none)."""
+    layout = _mapping(backend.get("expert_layout"))
+    shapes = [_mapping(layout.get(name)).get("shape") for name in ("w13_scale", "w2_scale")]
+    if all(shape is None for shape in shapes):
+        return 0
+    dtype = _dtype(_mapping(backend.get("dtypes")).get("weight_scales"), where=f"{where}.dtypes")
+    total = 0
+    for shape in shapes:
+        ok = (
+            isinstance(shape, list)
+            and len(shape) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)
+        )
+        if not ok or shape[0] != local:  # type: ignore[index]
+            raise BundleError(
+                f"{where}.expert_layout", f"weight scale shapes are malformed: {shapes}"
+            )
+        total += int(shape[1]) * int(shape[2])  # type: ignore[index]
+    return total * _DTYPE_BYTES[dtype]
 
 
 def _historical_weights(entry: TableEntry) -> ExpertWeights:

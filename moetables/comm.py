@@ -7,6 +7,8 @@ dtypes and widths, timed by a cluster description, never by the bundle). Per dep
 - ``dp_ep_modular`` (DP > 1): gate_routing on local rows; AllGather of hidden states, top-k
   weights and top-k ids; experts on the gathered rows; ReduceScatter back to local rows;
   finalize_copy; with TP > 1 the wrapper's AllGather (sequence parallel) or AllReduce;
+  with FP8 activations, dispatch_quant (local rows) before the AllGather, which then moves FP8
+  rows and their float32 group scales;
 - ``dp1_modular`` (DP = 1): gate_routing, experts, and an AllReduce over TP only when TP > 1;
 - ``live_tp1`` (TP1/DP1/EP1 live path): gate_routing, experts, wrapper; no collectives. The
   order is a serial representation of measured durations, not a claim about concurrency.
@@ -47,6 +49,9 @@ import yaml
 
 from moetables.bundle.model import EXPERTS, TableEntry
 from moetables.errors import QueryError
+
+# The local quantization of a modular DP+EP rank with FP8 activations.
+DISPATCH_QUANT = "dispatch_quant"
 
 __all__ = [
     "COLLECTIVE_OPS",
@@ -413,6 +418,11 @@ class TensorWidths:
     topk_weights: int
     topk_ids: int
     source: str
+    # FP8 activations (modular DP+EP with ``dispatch_quant``): the all-gather carries the
+    # quantized rows and their per-group scales instead of the hidden states; the combine
+    # (reduce-scatter) still moves ``hidden_states``-wide rows.
+    dispatched_hidden_states: int | None = None
+    dispatched_scales: int = 0
 
 
 def _find(contract: Mapping[str, Any], *paths: str) -> Any:
@@ -451,13 +461,41 @@ def tensor_widths(entry: TableEntry) -> TensorWidths:
                 f"{where}: the contract records no {name} dtype, so its AllGather cannot be sized"
             )
     k = entry.geometry.top_k
+    source = (
+        f"hidden_size={hidden} {dtypes['hidden_states']}, top-k {k} weights "
+        f"{dtypes['topk_weights']}, ids {dtypes['topk_ids']}"
+    )
+    dispatched, scales = _dispatched_widths(c, hidden, where)
+    if dispatched is not None:
+        source += f"; dispatched {dispatched} B + {scales} B of scales per row"
     return TensorWidths(
         hidden_states=hidden * dtype_bytes(dtypes["hidden_states"], what="hidden_states"),
         topk_weights=k * dtype_bytes(dtypes["topk_weights"], what="topk_weights"),
         topk_ids=k * dtype_bytes(dtypes["topk_ids"], what="topk_ids"),
-        source=f"hidden_size={hidden} {dtypes['hidden_states']}, top-k {k} weights "
-        f"{dtypes['topk_weights']}, ids {dtypes['topk_ids']}",
+        source=source,
+        dispatched_hidden_states=dispatched,
+        dispatched_scales=scales,
     )
+
+
+def _dispatched_widths(c: Mapping[str, Any], hidden: int, where: str) -> tuple[int | None, int]:
+    """Per-row bytes of quantized dispatched rows and their group scales, if the contract
+    records that the all-gather moves quantized activations."""
+    name = _find(c, "backend.dtypes.dispatched_hidden_states")
+    if name is None:
+        return None, 0
+    values = hidden * dtype_bytes(name, what="dispatched_hidden_states")
+    scale_name = _find(c, "backend.dtypes.dispatched_scales")
+    block = _find(c, "backend.quantization.weight_block_shape")
+    if scale_name is None:
+        return values, 0
+    if not (isinstance(block, list) and len(block) == 2 and isinstance(block[1], int)):
+        raise QueryError(
+            f"{where}: the contract records dispatched scales but no weight_block_shape, so "
+            "their width is unknown"
+        )
+    groups = -(-hidden // int(block[1]))
+    return values, groups * dtype_bytes(scale_name, what="dispatched_scales")
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,6 +602,9 @@ def build_trace(
         )
     ep = tp * dp
     steps: list[Step] = [ComputeStep("gate_routing", "local")]
+    if kind == "dp_ep_modular" and DISPATCH_QUANT in components:
+        # FP8 activations: the native prepare quantizes the local rows before the all-gather.
+        steps.append(ComputeStep(DISPATCH_QUANT, "local"))
     dp_groups = tuple(tuple(d * tp + t for d in range(dp)) for t in range(tp))
     tp_groups = tuple(tuple(d * tp + t for t in range(tp)) for d in range(dp))
     needs_widths = kind == "dp_ep_modular" or tp > 1
@@ -575,11 +616,16 @@ def build_trace(
         # group when the wrapper is sequence parallel (each rank holds its own 1/TP slice).
         scope: Literal["dp", "ep"] = "ep" if sequence_parallel else "dp"
         groups = (tuple(range(ep)),) if sequence_parallel else dp_groups
-        for tensor, width in (
-            ("hidden_states", widths.hidden_states),
-            ("topk_weights", widths.topk_weights),
-            ("topk_ids", widths.topk_ids),
-        ):
+        gathered: list[tuple[str, int]] = [
+            ("hidden_states", widths.hidden_states)
+            if widths.dispatched_hidden_states is None
+            else ("hidden_states", widths.dispatched_hidden_states)
+        ]
+        if widths.dispatched_scales:
+            # vLLM gathers the scales with the rows, in the same NCCL group (extra_tensors).
+            gathered.append(("activation_scales", widths.dispatched_scales))
+        gathered += [("topk_weights", widths.topk_weights), ("topk_ids", widths.topk_ids)]
+        for tensor, width in gathered:
             # vLLM 0.26.0 dispatches the three in one NCCL group: one kernel (two H200s).
             steps.append(
                 CollectiveStep("all_gather", tensor, scope, groups, width, launch="dispatch")

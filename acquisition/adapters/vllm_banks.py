@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     pass
 
-__all__ = ["UnquantizedExpertBanks", "clone_banks", "unique_storage_bytes"]
+__all__ = ["ScaledExpertBanks", "UnquantizedExpertBanks", "clone_banks", "unique_storage_bytes"]
 
 
 def clone_banks(tensors: tuple[Any, ...], count: int) -> list[tuple[Any, ...]]:
@@ -57,7 +57,7 @@ class UnquantizedExpertBanks:
     w2: Any
     device: Any
     _torch: Any
-    banks: list[tuple[Any, Any]]
+    banks: list[tuple[Any, ...]]
 
     def expert_weight_bytes(self) -> int:
         return unique_storage_bytes((self.w13, self.w2))
@@ -71,3 +71,40 @@ class UnquantizedExpertBanks:
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             self._torch.cuda.synchronize()
+
+
+class ScaledExpertBanks(UnquantizedExpertBanks):
+    """Banks of sessions whose experts may carry weight scales (block FP8), R33.
+
+    The scales are native per-weight state: a conditioned clone owns them too, and both the
+    weight bytes and the bank bytes count them (a bank of FP8 weights without its scales
+    would leave the scales cache resident). vLLM's modular experts read their scales from
+    the quant config they were built with, so each bank gets its own experts object built on
+    the bank's scales (``_bank_experts``).
+    """
+
+    w13_scale: Any
+    w2_scale: Any
+    bank_experts: list[Any]
+
+    def _bank_experts(self, w13_scale: Any, w2_scale: Any) -> Any:
+        raise NotImplementedError
+
+    def _expert_tensors(self) -> tuple[Any, ...]:
+        if self.w13_scale is None:
+            return (self.w13, self.w2)
+        return (self.w13, self.w2, self.w13_scale, self.w2_scale)
+
+    def expert_weight_bytes(self) -> int:
+        return unique_storage_bytes(self._expert_tensors())
+
+    def expert_bank_bytes(self) -> int:
+        return self.expert_weight_bytes()
+
+    def allocate_banks(self, count: int) -> None:
+        self.banks = clone_banks(self._expert_tensors(), count)
+        self.bank_experts = (
+            [self._bank_experts(bank[2], bank[3]) for bank in self.banks]
+            if self.w13_scale is not None
+            else []
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from acquisition.adapters.vllm_capabilities import qualified_name
+from acquisition.adapters.vllm_fp8 import DISPATCH_QUANT
 from acquisition.adapters.vllm_live_scopes import WRAPPER
 from acquisition.adapters.vllm_modular_native import NO_DP_EP
 from moetables.bundle import EXPERTS
@@ -36,20 +37,43 @@ def describe_modular(session: Any) -> dict[str, Any]:
     torch = session._torch
     vllm_version = _vllm_version()
     choice = session.choice
+    quantized = choice.fp8 is not None
+    if choice.prepare_kind == NO_DP_EP:
+        experts_boundary = (
+            "native prepare (dynamic FP8 quantization of the activations, per token and "
+            "128-column group) + experts.apply into the caller's buffer + native finalize "
+            "with the no-op reduction (no copy)"
+            if quantized
+            else "native prepare (verified input-preserving no-op) + experts.apply into the "
+            "caller's buffer + native finalize with the no-op reduction (no copy)"
+        )
+    else:
+        experts_boundary = (
+            "experts.apply on the gathered rows"
+            + (" (FP8 values and their per-group scales)" if quantized else "")
+            + " into the caller's buffer + the experts' no-op reduction; dispatch "
+            "(all-gather) and combine (reduce-scatter) are collectives and excluded"
+        )
     boundaries = {
         "gate_routing": (
             "gate projection (vLLM UnquantizedLinearMethod.apply, the method "
             "ReplicatedLinear.forward calls) + router.select_experts"
         ),
-        EXPERTS: (
-            "native prepare (verified input-preserving no-op) + experts.apply into the "
-            "caller's buffer + native finalize with the no-op reduction (no copy)"
-            if choice.prepare_kind == NO_DP_EP
-            else "experts.apply on the gathered rows into the caller's buffer + the "
-            "experts' no-op reduction; dispatch (all-gather) and combine (reduce-scatter) "
-            "are collectives and excluded"
-        ),
+        EXPERTS: experts_boundary,
     }
+    quantized_dtypes: dict[str, str] = {}
+    if quantized:
+        # The all-gather of a quantized DP+EP rank carries FP8 rows and float32 group scales.
+        quantized_dtypes = {"weight_scales": _dtype(session.w13_scale)}
+        quantized_dtypes["expert_activations"] = "float8_e4m3fn"
+        if choice.prepare_kind != NO_DP_EP:
+            quantized_dtypes["dispatched_hidden_states"] = "float8_e4m3fn"
+            quantized_dtypes["dispatched_scales"] = "float32"
+    if DISPATCH_QUANT in session.components:
+        boundaries[DISPATCH_QUANT] = (
+            "the native prepare's dynamic FP8 quantization of this rank's local rows before "
+            "the all-gather (naive_dp_ep._quantize_and_setup_dispatch)"
+        )
     if "finalize_copy" in session.components:
         boundaries["finalize_copy"] = (
             "the native finalize's copy of the combined local rows into the layer output"
@@ -64,7 +88,11 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "prepare_finalize_class": qualified_name(session.prepare_finalize),
         "reduction_class": qualified_name(session.reduction),
         "native_backend": choice.backend_label,
-        "backend_resolution": "select_unquantized_moe_backend(FusedMoEConfig of this rank)",
+        "backend_resolution": (
+            choice.fp8.as_dict()["resolution"]
+            if choice.fp8 is not None
+            else "select_unquantized_moe_backend(FusedMoEConfig of this rank)"
+        ),
         "prepare_finalize_kind": choice.prepare_kind,
         "all2all_backend": choice.all2all_backend,
         "router_class": qualified_name(session.router),
@@ -78,8 +106,27 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "expert_layout": {
             "w13": {"shape": list(session.w13.shape), "stride": list(session.w13.stride())},
             "w2": {"shape": list(session.w2.shape), "stride": list(session.w2.stride())},
-            "conversion": "convert_to_unquantized_kernel_format(backend)",
+            "conversion": (
+                "convert_to_fp8_moe_kernel_format(backend)"
+                if quantized
+                else "convert_to_unquantized_kernel_format(backend)"
+            ),
+            **(
+                {
+                    "w13_scale": {
+                        "shape": list(session.w13_scale.shape),
+                        "stride": list(session.w13_scale.stride()),
+                    },
+                    "w2_scale": {
+                        "shape": list(session.w2_scale.shape),
+                        "stride": list(session.w2_scale.stride()),
+                    },
+                }
+                if quantized
+                else {}
+            ),
         },
+        **({"quantization": _quantization(session)} if quantized else {}),
         "activation": str(getattr(choice.activation, "value", choice.activation)),
         "activation_layout": "standard",
         "routing": {
@@ -90,6 +137,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "dtypes": {
             "hidden_states": session.dtype_name,
             "expert_weights": str(session.w13.dtype).removeprefix("torch."),
+            **quantized_dtypes,
             "gate_weight": str(session.gate.weight.dtype).removeprefix("torch."),
             "router_logits": session.observations.get("router_logits_dtype"),
             "topk_weights": "float32",
@@ -119,13 +167,40 @@ def describe_modular(session: Any) -> dict[str, Any]:
     }
 
 
+def _dtype(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _quantization(session: Any) -> dict[str, Any]:
+    """What the FP8 experts run on: dtypes, scales, blocks, activation scaling, the oracle."""
+    oracle = session.choice.fp8
+    block = list(oracle.block_shape)
+    return {
+        "method": "fp8",
+        "weight_dtype": _dtype(session.w13),
+        "weight_scale_dtype": _dtype(session.w13_scale),
+        "weight_block_shape": block,
+        "weight_scales": "one per [block_n, block_k] weight block, stored as vLLM's "
+        "weight_scale_inv (dequantized = fp8 value x scale)",
+        "activation_dtype": "float8_e4m3fn",
+        "activation_quantization": f"dynamic, per token and {block[1]}-column group (1 x "
+        f"{block[1]}), float32 scales, by the native prepare",
+        "quant_config_class": qualified_name(session.quant_config),
+        "synthetic_weights": "the seeded bf16 values quantized per block (scale = block "
+        "absolute maximum / 448)",
+        "oracle": oracle.as_dict(),
+    }
+
+
 def describe_live(session: Any) -> dict[str, Any]:
     """The ``vllm-live`` session's contract fields."""
     vllm_version = _vllm_version()
     layer = session.layer
     experts = getattr(layer.kernel, "fused_experts", None)
     prepare = getattr(layer.kernel, "prepare_finalize", None)
-    backend = getattr(layer.quant_method, "unquantized_backend", None)
+    backend = getattr(layer.quant_method, "unquantized_backend", None) or getattr(
+        layer.quant_method, "fp8_backend", None
+    )
     return {
         "name": "vllm-live",
         "native": True,
@@ -157,6 +232,11 @@ def describe_live(session: Any) -> dict[str, Any]:
             "router_logits": session.observations.get("router_logits_dtype"),
             "topk_weights": "float32",
             "topk_ids": str(session.topk_dtype).removeprefix("torch."),
+            **(
+                {"weight_scales": _dtype(session.w13_scale)}
+                if session.w13_scale is not None
+                else {}
+            ),
         },
         "boundaries": {
             "gate_routing": "the layer's gate projection + router.select_experts",
@@ -171,6 +251,11 @@ def describe_live(session: Any) -> dict[str, Any]:
                 "so it has no table row"
             ),
         },
+        **(
+            {"quantization": _live_quantization(session)}
+            if session.quant_config is not None
+            else {}
+        ),
         "launch_ownership": session.ownership,
         "state_checks": "parameter bindings, layouts and version counters; effective MoE "
         "config; callable identities; at build and before every reference comparison",
@@ -180,4 +265,31 @@ def describe_live(session: Any) -> dict[str, Any]:
         },
         "excluded": ["collectives", "cpu_time", "launch_gaps"],
         "attribution": ATTRIBUTION,
+    }
+
+
+def _live_quantization(session: Any) -> dict[str, Any] | None:
+    """The engine kernel's quantized state as the live session clones it per bank."""
+    config = session.quant_config
+    if config is None:
+        return None
+    block = getattr(config, "block_shape", None)
+    quant_dtype = getattr(config, "quant_dtype", None)
+    return {
+        "weight_dtype": _dtype(session.w13),
+        "weight_scale_dtype": _dtype(session.w13_scale),
+        "weight_block_shape": list(block) if block is not None else None,
+        "weight_scale_shapes": {
+            "w13": list(session.w13_scale.shape),
+            "w2": list(session.w2_scale.shape),
+        },
+        "activation_dtype": str(quant_dtype).removeprefix("torch."),
+        "activation_quantization": (
+            f"dynamic, per token and {block[1]}-column group, by the native prepare"
+            if block is not None
+            else "dynamic per tensor or per token, by the native prepare"
+        ),
+        "quant_config_class": qualified_name(config),
+        "banks": "each bank clones the weights and the weight scales, and runs a kernel of the "
+        "engine's classes whose experts read the bank's scales (the engine's prepare/finalize)",
     }

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from acquisition.catalog import MoeModel
     from acquisition.protocol.stimulus import RoutingStimulus
     from moetables.geometry import MoeTarget
-from acquisition.adapters.vllm_banks import UnquantizedExpertBanks
+from acquisition.adapters.vllm_banks import ScaledExpertBanks
 from acquisition.adapters.vllm_descriptions import describe_live
 from acquisition.adapters.vllm_live_config import (
     DEFAULT_KV_CACHE_BYTES,
@@ -63,6 +63,7 @@ from acquisition.adapters.vllm_live_config import (
 )
 from acquisition.adapters.vllm_live_layer import (
     LiveMoeLayer,
+    bank_quant_config,
     deferral_owners,
     find_moe_layer,
     layer_reasons,
@@ -71,6 +72,7 @@ from acquisition.adapters.vllm_live_layer import (
     state_snapshot,
 )
 from acquisition.adapters.vllm_live_scopes import WRAPPER, LiveScopes
+from acquisition.adapters.vllm_modular_native import torch_dtype
 
 __all__ = ["WRAPPER", "VllmLiveSession"]
 
@@ -111,7 +113,7 @@ class _Wrapper:
         return self._session.native_forward(self._hidden.clone())
 
 
-class VllmLiveSession(LiveScopes, UnquantizedExpertBanks):
+class VllmLiveSession(LiveScopes, ScaledExpertBanks):
     """A component engine and the native callables of its MoE layer."""
 
     def __init__(
@@ -141,7 +143,7 @@ class VllmLiveSession(LiveScopes, UnquantizedExpertBanks):
         self.hidden = model.hidden_size
         # What the plan times (VllmLiveBackend.components); checked against the traces below.
         self.components: tuple[str, ...] = tuple(components)
-        self.banks: list[tuple[Any, Any]] = []
+        self.banks: list[tuple[Any, ...]] = []
         self.ownership: list[dict[str, Any]] = []
         self.engine_settings: dict[str, Any] = {}
         # Seconds of the build's own phases, for the acquisition's phase table (issue 19).
@@ -158,8 +160,19 @@ class VllmLiveSession(LiveScopes, UnquantizedExpertBanks):
         _, self.deferral_readings = deferral_reasons(deferral_owners(self.layer))
         weights = self.layer.routed_experts
         self.w13, self.w2 = weights.w13_weight, weights.w2_weight
+        # Quantized experts (block FP8): the kernel reads its weight scales from the experts'
+        # quant config; each bank clones them and gets a kernel of the native classes whose
+        # experts read the bank's clones (``_bank_experts``).
+        native_experts = getattr(self.layer.kernel, "fused_experts", None)
+        config = getattr(native_experts, "quant_config", None)
+        self.quant_config = config if getattr(config, "is_quantized", False) else None
+        self.w13_scale = None if self.quant_config is None else self.quant_config.w1_scale
+        self.w2_scale = None if self.quant_config is None else self.quant_config.w2_scale
+        self.bank_experts: list[Any] = []
         self.device = self.w13.device
-        self.dtype = self.w13.dtype
+        # The activations' dtype: the weights' own unless they are quantized (FP8 weights run
+        # on activations of the engine's dtype, quantized inside the kernel).
+        self.dtype = self.w13.dtype if self.quant_config is None else torch_dtype(dtype)
         self.topk_dtype = layer_value(self.layer.quant_method, "topk_indices_dtype") or torch.int32
         self._state = state_snapshot(self.layer)
         self.observations: dict[str, Any] = {}
@@ -277,9 +290,19 @@ class VllmLiveSession(LiveScopes, UnquantizedExpertBanks):
                 f"the engine's MoE layer state changed during acquisition: {', '.join(changed)}"
             )
 
-    def _kernel_apply(self, prepared: _Prepared, w13: Any, w2: Any) -> Any:
+    def _bank_experts(self, w13_scale: Any, w2_scale: Any) -> Any:
+        """A kernel of the engine's classes (its prepare/finalize, a new experts object of the
+        native class) whose quant config reads one bank's cloned scales."""
+        kernel = self.layer.kernel
+        native = kernel.fused_experts
+        config = bank_quant_config(self.quant_config, w13_scale, w2_scale)
+        experts = type(native)(moe_config=native.moe_config, quant_config=config)
+        return type(kernel)(kernel.prepare_finalize, experts)
+
+    def _kernel_apply(self, prepared: _Prepared, w13: Any, w2: Any, kernel: Any = None) -> Any:
         routed = self.layer.routed_experts
-        return self.layer.kernel.apply(
+        kernel = self.layer.kernel if kernel is None else kernel
+        return kernel.apply(
             hidden_states=prepared.hidden,
             w1=w13,
             w2=w2,
@@ -313,8 +336,9 @@ class VllmLiveSession(LiveScopes, UnquantizedExpertBanks):
         )
 
     def run_experts(self, prepared: _Prepared, bank: int) -> Any:
-        w13, w2 = self.banks[bank]
-        return self._kernel_apply(prepared, w13, w2)
+        weights = self.banks[bank]
+        kernel = self.bank_experts[bank] if self.bank_experts else None
+        return self._kernel_apply(prepared, weights[0], weights[1], kernel)
 
     def reference_experts(self, prepared: _Prepared) -> Any:
         self.check_state()
@@ -328,6 +352,7 @@ class VllmLiveSession(LiveScopes, UnquantizedExpertBanks):
 
     def close(self) -> None:
         self.banks = []
+        self.bank_experts = []
         engine, self._engine = self._engine, None
         shutdown = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
         with contextlib.suppress(Exception):

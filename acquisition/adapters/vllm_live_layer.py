@@ -158,15 +158,68 @@ def layer_reasons(layer: LiveMoeLayer, model: MoeModel, surface: Any) -> list[st
             reasons.append("the native prepare/finalize uses a batched activation layout")
         quant_config = getattr(experts, "quant_config", None)
         if quant_config is not None and getattr(quant_config, "is_quantized", False):
-            reasons.append(
-                "quantized processed weights: per-bank cloning of the scales held in the "
-                "kernel's quant config is not implemented by this adapter yet"
-            )
+            reasons += quantized_reasons(quant_config)
     if not callable(getattr(layer.router, "select_experts", None)):
         reasons.append(f"router {qualified_name(layer.router)} has no select_experts")
     deferral, _ = deferral_reasons(deferral_owners(layer))
     reasons += deferral
     return reasons
+
+
+def _is_tensor(value: Any) -> bool:
+    return callable(getattr(value, "data_ptr", None)) and hasattr(value, "dtype")
+
+
+def quantized_reasons(quant_config: Any) -> list[str]:
+    """Why the kernel's quantized state cannot be cloned per bank (empty: it can).
+
+    Each bank gets the engine's weights *and* weight scales cloned, and its own experts built
+    on a copy of the quant config pointing at the bank's scales; anything else the quant config
+    holds per weight (static activation scales, zero points, alphas, precision configs) would
+    stay shared between banks, so it is declined rather than silently left cache resident.
+    """
+    reasons = []
+    for name in ("w1_scale", "w2_scale"):
+        if not _is_tensor(getattr(quant_config, name, None)):
+            reasons.append(
+                f"quantized experts: the quant config's {name} is not a plain tensor that a "
+                "bank can clone"
+            )
+    for name in ("a1_scale", "a2_scale", "w1_zp", "w2_zp", "g1_alphas", "g2_alphas"):
+        if getattr(quant_config, name, None) is not None:
+            reasons.append(
+                f"quantized experts: the quant config holds {name}, per-weight state this "
+                "adapter does not clone per bank"
+            )
+    return reasons
+
+
+def bank_quant_config(quant_config: Any, w1_scale: Any, w2_scale: Any) -> Any:
+    """A copy of the kernel's quant config whose weight scales are one bank's clones."""
+    if not dataclasses.is_dataclass(quant_config) or isinstance(quant_config, type):
+        raise CapabilityError(
+            f"quantized experts: {qualified_name(quant_config)} is not a dataclass; its weight "
+            "scales cannot be pointed at a bank's clones"
+        )
+    names = {f.name for f in dataclasses.fields(quant_config)}
+    native: Any = quant_config  # vLLM's class, untyped here
+    copy: Any
+    if {"_w1", "_w2"} <= names:  # vLLM's FusedMoEQuantConfig keeps scales in its descriptors
+        copy = dataclasses.replace(
+            quant_config,
+            _w1=dataclasses.replace(native._w1, scale=w1_scale),
+            _w2=dataclasses.replace(native._w2, scale=w2_scale),
+        )
+    elif {"w1_scale", "w2_scale"} <= names:
+        copy = dataclasses.replace(quant_config, w1_scale=w1_scale, w2_scale=w2_scale)
+    else:
+        raise CapabilityError(
+            f"quantized experts: {qualified_name(quant_config)} holds its weight scales in no "
+            "field this adapter knows"
+        )
+    if copy.w1_scale is not w1_scale or copy.w2_scale is not w2_scale:
+        raise CapabilityError("quantized experts: the bank's quant config does not read its scales")
+    return copy
 
 
 def deferral_owners(layer: LiveMoeLayer) -> dict[str, Any]:

@@ -28,6 +28,23 @@ dispatched ids or weights, that ``finalize`` received the caller's buffer as the
 output, and that both launch no device activity at all. A backend that needs more work
 (quantizing prepare, a copying or weighting reduction, a monolithic or batched kernel, another
 all-to-all backend) is declined with the reason, never timed as something else.
+
+Block-wise FP8 checkpoints (``quant_method: fp8`` with a ``weight_block_size``) take the experts
+vLLM's FP8 oracle selects for the rank (``vllm_fp8.select_fp8``: the call ``Fp8MoEMethod``
+makes), with FP8 weights and float32 block scales converted for that backend and the kernel's
+own ``FusedMoEQuantConfig``. Their native prepare quantizes the activations (dynamic, per token
+and 128-column group), so the boundaries move with it:
+
+- DP1: ``experts`` holds the quantizing prepare; it is verified to return a new FP8 tensor of
+  the input's shape and per-group float32 scales, and nothing else (no metadata, no dispatched
+  ids or weights); finalize must still be a no-op on the caller's buffer;
+- DP+EP: ``dispatch_quant`` (local rows) is the prepare's quantization of this rank's rows
+  before the all-gather (``naive_dp_ep._quantize_and_setup_dispatch``, the native function);
+  ``experts`` receives the gathered FP8 rows and scales, as the all-gather delivers them.
+
+Each weight bank owns its FP8 weights and their scales, and its own experts object whose
+quant config points at the bank's scales (the scales live in the quant config, not in
+``apply``'s arguments).
 """
 
 from __future__ import annotations
@@ -51,8 +68,9 @@ if TYPE_CHECKING:
 
     from acquisition.catalog import MoeModel
     from acquisition.protocol.stimulus import RoutingStimulus
-from acquisition.adapters.vllm_banks import UnquantizedExpertBanks
+from acquisition.adapters.vllm_banks import ScaledExpertBanks
 from acquisition.adapters.vllm_descriptions import describe_modular
+from acquisition.adapters.vllm_fp8 import DISPATCH_QUANT, fp8_quant_config, fp8_weights
 from acquisition.adapters.vllm_modular_checks import ModularObservations
 from acquisition.adapters.vllm_modular_native import (
     NAIVE_DP_EP,
@@ -75,6 +93,10 @@ class _Prepared:
     topk_weights: Any
     output: Any
     reference_output: Any
+    # DP+EP with quantized activations: the gathered FP8 rows and their scales, as the
+    # all-gather delivers them (per-row quantization: the gather of quantized local rows).
+    dispatched: Any = None
+    dispatched_scale: Any = None
 
 
 class _Gate:
@@ -105,7 +127,30 @@ class _FinalizeCopy:
         return self._combined.clone()
 
 
-class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
+class _DispatchQuant:
+    """The native prepare's quantization of this rank's local rows before the all-gather."""
+
+    def __init__(self, session: VllmModularSession, rows: int) -> None:
+        self._session = session
+        self._hidden = session.random((rows, session.hidden), seed=rows + 5)
+
+    def run(self) -> Any:
+        return self._session.dispatch_quantize(self._hidden)
+
+    def reference(self) -> Any:
+        return self._session.dispatch_quantize(self._hidden.clone())
+
+
+def modular_components(model: MoeModel, target: MoeTarget) -> tuple[str, ...]:
+    """The components of a target (R22, R23), with the quantizing dispatch where it runs."""
+    if target.dp > 1:
+        if model.quantization is not None:
+            return ("gate_routing", DISPATCH_QUANT, EXPERTS, "finalize_copy")
+        return ("gate_routing", EXPERTS, "finalize_copy")
+    return ("gate_routing", EXPERTS)
+
+
+class VllmModularSession(ModularObservations, ScaledExpertBanks):
     """vLLM's modular kernel, gate and router for one target rank, with synthetic weights."""
 
     def __init__(
@@ -137,13 +182,13 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
         self.hidden = model.hidden_size
         self.top_k = model.top_k
         self.global_experts = model.global_experts
-        self.components: tuple[str, ...] = (
-            ("gate_routing", EXPERTS, "finalize_copy")
-            if target.dp > 1
-            else ("gate_routing", EXPERTS)
-        )
+        self.components = modular_components(model, target)
+        self.quantized = model.quantization is not None
         self._stack = contextlib.ExitStack()
-        self.banks: list[tuple[Any, Any]] = []
+        self.banks: list[tuple[Any, ...]] = []
+        self.bank_experts: list[Any] = []
+        self.w13_scale: Any = None
+        self.w2_scale: Any = None
         if activities is None:
             from acquisition.adapters.vllm_ownership import launched_activity_names
 
@@ -184,7 +229,21 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
             raise CapabilityError(
                 f"prepare/finalize {qualified_name(prepare_finalize)} is not modular"
             )
-        self.quant_config = surface["unquantized"]
+        # Weights: synthetic values in the backend's native layout (FP8 with block scales for
+        # a block-FP8 checkpoint, quantized from the same seeded values).
+        width = self.model.expert_intermediate_size
+        h_scale = self.hidden**-0.5
+        w13 = self.random((self.local_experts, 2 * width, self.hidden), seed=2, scale=h_scale)
+        w2 = self.random((self.local_experts, self.hidden, width), seed=3, scale=width**-0.5)
+        if choice.fp8 is not None:
+            self.w13, self.w2, self.w13_scale, self.w2_scale = fp8_weights(
+                surface, choice.fp8, w13, w2
+            )
+            self.quant_config = fp8_quant_config(surface, choice.fp8, self.w13_scale, self.w2_scale)
+        else:
+            self.w13, self.w2 = surface["kernel_format"](choice.backend, choice.moe_config, w13, w2)
+            self.quant_config = surface["unquantized"]
+        del w13, w2
         experts = choice.experts_cls(moe_config=choice.moe_config, quant_config=self.quant_config)
         kernel = surface["kernel"](prepare_finalize, experts)
         if getattr(kernel, "is_monolithic", False):
@@ -199,12 +258,6 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
         if reasons:
             raise CapabilityError(*reasons)
 
-        # Weights: synthetic values in the backend's native layout.
-        width = self.model.expert_intermediate_size
-        h_scale = self.hidden**-0.5
-        w13 = self.random((self.local_experts, 2 * width, self.hidden), seed=2, scale=h_scale)
-        w2 = self.random((self.local_experts, self.hidden, width), seed=3, scale=width**-0.5)
-        self.w13, self.w2 = surface["kernel_format"](choice.backend, choice.moe_config, w13, w2)
         self.expert_map = (
             torch.tensor(choice.expert_map, dtype=torch.int32, device=self.device)
             if self.target.ep > 1
@@ -227,6 +280,14 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
 
     # -- helpers --------------------------------------------------------------------------
 
+    def _bank_experts(self, w13_scale: Any, w2_scale: Any) -> Any:
+        """Experts of the native class whose quant config holds one bank's scales."""
+        oracle = self.choice.fp8
+        if oracle is None:
+            raise CapabilityError("an unquantized session has no per-bank scales")
+        config = fp8_quant_config(self.surface, oracle, w13_scale, w2_scale)
+        return self.choice.experts_cls(moe_config=self.choice.moe_config, quant_config=config)
+
     def random(self, shape: tuple[int, ...], *, seed: int, scale: float = 1.0) -> Any:
         torch = self._torch
         generator = torch.Generator(device=self.device).manual_seed(_SEED + seed)
@@ -247,15 +308,35 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
             )
         )
 
-    def _experts(self, prepared: _Prepared, w13: Any, w2: Any, output: Any) -> Any:
+    def dispatch_quantize(self, hidden: Any) -> tuple[Any, Any]:
+        """DP+EP: the native prepare's quantization of rows before the all-gather.
+
+        The FP8 values come back as bytes (``uint8`` view) so that references compare exactly.
+        """
+        a1q, a1q_scale = self._dispatch_quantize_native(hidden)
+        return a1q.view(self._torch.uint8), a1q_scale
+
+    def _dispatch_quantize_native(self, hidden: Any) -> tuple[Any, Any]:
+        a1q, _scales, a1q_scale = self.surface["dispatch_quantize"](
+            hidden, self.quant_config, False
+        )
+        return a1q, a1q_scale
+
+    def _experts(
+        self, prepared: _Prepared, w13: Any, w2: Any, output: Any, experts: Any = None
+    ) -> Any:
         """One experts forward into ``output`` (the caller's buffer)."""
+        experts = self.experts if experts is None else experts
         topk_weights, topk_ids = prepared.topk_weights, prepared.topk_ids
         if self.choice.prepare_kind == NO_DP_EP:
             a1q, a1q_scale, meta, _ids, _weights = self._prepare(prepared)
+        elif prepared.dispatched is not None:
+            # DP+EP, quantized: the gathered FP8 rows and their gathered scales.
+            a1q, a1q_scale, meta = prepared.dispatched, prepared.dispatched_scale, None
         else:
             # DP+EP: these rows are what the all-gather delivered (unquantized: no scales).
             a1q, a1q_scale, meta = prepared.hidden, None, None
-        _, tokens, n, k, top_k = self.experts.moe_problem_size(a1q, w13, w2, topk_ids)
+        _, tokens, n, k, top_k = experts.moe_problem_size(a1q, w13, w2, topk_ids)
         workspace13, workspace2, _ = self.kernel.impl._allocate_buffers(
             self.dtype,
             a1q.device,
@@ -269,7 +350,7 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
             meta,
             self.choice.activation,
         )
-        self.experts.apply(
+        experts.apply(
             output=output,
             hidden_states=a1q,
             w1=w13,
@@ -280,7 +361,7 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
             global_num_experts=self.global_experts,
             expert_map=self.expert_map,
             a1q_scale=a1q_scale,
-            a2_scale=self.experts.a2_scale,
+            a2_scale=experts.a2_scale,
             workspace13=workspace13,
             workspace2=workspace2,
             expert_tokens_meta=meta,
@@ -322,23 +403,29 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
             return GateRoutingForward(self, rows)
         if component == "finalize_copy" and "finalize_copy" in self.components:
             return _FinalizeCopy(self, rows)
+        if component == DISPATCH_QUANT and DISPATCH_QUANT in self.components:
+            return _DispatchQuant(self, rows)
         raise ValueError(f"vllm-modular has no local component {component!r} for this target")
 
     def prepare_experts(self, stimulus: RoutingStimulus) -> _Prepared:
         torch = self._torch
         n = stimulus.tokens
         hidden = self.random((n, self.hidden), seed=n + 11)
-        return _Prepared(
+        prepared = _Prepared(
             hidden=hidden,
             topk_ids=torch.from_numpy(stimulus.topk_ids).to(self.device, self.topk_dtype),
             topk_weights=torch.from_numpy(stimulus.topk_weights).to(self.device),
             output=torch.empty_like(hidden),
             reference_output=torch.empty_like(hidden),
         )
+        if self.quantized and self.choice.prepare_kind != NO_DP_EP:
+            prepared.dispatched, prepared.dispatched_scale = self._dispatch_quantize_native(hidden)
+        return prepared
 
     def run_experts(self, prepared: _Prepared, bank: int) -> Any:
-        w13, w2 = self.banks[bank]
-        return self._experts(prepared, w13, w2, prepared.output)
+        weights = self.banks[bank]
+        experts = self.bank_experts[bank] if self.bank_experts else None
+        return self._experts(prepared, weights[0], weights[1], prepared.output, experts)
 
     def reference_experts(self, prepared: _Prepared) -> Any:
         if self.choice.prepare_kind == NO_DP_EP:
@@ -347,6 +434,7 @@ class VllmModularSession(ModularObservations, UnquantizedExpertBanks):
 
     def close(self) -> None:
         self.banks = []
+        self.bank_experts = []
         self._stack.close()
         if self.device.type == "cuda":
             self._torch.cuda.empty_cache()

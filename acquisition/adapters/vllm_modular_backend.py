@@ -15,14 +15,14 @@ from acquisition.adapters.vllm_capabilities import (
     model_reasons,
     probe_surface,
 )
-from acquisition.adapters.vllm_modular import VllmModularSession
+from acquisition.adapters.vllm_fp8 import FP8_SYMBOLS, fp8_model_reasons
+from acquisition.adapters.vllm_modular import VllmModularSession, modular_components
 from acquisition.adapters.vllm_modular_native import (
     class_reasons,
     resolve_native,
     torch_dtype,
     vllm_context,
 )
-from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ __all__ = ["VllmModularBackend"]
 
 
 class VllmModularBackend:
-    """Admits unquantized modular expert execution of any full-EP target rank."""
+    """Admits modular expert execution (unquantized or block FP8) of any full-EP target rank."""
 
     name: ClassVar[str] = "vllm-modular"
     native: ClassVar[bool] = True
@@ -48,13 +48,15 @@ class VllmModularBackend:
         self._activities = activities
 
     def components(self, model: MoeModel, target: MoeTarget) -> tuple[str, ...]:
-        """DP+EP adds the local finalize copy; DP1's finalize is a verified no-op (R22, R23)."""
-        if target.dp > 1:
-            return ("gate_routing", EXPERTS, "finalize_copy")
-        return ("gate_routing", EXPERTS)
+        """DP+EP adds the local finalize copy (and, with FP8 activations, the local dispatch
+        quantization); DP1's finalize is a verified no-op (R22, R23)."""
+        return modular_components(model, target)
 
-    def surface(self) -> ApiSurface:
-        return probe_surface(MODULAR_SYMBOLS, self._resolve)
+    def surface(self, model: MoeModel | None = None) -> ApiSurface:
+        symbols = dict(MODULAR_SYMBOLS)
+        if model is not None and model.quantization is not None:
+            symbols.update(FP8_SYMBOLS)
+        return probe_surface(symbols, self._resolve)
 
     def admit(self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo) -> Admission:
         reasons: list[str] = []
@@ -64,7 +66,8 @@ class VllmModularBackend:
                 f"(--device {runtime.device}, accelerator available: "
                 f"{runtime.accelerator_available})"
             )
-        reasons += model_reasons(model, quantized_allowed=False)
+        reasons += model_reasons(model, quantized_allowed=True)
+        reasons += fp8_model_reasons(model)
         if model.shared_experts:
             reasons.append(
                 "shared experts: the modular boundaries hold routed experts only; use the live "
@@ -72,7 +75,7 @@ class VllmModularBackend:
             )
         try:
             self._resolve("vllm")
-            surface = self.surface()
+            surface = self.surface(model)
         except Exception as exc:  # vLLM failing at import is a decline, not a crash
             reasons.append(f"vLLM is not importable here: {type(exc).__name__}: {exc}")
             return Admission.decline(self.name, *reasons)
@@ -101,5 +104,5 @@ class VllmModularBackend:
         self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo, dtype: str
     ) -> VllmModularSession:
         return VllmModularSession(
-            model, target, runtime, dtype, self.surface(), activities=self._activities
+            model, target, runtime, dtype, self.surface(model), activities=self._activities
         )

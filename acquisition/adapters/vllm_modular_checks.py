@@ -1,5 +1,8 @@
 """Build-time evidence of a ``vllm-modular`` session, outside every timed range (R22).
 
+With FP8 activations DP1's prepare quantizes: it must return 8-bit values of the input's shape
+and one scale per token and group, and nothing else; its work is part of ``experts``.
+
 DP1's native prepare must return the very input tensor (no scales, no expert-token metadata,
 no dispatched ids or weights) and its finalize must work on the caller's buffer, both
 launching no device activity; the experts' activities per forward and what vLLM's own
@@ -47,6 +50,7 @@ class ModularObservations:
     w13: Any
     w2: Any
     observations: dict[str, Any]
+    quantized: bool
     _activities: Callable[[Callable[[], Any]], list[str]]
 
     if TYPE_CHECKING:  # implemented by the session class this mixin is part of
@@ -126,6 +130,11 @@ class ModularObservations:
 
         prepare_activities = self._activities(prepare)
         finalize_activities = self._activities(finalize)
+        if self.quantized:
+            self._check_quantized_local_execution(
+                prepared, result["prepared"], prepare_activities, finalize_activities
+            )
+            return
         reasons = self._alias_reasons(prepared, result["prepared"])
         if prepare_activities:
             reasons.append(
@@ -147,7 +156,65 @@ class ModularObservations:
             "checked_tokens": prepared.hidden.shape[0],
         }
 
+    def _check_quantized_local_execution(
+        self,
+        prepared: Any,
+        result: tuple[Any, ...],
+        prepare_activities: list[str],
+        finalize_activities: list[str],
+    ) -> None:
+        """DP1 with FP8 activations: prepare quantizes (its work stays in ``experts``) and
+        returns nothing else; finalize is still a no-op on the caller's buffer."""
+        reasons = self._quantized_prepare_reasons(prepared, result)
+        if finalize_activities:
+            reasons.append(
+                f"native finalize launches {len(finalize_activities)} device activities "
+                f"({', '.join(sorted(set(finalize_activities)))}) on the caller's buffer"
+            )
+        if reasons:
+            raise CapabilityError(*reasons)
+        a1q, scale = result[0], result[1]
+        self.observations["local_execution"] = {
+            "prepare": "quantizes the input to "
+            f"{str(a1q.dtype).removeprefix('torch.')} {list(a1q.shape)} with "
+            f"{str(scale.dtype).removeprefix('torch.')} scales {list(scale.shape)} "
+            "(dynamic, per token and weight-block-width group); no expert-token metadata, no "
+            f"dispatched ids or weights; {len(prepare_activities)} device activities "
+            f"({', '.join(sorted(set(prepare_activities)))}), inside the experts boundary",
+            "finalize": f"{qualified_name(self.reduction)} on the caller's buffer "
+            "(output is the experts' output): 0 device activities",
+            "checked_tokens": prepared.hidden.shape[0],
+        }
+
+    def _quantized_prepare_reasons(self, prepared: Any, result: tuple[Any, ...]) -> list[str]:
+        a1q, scale, meta, ids, weights = result
+        hidden = prepared.hidden
+        reasons = []
+        if a1q is hidden or a1q.element_size() != 1 or tuple(a1q.shape) != tuple(hidden.shape):
+            reasons.append(
+                f"native prepare returned {a1q.dtype} {list(a1q.shape)}, not 8-bit activations "
+                f"of the input's shape {list(hidden.shape)}"
+            )
+        block = self.choice.fp8.block_shape[1] if self.choice.fp8 is not None else 0
+        groups = -(-hidden.shape[1] // block) if block else -1
+        if scale is None or tuple(scale.shape) != (hidden.shape[0], groups):
+            reasons.append(
+                f"native prepare's activation scales are "
+                f"{None if scale is None else list(scale.shape)}, not one per token and "
+                f"{block}-column group ({[hidden.shape[0], groups]})"
+            )
+        if meta is not None:
+            reasons.append("native prepare produced expert-token metadata")
+        if ids is not None or weights is not None:
+            reasons.append("native prepare dispatched top-k ids or weights")
+        return reasons
+
     def _check_alias(self, prepared: Any, result: tuple[Any, ...]) -> None:
+        if self.quantized:
+            reasons = self._quantized_prepare_reasons(prepared, result)
+            if reasons:
+                raise CapabilityError(*reasons)
+            return
         reasons = self._alias_reasons(prepared, result)
         if reasons:
             raise CapabilityError(*reasons)

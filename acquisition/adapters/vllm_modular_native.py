@@ -2,7 +2,8 @@
 
 The rank's ``FusedMoEParallelConfig`` (filled as vLLM's ``make`` would for full EP), the
 linear expert map from ``determine_expert_map``, the router, the ``FusedMoEConfig`` and the
-native unquantized expert backend that vLLM's oracle selects for it, with the checks that
+native expert backend that vLLM's oracle selects for it (the unquantized oracle, or for a
+block-FP8 checkpoint the FP8 oracle as ``Fp8MoEMethod`` calls it), with the checks that
 decline what one GPU cannot emulate (monolithic or batched experts, other all-to-all kinds).
 """
 
@@ -21,6 +22,7 @@ from acquisition.adapters.vllm_capabilities import (
     deferral_reasons,
     qualified_name,
 )
+from acquisition.adapters.vllm_fp8 import Fp8Oracle, select_fp8
 from moetables.geometry import MoeTarget, linear_expert_map
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ class NativeChoice:
     local_experts: int
     expert_map: tuple[int, ...]
     all2all_backend: str
+    # Block FP8: vLLM's FP8 oracle's choice and why the backends before it declined.
+    fp8: Fp8Oracle | None = None
 
     @property
     def backend_label(self) -> str:
@@ -156,10 +160,15 @@ def resolve_native(
         moe_parallel_config=parallel,
         in_dtype=dtype,
     )
-    try:
-        backend, experts_cls = surface["select_backend"](moe_config)
-    except (ValueError, NotImplementedError) as exc:
-        raise CapabilityError(f"vLLM selects no unquantized MoE backend here: {exc}") from None
+    fp8: Fp8Oracle | None = None
+    if model.quantization is not None:
+        fp8 = select_fp8(surface, moe_config, model)
+        backend, experts_cls = fp8.backend, fp8.experts_cls
+    else:
+        try:
+            backend, experts_cls = surface["select_backend"](moe_config)
+        except (ValueError, NotImplementedError) as exc:
+            raise CapabilityError(f"vLLM selects no unquantized MoE backend here: {exc}") from None
     if experts_cls is None:
         raise CapabilityError(
             f"backend {getattr(backend, 'value', backend)} has no modular kernel class"
@@ -196,6 +205,7 @@ def resolve_native(
         local_experts=int(local),
         expert_map=expert_map,
         all2all_backend=all2all_backend,
+        fp8=fp8,
     )
 
 
@@ -274,7 +284,7 @@ def kernel_reasons(
             "reduction: finalization would need weighting or a copy outside the audited "
             "boundaries"
         )
-    if getattr(experts, "expects_unquantized_inputs", False):
+    if getattr(experts, "expects_unquantized_inputs", False):  # a property on real experts
         reasons.append("the experts defer input quantization: prepare is not a no-op")
     deferral, readings = deferral_reasons(
         {

@@ -32,6 +32,7 @@ _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 _WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_QUANTIZED_VARIANTS = {"fp8": "fp8", "mxfp4": "mxfp4"}
 
 # What an architecture implies that its config.json does not spell out. A catalog.json beside
 # the config overrides these; they matter for a local folder that has none.
@@ -76,6 +77,16 @@ class MoeModel:
     source: str
     source_url: str | None
     config_sha256: str
+    # Block-wise FP8 (``quant_method: fp8``): the weight block [N, K], the element format and
+    # how activations are scaled, as the checkpoint's quantization_config declares them.
+    weight_block_size: tuple[int, int] | None = None
+    quant_format: str | None = None
+    activation_scheme: str | None = None
+
+    @property
+    def block_fp8(self) -> bool:
+        """Whether the experts are FP8 with one scale per weight block (DeepSeek-style)."""
+        return self.quantization == "fp8" and self.weight_block_size is not None
 
     def uses_sequence_parallel(self, tp: int, dp: int) -> bool:
         """Whether a TP x DP target of this model is sequence-parallel (R2, R3).
@@ -108,11 +119,31 @@ class MoeModel:
             "expert_bias": self.expert_bias,
             "router_bias": self.router_bias,
             "quantization": self.quantization,
+            **(
+                {
+                    "weight_block_size": list(self.weight_block_size),
+                    "quant_format": self.quant_format,
+                    "activation_scheme": self.activation_scheme,
+                }
+                if self.weight_block_size is not None
+                else {}
+            ),
         }
 
 
-def variant_for_dtype(dtype: str) -> str:
-    """Bundle variant folder of a dtype, as the published bundles name it (``bf16``)."""
+def variant_for_dtype(dtype: str, quantization: str | None = None) -> str:
+    """Bundle variant folder of a dtype, as the published bundles name it (``bf16``).
+
+    A quantized checkpoint names its weights' format instead (``fp8``): its activations keep
+    the config's dtype, but the tables measure FP8 kernels and must not share the bf16 folder.
+    """
+    if quantization is not None:
+        if quantization in _QUANTIZED_VARIANTS:
+            return _QUANTIZED_VARIANTS[quantization]
+        raise CatalogError(
+            f"no bundle variant for quantization {quantization!r}; known: "
+            f"{sorted(_QUANTIZED_VARIANTS)}"
+        )
     try:
         return _DTYPES[dtype]
     except KeyError:
@@ -185,6 +216,7 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
     scoring = routing.get("scoring", text.get("scoring_func", "softmax"))
     quant = text.get("quantization_config") or config.get("quantization_config")
     quantization = quant.get("quant_method") if isinstance(quant, dict) else None
+    block = _block_size(quant, config_path) if isinstance(quant, dict) else None
     sp = merged.get("sequence_parallel")
     if sp is not None and not isinstance(sp, bool):
         raise CatalogError(f"{folder}/catalog.json: sequence_parallel must be true or false")
@@ -208,4 +240,24 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
         source=source if source == "catalog" else f"local:{folder}",
         source_url=merged.get("source_url"),
         config_sha256=hashlib.sha256(raw).hexdigest(),
+        weight_block_size=block,
+        quant_format=str(quant["fmt"]) if isinstance(quant, dict) and quant.get("fmt") else None,
+        activation_scheme=(
+            str(quant["activation_scheme"])
+            if isinstance(quant, dict) and quant.get("activation_scheme")
+            else None
+        ),
     )
+
+
+def _block_size(quant: dict[str, Any], path: Path) -> tuple[int, int] | None:
+    raw = quant.get("weight_block_size")
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in raw)
+    ):
+        raise CatalogError(f"{path}: quantization_config.weight_block_size must be [N, K]")
+    return int(raw[0]), int(raw[1])

@@ -45,7 +45,7 @@ def prepare(
     if dtype is None:
         raise OptionError("dtype", f"{model.name}: config.json names no torch_dtype; pass --dtype")
     try:
-        variant = variant_for_dtype(dtype)
+        variant = variant_for_dtype(dtype, model.quantization)
     except CatalogError as exc:
         raise OptionError("dtype", str(exc)) from exc
     try:

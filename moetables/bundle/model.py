@@ -13,6 +13,7 @@ from moetables.geometry import ExpertGeometry, MoeTarget
 
 __all__ = [
     "COLUMNS",
+    "CONSERVED_COMPONENTS",
     "CONTRACT_SCHEMAS",
     "CURRENT_FORMAT_VERSION",
     "CURRENT_FORMAT_VERSIONS",
@@ -43,8 +44,13 @@ HISTORICAL_SCHEMA = "moe-components-v1"
 COLUMNS = ("component", "mode", "tokens", "activated_experts", "local_assignments", "time_us")
 EXPERTS = "experts"
 # Components timed on a rank's own rows; they carry A = M = -1 in the table.
-LOCAL_COMPONENTS = ("gate_routing", "finalize_copy", "wrapper")
+# ``dispatch_quant`` (modular DP+EP with FP8 activations): the native prepare's quantization of
+# a rank's own rows before the all-gather. Appended last so that no existing order changes.
+LOCAL_COMPONENTS = ("gate_routing", "finalize_copy", "wrapper", "dispatch_quant")
 COMPONENTS = (*LOCAL_COMPONENTS[:1], EXPERTS, *LOCAL_COMPONENTS[1:])
+# The components of conservation evidence files (format 2): their columns are fixed, so a
+# component added later never changes the header of files already published.
+CONSERVED_COMPONENTS = ("gate_routing", EXPERTS, "finalize_copy", "wrapper")
 MODES = ("eager", "graph")
 
 Layout = Literal["current", "historical"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from moetables.bundle.model import (
-    COMPONENTS,
+    CONSERVED_COMPONENTS,
     EXPERTS,
     METHOD_TOLERANCE,
     ComponentTable,
@@ -77,7 +77,7 @@ CONSERVATION_COLUMNS = (
     "tokens",
     "native_total_us",
     "outside_scopes_us",
-    *(f"{c}_us" for c in COMPONENTS),
+    *(f"{c}_us" for c in CONSERVED_COMPONENTS),
 )
 # Conservation sums are rounded to the nanosecond when written in microseconds.
 _SUM_SLACK_US = 0.0015
@@ -172,7 +172,7 @@ def format_stability(rows: Iterable[StabilityRow]) -> bytes:
 def format_conservation(rows: Iterable[ConservationRow]) -> bytes:
     out = [",".join(CONSERVATION_COLUMNS)]
     for r in sorted(rows, key=lambda r: r.forward):
-        unknown = set(r.components_us) - set(COMPONENTS)
+        unknown = set(r.components_us) - set(CONSERVED_COMPONENTS)
         if unknown:
             raise ValueError(f"unknown components {sorted(unknown)} in a conservation row")
         cells = [
@@ -181,7 +181,10 @@ def format_conservation(rows: Iterable[ConservationRow]) -> bytes:
             _number(r.native_total_us),
             _number(r.outside_scopes_us),
         ]
-        cells += [_number(r.components_us[c]) if c in r.components_us else "" for c in COMPONENTS]
+        cells += [
+            _number(r.components_us[c]) if c in r.components_us else ""
+            for c in CONSERVED_COMPONENTS
+        ]
         out.append(",".join(cells))
     return ("\n".join(out) + "\n").encode()
 
@@ -306,7 +309,9 @@ def read_conservation(text: str, where: str) -> list[ConservationRow]:
     for number, c in _rows(text, CONSERVATION_COLUMNS, where):
         at = f"{where}:{number}"
         components = {
-            name: _float(c, f"{name}_us", at) for name in COMPONENTS if c[f"{name}_us"] != ""
+            name: _float(c, f"{name}_us", at)
+            for name in CONSERVED_COMPONENTS
+            if c[f"{name}_us"] != ""
         }
         row = ConservationRow(
             forward=_int(c, "forward", at),

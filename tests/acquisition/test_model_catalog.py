@@ -12,6 +12,7 @@ from acquisition.catalog import CatalogError, catalog_models, resolve_model, var
 CATALOG = [
     "Qwen/Qwen3-235B-A22B",
     "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8",
     "allenai/OLMoE-1B-7B-0924",
     "deepseek-ai/DeepSeek-V2-Lite",
     "mistralai/Mixtral-8x7B-v0.1",
@@ -19,7 +20,7 @@ CATALOG = [
 ]
 
 
-def test_it_ships_the_six_models_with_their_sources() -> None:
+def test_it_ships_the_catalog_models_with_their_sources() -> None:
     assert catalog_models() == CATALOG
     for name in CATALOG:
         model = resolve_model(name)

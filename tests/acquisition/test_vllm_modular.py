@@ -130,7 +130,8 @@ def test_it_declines_another_all_to_all_backend_for_dp_ep(model: MoeModel) -> No
 
 def test_it_declines_quantized_biased_and_shared_expert_checkpoints(model: MoeModel) -> None:
     for changed, expected in (
-        (replace(model, quantization="fp8"), "quantized checkpoint"),
+        (replace(model, quantization="mxfp4"), "quantized checkpoint"),
+        (replace(model, quantization="fp8"), "per-tensor FP8"),
         (replace(model, expert_bias=True), "biased experts"),
         (replace(model, shared_experts=2), "shared experts"),
     ):

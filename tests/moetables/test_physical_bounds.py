@@ -208,3 +208,29 @@ def test_every_hardware_figure_cites_its_source() -> None:
         assert spec.sources and all(spec.sources)
         assert spec.dense_fp8_flops >= spec.dense_bf16_flops > 0
         assert spec.memory_bandwidth_bytes_per_s > 0
+
+
+def test_fp8_contracts_are_bounded_with_fp8_bytes_their_scales_and_the_fp8_rate(
+    tmp_path: Path,
+) -> None:
+    """Item 5 for FP8 tables (issue 20, item 4): one byte per weight plus the recorded float32
+    block scales against the bandwidth, and the dense FP8 tensor-core rate for the FLOPs."""
+    contract = _h200_contract()
+    contract["backend"] = {
+        "dtypes": {"expert_weights": "float8_e4m3fn", "weight_scales": "float32"},
+        "expert_layout": {
+            "w13": {"shape": [16, 64, 64]},
+            "w2": {"shape": [16, 64, 32]},
+            "w13_scale": {"shape": [16, 1, 1]},
+            "w2_scale": {"shape": [16, 1, 1]},
+        },
+    }
+    root = _write(tmp_path, contract, slow=2.0)
+    bundle = open_bundle(root)
+    bounds = entry_bounds(bundle, bundle.entries[0])
+    assert bounds.weights.dtype == "float8_e4m3fn"
+    assert bounds.weights.scale_bytes == 2 * 4
+    assert bounds.weights.bytes_per_expert == 3 * 64 * 32 + 8
+    assert float(bounds.memory_us(4)) == pytest.approx(4 * (3 * 64 * 32 + 8) / 4.8e12 * 1e6)
+    assert float(bounds.compute_us(100)) == pytest.approx(2 * 100 * 3 * 64 * 32 / 1979e12 * 1e6)
+    assert any("weight scales" in note for note in bounds.weights.notes)
