@@ -38,10 +38,17 @@ class ProfilerCapture:
     """
 
     def __init__(
-        self, device: str, clock: PhaseClock | None = None, *, ranges_only: bool | None = None
+        self,
+        device: str,
+        clock: PhaseClock | None = None,
+        *,
+        ranges_only: bool | None = None,
+        streams: bool = False,
     ) -> None:
         """``ranges_only``: record only ``record_function`` ranges among host events (no
-        operators); default: on CUDA where ``host_ranges_only_works`` says this torch can."""
+        operators); default: on CUDA where ``host_ranges_only_works`` says this torch can.
+        ``streams``: read each device activity's stream too (one more field per activity, so
+        only the ownership traces ask for it, not the timed windows)."""
         import torch
 
         self._torch = torch
@@ -50,6 +57,7 @@ class ProfilerCapture:
         if ranges_only is None:
             ranges_only = device == "cuda" and host_ranges_only_works()
         self.ranges_only = ranges_only
+        self.streams = streams
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -117,7 +125,7 @@ class ProfilerCapture:
             window = ProfiledWindow()
             cuda = self.device == "cuda"
             for event in results.events():  # type: ignore[union-attr]
-                _classify(event, window, cuda=cuda)
+                _classify(event, window, cuda=cuda, streams=self.streams)
             return window
 
 
@@ -227,7 +235,7 @@ def _host_call(event: Any, name: str) -> HostCall:
     )
 
 
-def _classify(event: Any, window: ProfiledWindow, *, cuda: bool) -> None:
+def _classify(event: Any, window: ProfiledWindow, *, cuda: bool, streams: bool = False) -> None:
     # Hundreds of thousands of events per point: read as few fields as each kind needs.
     name = event.name()
     if not str(event.device_type()).endswith("CPU"):
@@ -239,6 +247,8 @@ def _classify(event: Any, window: ProfiledWindow, *, cuda: bool) -> None:
                 start_ns=int(event.start_ns()),
                 duration_ns=int(event.duration_ns()),
                 correlation=int(event.correlation_id()),
+                # Kineto's resource id of a CUDA activity is its stream.
+                stream=int(event.device_resource_id()) if streams else 0,
             )
         )
         return
