@@ -377,3 +377,57 @@ class _GateOnParentModel(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layers = torch.nn.ModuleList([fv.Layer(_GateOnParent())])
+
+
+@pytest.mark.usefixtures("qwen2_engine")
+def test_the_live_path_publishes_wrapper_rows_for_the_shared_expert(
+    shared_model: MoeModel, tmp_path: Path
+) -> None:
+    """Admission aside (it needs CUDA), the whole live acquisition on CPU: the plan gains the
+    wrapper, the build proves ownership, the protocol measures every component and the bundle
+    holds wrapper rows, the traced forwards' conservation and the shared-expert statement."""
+    import dataclasses
+
+    import yaml
+
+    from acquisition.acquire import acquire_target
+    from acquisition.adapters import AdmissionReport
+    from acquisition.adapters.base import Admission
+    from acquisition.options.resolve import plan_target
+    from acquisition.progress import ProgressReporter
+    from moetables.bundle import validate_bundle
+
+    args = [
+        "slice", shared_model.source.removeprefix("local:"), "--hardware", "CPU", "--tp", "1",
+        "--tp-refresh", "1", "--dp", "1", "--max-num-batched-tokens", "16", "--max-num-seqs", "4",
+        "--moe-rounds", "1", "--measurement-iterations", "1", "--warmup-cycles", "0",
+        "--backend", "vllm-live", "--device", "cpu", "--cache-bytes", "1",
+        "--quality-tolerance", "0.9", "--cudagraph-mode", "NONE", "--no-progress-bar",
+        "--out-root", str(tmp_path / "out"),
+    ]  # fmt: skip
+    request, (plan,) = prepare_command(build_parser().parse_args(args), args)
+    backend = VllmLiveBackend(limits=LIMITS, resolve=fv.resolver(fv.live_namespace()))
+    plan = plan_target(request, plan.target, backend.components(shared_model, TP1))
+    # One point per component keeps CI at seconds.
+    few = [next(p for p in plan.points if p.component == c) for c in plan.components]
+    small = dataclasses.replace(plan, points=tuple(few))
+    report = AdmissionReport(plan.target, "vllm-live", (Admission.accept(backend.name),))
+    progress = ProgressReporter(None, bar=False, total=len(few))
+    runtime = fv.fake_runtime(limits=EngineLimits(16, 4, kv_cache_memory_bytes=1 << 30))
+    try:
+        outcome = acquire_target(request, small, backend, runtime, report, progress)
+    finally:
+        progress.close()
+    assert outcome.published
+    validate_bundle(request.bundle_dir)
+    rows = (request.bundle_dir / "tp1/moe_components/dp1_ep1_rank0_sp0/components.csv").read_text()
+    assert sum(line.startswith("wrapper,eager,") for line in rows.splitlines()) == 1
+    meta = yaml.safe_load((request.bundle_dir / "meta.yaml").read_text())
+    (entry,) = meta["per_tp"][1]["moe_components"]["entries"]
+    assert entry["contract"]["components"] == ["gate_routing", "experts", "wrapper"]
+    assert entry["contract"]["backend"]["shared_experts"]["component"] == "wrapper"
+    assert entry["contract"]["geometry"]["shared_expert_intermediate_size"] == 12
+    traced = entry["contract"]["backend"]["launch_ownership"]
+    assert [t["tokens"] for t in traced] == [1, 16]
+    conservation = request.bundle_dir / "tp1/moe_components/dp1_ep1_rank0_sp0/conservation.csv"
+    assert len(conservation.read_text().splitlines()) == 1 + len(traced)
