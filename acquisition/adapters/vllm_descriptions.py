@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from acquisition.adapters.shared_experts import with_shared_expert_statement
 from acquisition.adapters.vllm_capabilities import qualified_name
 from acquisition.adapters.vllm_live_scopes import WRAPPER
 from acquisition.adapters.vllm_modular_native import NO_DP_EP
 from moetables.bundle import EXPERTS
 
-__all__ = ["describe_live", "describe_modular", "shared_expert_statement"]
+__all__ = ["describe_live", "describe_modular"]
 
 ATTRIBUTION = (
     "launch_correlation: CUDA kernels, copies and sets attributed by the "
@@ -29,52 +30,6 @@ def _vllm_version() -> str | None:
         return str(vllm.__version__)
     except Exception:  # recorded only; never decides anything
         return None
-
-
-def shared_expert_statement(model: Any, *, path: str) -> dict[str, Any] | None:
-    """What a contract says about the model's shared expert, or None where there is none.
-
-    ``path`` is ``modular`` or ``live``. The method's modular components are the routed path's
-    (gate/routing, the routed-expert kernel, the DP+EP finalize copy); a shared expert is
-    surrounding native work, which only the live path's wrapper holds (seed: "It adds a local
-    wrapper component for the surrounding native work"). So a modular table of a shared-expert
-    model times the routed path only, and says so here rather than in prose alone.
-    """
-    if not model.shared_experts:
-        return None
-    base = {
-        "count": model.shared_experts,
-        "intermediate_size": model.shared_expert_intermediate_size,
-        "gate": model.shared_expert_gate,
-        "rows": "local: vLLM's MoE runner applies it to the rank's own rows, never to the "
-        "gathered ones",
-    }
-    if path == "live":
-        return {
-            **base,
-            "measured": True,
-            "component": WRAPPER,
-            "statement": "the shared expert, its gate and the sum with the routed output run in "
-            "the parent block's forward outside the gate/router and routed-kernel scopes, so "
-            "the wrapper rows hold them (launch ownership verified at build)",
-        }
-    return {
-        **base,
-        "measured": False,
-        "component": None,
-        "statement": "not in any component of this table: gate_routing is the router's gate "
-        "and select_experts (not the shared expert's gate), experts is the routed kernel. A "
-        "layer time from this table alone leaves out the shared expert's MLP, its gate and "
-        "the sum with the routed output; the vllm-live wrapper rows (TP1) measure them",
-    }
-
-
-def _with_shared(described: dict[str, Any], model: Any, *, path: str) -> dict[str, Any]:
-    # Only where the model has shared experts, so other models' contracts keep their shape.
-    statement = shared_expert_statement(model, path=path)
-    if statement is not None:
-        described["shared_experts"] = statement
-    return described
 
 
 def describe_modular(session: Any) -> dict[str, Any]:
@@ -163,7 +118,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
             else None
         ),
     }
-    return _with_shared(described, session.model, path="modular")
+    return with_shared_expert_statement(described, session.model, component=None)
 
 
 def describe_live(session: Any) -> dict[str, Any]:
@@ -228,4 +183,7 @@ def describe_live(session: Any) -> dict[str, Any]:
         "excluded": ["collectives", "cpu_time", "launch_gaps"],
         "attribution": ATTRIBUTION,
     }
-    return _with_shared(described, session.model, path="live")
+    # The build's ownership trace proved the wrapper busy wherever it is planned.
+    return with_shared_expert_statement(
+        described, session.model, component=WRAPPER if WRAPPER in session.components else None
+    )

@@ -66,7 +66,7 @@ class VllmModularBackend:
             )
         # Shared experts alone are no reason to decline: the modular components are the
         # routed path's (R21-R23), and the contract says the shared expert is not in them
-        # (vllm_descriptions.shared_expert_statement).
+        # (acquisition/adapters/shared_experts.py).
         reasons += model_reasons(model, quantized_allowed=False)
         try:
             self._resolve("vllm")

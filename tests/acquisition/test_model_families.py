@@ -220,6 +220,18 @@ def test_the_modular_contract_says_the_shared_expert_is_not_measured(
     assert "vllm-live wrapper" in statement["statement"]
 
 
+def test_the_torch_reference_says_the_same(shared_model: MoeModel) -> None:
+    """The textbook layer has no shared expert either; its contract says so too."""
+    from acquisition.adapters.torch_reference import TorchReferenceBackend
+
+    session = TorchReferenceBackend().build(shared_model, TP1, fv.fake_runtime(), "float32")
+    try:
+        statement = session.describe()["shared_experts"]
+    finally:
+        session.close()
+    assert statement["measured"] is False and statement["intermediate_size"] == 12
+
+
 def test_a_model_without_shared_experts_keeps_the_contract_shape(tmp_path: Path) -> None:
     model = resolve_model(str(write_model(tmp_path / "plain")))
     backend = VllmModularBackend(
