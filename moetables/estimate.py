@@ -97,6 +97,7 @@ __all__ = [
     "TraceEvent",
     "capture_sizes_of",
     "pad_to_capture",
+    "unmeasured_block_work",
 ]
 
 MODES = ("eager", "graph")
@@ -126,6 +127,25 @@ def pad_to_capture(
     padded = [next(s for s in sizes if s >= n) for n in counts]
     top = max(padded)
     return [top] * len(counts), True
+
+
+def unmeasured_block_work(entry_contract: Mapping[str, Any]) -> tuple[str, ...]:
+    """Notes for work of the model's MoE block that no component of these tables holds.
+
+    A modular table of a shared-expert model times the routed path only; its contract says so
+    (``backend.shared_experts.measured: false``), and every answer repeats it, since the layer
+    time then leaves the shared expert out.
+    """
+    backend = entry_contract.get("backend")
+    shared = backend.get("shared_experts") if isinstance(backend, Mapping) else None
+    if not isinstance(shared, Mapping) or shared.get("measured") is not False:
+        return ()
+    return (
+        f"the model's shared expert (count {shared.get('count')}, width "
+        f"{shared.get('intermediate_size')}, gate {shared.get('gate')}) is in none of these "
+        "tables (contract backend.shared_experts): this layer time leaves it out; a vllm-live "
+        "table (TP1) holds it in its wrapper rows",
+    )
 
 
 def capture_sizes_of(entry_contract: Mapping[str, Any]) -> list[int] | None:
@@ -686,6 +706,7 @@ class LayerEstimator:
         for d in self.ranks[1:]:
             self.modes &= set(d.entry.modes)
         self.capture_sizes = capture_sizes_of(first.contract)
+        self.block_notes = unmeasured_block_work(first.contract)
 
     def estimate(
         self,
@@ -753,7 +774,7 @@ class LayerEstimator:
             raise QueryError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if cluster is not None and not isinstance(cluster, Cluster):
             raise QueryError("cluster must be a loaded Cluster (moetables.comm.load_cluster)")
-        notes: list[str] = []
+        notes: list[str] = list(self.block_notes)
         counts = np.asarray(tokens_per_rank)
         given = counts
         graph = None

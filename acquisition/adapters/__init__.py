@@ -43,8 +43,10 @@ __all__ = [
 ]
 
 # Native execution paths, highest priority first: vLLM's modular kernel for any full-EP rank
-# of an unquantized checkpoint, then the engine's live layer at TP1 (quantized and
-# shared-expert layers, which the modular path declines).
+# of an unquantized checkpoint (the routed path only: a shared expert is in none of its
+# components, and its contract says so), then the engine's live layer at TP1 (quantized
+# layers, which the modular path declines, and the whole block of a shared-expert layer:
+# ask for it with --backend vllm-live, since auto takes the modular path first).
 NATIVE_BACKENDS: tuple[ComponentBackend, ...] = (VllmModularBackend(), VllmLiveBackend())
 REFERENCE_BACKENDS: tuple[ComponentBackend, ...] = (TorchReferenceBackend(),)
 BACKENDS: tuple[ComponentBackend, ...] = NATIVE_BACKENDS + REFERENCE_BACKENDS

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from acquisition.adapters.base import Admission, GateRoutingForward, RuntimeInfo
+from acquisition.adapters.shared_experts import with_shared_expert_statement
 from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget, linear_expert_map
 
@@ -162,7 +163,7 @@ class TorchReferenceSession:
     def describe(self) -> dict[str, Any]:
         torch = self._torch
         cuda = self.device.type == "cuda"
-        return {
+        described: dict[str, Any] = {
             "name": TorchReferenceBackend.name,
             "native": False,
             "implementation": f"{__name__}.TorchReferenceSession",
@@ -194,6 +195,8 @@ class TorchReferenceSession:
                 "events inside each component's range stand in for device activities"
             ),
         }
+        # A textbook layer of the routed path: a shared expert is in none of its components.
+        return with_shared_expert_statement(described, self.model, component=None)
 
     def expert_weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.w13, self.w2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from acquisition.adapters.shared_experts import with_shared_expert_statement
 from acquisition.adapters.vllm_capabilities import qualified_name
 from acquisition.adapters.vllm_fp8 import DISPATCH_QUANT
 from acquisition.adapters.vllm_live_scopes import WRAPPER
@@ -78,7 +79,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
         boundaries["finalize_copy"] = (
             "the native finalize's copy of the combined local rows into the layer output"
         )
-    return {
+    described: dict[str, Any] = {
         "name": "vllm-modular",
         "native": True,
         "implementation": f"{type(session).__module__}.{type(session).__name__}",
@@ -165,6 +166,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
             else None
         ),
     }
+    return with_shared_expert_statement(described, session.model, component=None)
 
 
 def _dtype(tensor: Any) -> str:
@@ -201,7 +203,7 @@ def describe_live(session: Any) -> dict[str, Any]:
     backend = getattr(layer.quant_method, "unquantized_backend", None) or getattr(
         layer.quant_method, "fp8_backend", None
     )
-    return {
+    described: dict[str, Any] = {
         "name": "vllm-live",
         "native": True,
         "implementation": f"{type(session).__module__}.{type(session).__name__}",
@@ -266,6 +268,10 @@ def describe_live(session: Any) -> dict[str, Any]:
         "excluded": ["collectives", "cpu_time", "launch_gaps"],
         "attribution": ATTRIBUTION,
     }
+    # The build's ownership trace proved the wrapper busy wherever it is planned.
+    return with_shared_expert_statement(
+        described, session.model, component=WRAPPER if WRAPPER in session.components else None
+    )
 
 
 def _live_quantization(session: Any) -> dict[str, Any] | None:

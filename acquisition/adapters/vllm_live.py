@@ -283,6 +283,10 @@ class VllmLiveSession(LiveScopes, ScaledExpertBanks):
         with self.forward_context(hidden.shape[0]):
             return self.layer.parent(hidden)
 
+    def experts_on(self, hidden: Any, topk_weights: Any, topk_ids: Any) -> Any:
+        """The experts component's kernel call, with the layer's own weights."""
+        return self._kernel_apply(_Prepared(hidden, topk_ids, topk_weights), self.w13, self.w2)
+
     def check_state(self) -> None:
         changed = state_difference(self._state, state_snapshot(self.layer))
         if changed:

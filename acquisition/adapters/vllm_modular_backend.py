@@ -66,13 +66,11 @@ class VllmModularBackend:
                 f"(--device {runtime.device}, accelerator available: "
                 f"{runtime.accelerator_available})"
             )
+        # Shared experts alone are no reason to decline: the modular components are the
+        # routed path's (R21-R23), and the contract says the shared expert is not in them
+        # (acquisition/adapters/shared_experts.py).
         reasons += model_reasons(model, quantized_allowed=True)
         reasons += fp8_model_reasons(model)
-        if model.shared_experts:
-            reasons.append(
-                "shared experts: the modular boundaries hold routed experts only; use the live "
-                "adapter, whose wrapper keeps the shared experts"
-            )
         try:
             self._resolve("vllm")
             surface = self.surface(model)

@@ -37,6 +37,9 @@ class ScopeOwnership:
     total_ns: int
     outside_ns: int
     outside_names: list[str] = field(default_factory=list)
+    # Device streams each scope's activities ran on: a shared expert that vLLM puts on its
+    # side stream shows up here (the table still stores serial sums, R15).
+    per_scope_streams: dict[str, list[int]] = field(default_factory=dict)
 
     def count(self, scope: str) -> int:
         return len(self.per_scope_names.get(scope, ()))
@@ -86,6 +89,7 @@ def nested_ownership(window: ProfiledWindow) -> ScopeOwnership:
         launches[call.correlation].append(call)
     per_ns: dict[str, int] = defaultdict(int)
     per_names: dict[str, list[str]] = defaultdict(list)
+    per_streams: dict[str, set[int]] = defaultdict(set)
     outside_ns = 0
     outside_names: list[str] = []
     total = 0
@@ -106,9 +110,17 @@ def nested_ownership(window: ProfiledWindow) -> ScopeOwnership:
         else:
             per_ns[owner] += activity.duration_ns
             per_names[owner].append(activity.name)
+            per_streams[owner].add(activity.stream)
     if sum(per_ns.values()) + outside_ns != total:
         raise AttributionError("scope ownership does not conserve the traced activity total")
-    return ScopeOwnership(dict(per_ns), dict(per_names), total, outside_ns, outside_names)
+    return ScopeOwnership(
+        dict(per_ns),
+        dict(per_names),
+        total,
+        outside_ns,
+        outside_names,
+        {k: sorted(v) for k, v in per_streams.items()},
+    )
 
 
 def trace(fn: Callable[[Any], Any]) -> ProfiledWindow:
@@ -121,7 +133,7 @@ def trace(fn: Callable[[Any], Any]) -> ProfiledWindow:
     from acquisition.protocol.profiling import ProfilerCapture
 
     torch.cuda.synchronize()
-    capture = ProfilerCapture("cuda")
+    capture = ProfilerCapture("cuda", streams=True)
     with capture:
         fn(capture)
     return capture.window()

@@ -44,6 +44,8 @@ _ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
         "expert_bias": True,
         "router_bias": True,
     },
+    # vLLM's Qwen2MoeSparseMoeBlock scales its shared expert by sigmoid(shared_expert_gate(x)).
+    "qwen2_moe": {"shared_expert_gate": "sigmoid"},
 }
 
 
@@ -57,6 +59,9 @@ class MoeModel:
 
     ``expert_intermediate_size`` is the physical width of one routed expert; ``hidden_size``
     is the gate's input width. ``sequence_parallel`` is None when nobody declared it.
+    ``shared_experts`` counts the shared experts the config declares and
+    ``shared_expert_intermediate_size`` is the width of the one MLP vLLM builds for them
+    (0 without); ``shared_expert_gate`` names the gate that scales its output, if any.
     """
 
     name: str
@@ -70,6 +75,8 @@ class MoeModel:
     renormalize: bool
     activation: str
     shared_experts: int
+    shared_expert_intermediate_size: int
+    shared_expert_gate: str | None
     expert_bias: bool
     router_bias: bool
     quantization: str | None
@@ -106,6 +113,14 @@ class MoeModel:
 
     @property
     def geometry(self) -> dict[str, Any]:
+        shared: dict[str, Any] = {}
+        if self.shared_experts:
+            # Only where there are shared experts, so that other models' contracts keep their
+            # shape.
+            shared = {
+                "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
+                "shared_expert_gate": self.shared_expert_gate,
+            }
         return {
             "hidden_size": self.hidden_size,
             "gate_width": self.hidden_size,
@@ -114,6 +129,7 @@ class MoeModel:
             "global_experts": self.global_experts,
             "global_top_k": self.top_k,
             "shared_experts": self.shared_experts,
+            **shared,
             "activation": self.activation,
             "routing": {"scoring": self.scoring, "renormalize": self.renormalize},
             "expert_bias": self.expert_bias,
@@ -199,6 +215,22 @@ def _first_int(config: dict[str, Any], keys: tuple[str, ...], what: str, path: P
     )
 
 
+def _shared_experts(text: dict[str, Any]) -> tuple[int, int]:
+    """Shared experts as vLLM's model wrappers build them: (count, width of their one MLP).
+
+    DeepSeek declares a count and fuses them into one MLP of count x the routed width;
+    Qwen2-MoE declares the width of its single shared expert.
+    """
+    count = text.get("n_shared_experts")
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        width = text.get("moe_intermediate_size") or text.get("intermediate_size") or 0
+        return count, count * int(width)
+    width = text.get("shared_expert_intermediate_size")
+    if isinstance(width, int) and not isinstance(width, bool) and width > 0:
+        return 1, width
+    return 0, 0
+
+
 def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
     config_path = folder / "config.json"
     config, raw = _read_json(config_path)
@@ -221,6 +253,8 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
     if sp is not None and not isinstance(sp, bool):
         raise CatalogError(f"{folder}/catalog.json: sequence_parallel must be true or false")
     dtype = text.get("torch_dtype") or text.get("dtype")
+    shared_count, shared_width = _shared_experts(text)
+    shared_gate = merged.get("shared_expert_gate") if shared_count else None
     return MoeModel(
         name=str(merged.get("name") or default_name),
         model_type=model_type,
@@ -232,7 +266,9 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
         scoring=str(scoring),
         renormalize=bool(renormalize),
         activation=str(merged.get("activation", text.get("hidden_act", "silu"))),
-        shared_experts=int(text.get("n_shared_experts") or 0),
+        shared_experts=shared_count,
+        shared_expert_intermediate_size=shared_width,
+        shared_expert_gate=str(shared_gate) if shared_gate else None,
         expert_bias=bool(merged.get("expert_bias", False)),
         router_bias=bool(merged.get("router_bias", False)),
         quantization=str(quantization) if quantization else None,

@@ -38,10 +38,17 @@ class ProfilerCapture:
     """
 
     def __init__(
-        self, device: str, clock: PhaseClock | None = None, *, ranges_only: bool | None = None
+        self,
+        device: str,
+        clock: PhaseClock | None = None,
+        *,
+        ranges_only: bool | None = None,
+        streams: bool = False,
     ) -> None:
         """``ranges_only``: record only ``record_function`` ranges among host events (no
-        operators); default: on CUDA where ``host_ranges_only_works`` says this torch can."""
+        operators); default: on CUDA where ``host_ranges_only_works`` says this torch can.
+        ``streams``: read each device activity's stream too (one more field per activity, so
+        only the ownership traces ask for it, not the timed windows)."""
         import torch
 
         self._torch = torch
@@ -50,6 +57,7 @@ class ProfilerCapture:
         if ranges_only is None:
             ranges_only = device == "cuda" and host_ranges_only_works()
         self.ranges_only = ranges_only
+        self.streams = streams
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -116,7 +124,7 @@ class ProfilerCapture:
             results = self._profile.profiler.kineto_results  # type: ignore[union-attr]
             events = results.events()  # type: ignore[union-attr]
             if self.device == "cuda":
-                return read_cuda_window(events)
+                return read_cuda_window(events, streams=self.streams)
             window = ProfiledWindow()
             for event in events:
                 _classify(event, window)
@@ -229,7 +237,7 @@ def _host_call(event: Any, name: str, correlation: int | None = None) -> HostCal
     )
 
 
-def read_cuda_window(events: Sequence[Any]) -> ProfiledWindow:
+def read_cuda_window(events: Sequence[Any], *, streams: bool = False) -> ProfiledWindow:
     """A CUDA window read lean: what ``attribute_launches`` consults, nothing more.
 
     Hundreds of thousands of events per batch, each field a native call: whether an event's
@@ -261,6 +269,9 @@ def read_cuda_window(events: Sequence[Any]) -> ProfiledWindow:
                     start_ns=int(event.start_ns()),
                     duration_ns=int(event.duration_ns()),
                     correlation=int(event.correlation_id()),
+                    # Kineto's resource id of a CUDA activity is its stream (read on request:
+                    # one more native call per activity).
+                    stream=int(event.device_resource_id()) if streams else 0,
                 )
             )
             continue

@@ -10,17 +10,19 @@ from tiny_moe import write_model
 from acquisition.catalog import CatalogError, catalog_models, resolve_model, variant_for_dtype
 
 CATALOG = [
+    "Qwen/Qwen1.5-MoE-A2.7B",
     "Qwen/Qwen3-235B-A22B",
     "Qwen/Qwen3-30B-A3B-Instruct-2507",
     "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8",
     "allenai/OLMoE-1B-7B-0924",
     "deepseek-ai/DeepSeek-V2-Lite",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1",
     "mistralai/Mixtral-8x7B-v0.1",
     "openai/gpt-oss-20b",
 ]
 
 
-def test_it_ships_the_catalog_models_with_their_sources() -> None:
+def test_it_ships_every_catalog_model_with_its_sources() -> None:
     assert catalog_models() == CATALOG
     for name in CATALOG:
         model = resolve_model(name)
@@ -35,6 +37,8 @@ def test_it_ships_the_catalog_models_with_their_sources() -> None:
         ("Qwen/Qwen3-30B-A3B-Instruct-2507", 2048, 768, 128, 8, "bfloat16"),
         ("Qwen/Qwen3-235B-A22B", 4096, 1536, 128, 8, "bfloat16"),
         ("mistralai/Mixtral-8x7B-v0.1", 4096, 14336, 8, 2, "bfloat16"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 4096, 14336, 8, 2, "bfloat16"),
+        ("Qwen/Qwen1.5-MoE-A2.7B", 2048, 1408, 60, 4, "bfloat16"),
         ("allenai/OLMoE-1B-7B-0924", 2048, 1024, 64, 8, None),
         ("deepseek-ai/DeepSeek-V2-Lite", 2048, 1408, 64, 6, "bfloat16"),
         ("openai/gpt-oss-20b", 2880, 2880, 32, 4, "bfloat16"),

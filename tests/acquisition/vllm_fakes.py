@@ -18,10 +18,63 @@ from typing import Any, ClassVar
 import torch
 
 LAUNCHES: list[str] = []
+# The fake trace being recorded (``fake_trace``) and the stream a fake kernel runs on.
+TRACERS: list[FakeTrace] = []
+MAIN_STREAM, SIDE_STREAM = 7, 8
+STREAMS: list[int] = []
 
 
 def launch(name: str) -> None:
     LAUNCHES.append(name)
+    if TRACERS:
+        TRACERS[-1].launch(name, STREAMS[-1] if STREAMS else MAIN_STREAM)
+
+
+class FakeTrace:
+    """What ``vllm_ownership.trace`` hands back, built from the fake kernels' launches.
+
+    A logical clock stands in for time: each range edge and each launch advances it, so
+    launches fall strictly inside the ranges open around them, as on the GPU host.
+    """
+
+    def __init__(self) -> None:
+        from acquisition.protocol.attribution import ProfiledWindow
+
+        self.clock = 0
+        self.window = ProfiledWindow()
+
+    def _tick(self) -> int:
+        self.clock += 10
+        return self.clock
+
+    @contextlib.contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        from acquisition.protocol.attribution import TimedRange
+
+        start = self._tick()
+        try:
+            yield
+        finally:
+            self.window.ranges.append(TimedRange(name, 1, start, self._tick()))
+
+    def launch(self, name: str, stream: int) -> None:
+        from acquisition.protocol.attribution import DeviceActivity, HostCall
+
+        at = self._tick()
+        correlation = len(self.window.launches) + 1
+        self.window.launches.append(HostCall("cudaLaunchKernel", 1, at, at + 1, correlation))
+        self.window.activities.append(DeviceActivity(name, 10_000 + at, 5, correlation, stream))
+
+
+def fake_trace(fn: Callable[[Any], Any]) -> Any:
+    """``vllm_ownership.trace`` on CPU: run ``fn(capture)`` and return the recorded window."""
+    tracer = FakeTrace()
+    TRACERS.append(tracer)
+    try:
+        fn(tracer)
+    finally:
+        TRACERS.pop()
+    return tracer.window
 
 
 def activities(fn: Callable[[], Any]) -> list[str]:
@@ -636,8 +689,91 @@ class SparseMoeBlock(torch.nn.Module):
         return out * 0.5
 
 
+class SharedExpertMLP(torch.nn.Module):
+    """Qwen2MoeMLP with its expert gate: SiLU-and-mul MLP, scaled by sigmoid(gate(x))."""
+
+    def __init__(self, hidden: int, width: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(11)
+        self.gate_up_proj = torch.nn.Parameter(
+            torch.randn(2 * width, hidden, generator=generator) / hidden**0.5,
+            requires_grad=False,
+        )
+        self.down_proj = torch.nn.Parameter(
+            torch.randn(hidden, width, generator=generator) / width**0.5, requires_grad=False
+        )
+        self.expert_gate = ReplicatedLinear(hidden, 1, bias=False, params_dtype=torch.float32)
+        with torch.no_grad():
+            self.expert_gate.weight.copy_(torch.randn(1, hidden, generator=generator))
+        self.width = width
+
+    def forward(self, x: Any) -> Any:
+        launch("shared_gate_up")
+        up = x @ self.gate_up_proj.t()
+        launch("shared_act_and_mul")
+        act = torch.nn.functional.silu(up[:, : self.width]) * up[:, self.width :]
+        launch("shared_down")
+        out = act @ self.down_proj.t()
+        gate, _ = self.expert_gate(x)
+        launch("sigmoid_mul")
+        return torch.sigmoid(gate) * out
+
+
+class SharedExpertRunner(MoERunner):
+    """vLLM 0.26.0's MoERunner with shared experts: the gate lives on the parent block; the
+    shared expert runs before the router (large batches) or after the routed kernel on a
+    side stream (up to ``side_stream_tokens``), and its output is added to the routed one."""
+
+    side_stream_tokens = 8
+
+    def __init__(self, shared: SharedExpertMLP, *args: Any) -> None:
+        super().__init__(*args)
+        del self.gate
+        self.gate = None
+        self._shared_layer = shared
+
+    def forward(self, hidden: Any, router_logits: Any) -> Any:  # type: ignore[override]
+        assert CONTEXT, "the MoE forward needs a forward context"
+        side = hidden.shape[0] <= self.side_stream_tokens
+        shared = None if side else self._shared_layer(hidden)
+        weights, ids = self.router.select_experts(hidden_states=hidden, router_logits=router_logits)
+        fused = self.routed_experts.forward_modular(
+            x=hidden, topk_weights=weights, topk_ids=ids, shared_experts=None
+        )
+        if side:
+            STREAMS.append(SIDE_STREAM)
+            try:
+                shared = self._shared_layer(hidden)
+            finally:
+                STREAMS.pop()
+        launch("add")
+        return shared + fused
+
+
+class Qwen2MoeBlock(torch.nn.Module):
+    """Qwen2MoeSparseMoeBlock's shape: router gate, shared expert (with its own gate) and the
+    runner that executes both the shared and the routed experts."""
+
+    def __init__(
+        self, experts: int = 4, top_k: int = 2, hidden: int = 16, width: int = 8, shared: int = 12
+    ) -> None:
+        super().__init__()
+        self.gate = ReplicatedLinear(hidden, experts, bias=False, params_dtype=torch.float32)
+        with torch.no_grad():
+            self.gate.weight.copy_(
+                torch.randn(experts, hidden, generator=torch.Generator().manual_seed(3))
+            )
+        self.shared_expert = SharedExpertMLP(hidden, shared)
+        self.shared_expert_gate = self.shared_expert.expert_gate
+        self.experts = SharedExpertRunner(self.shared_expert, experts, top_k, hidden, width)
+
+    def forward(self, hidden: Any) -> Any:
+        logits, _ = self.gate(hidden)
+        return self.experts(hidden, logits)
+
+
 class Layer(torch.nn.Module):
-    def __init__(self, block: SparseMoeBlock) -> None:
+    def __init__(self, block: torch.nn.Module) -> None:
         super().__init__()
         self.mlp = block
 
@@ -648,6 +784,12 @@ class TinyModel(torch.nn.Module):
         self.layers = torch.nn.ModuleList(
             [Layer(SparseMoeBlock(MoERunner(experts, top_k, hidden, width)))]
         )
+
+
+class TinyQwen2MoeModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Layer(Qwen2MoeBlock())])
 
 
 CONTEXT: list[Any] = []
@@ -693,11 +835,13 @@ class FakeLLM:
     ``apply_model`` running a function on the in-process model."""
 
     created: ClassVar[list[dict[str, Any]]] = []
+    # The model the engine builds; tests of other block shapes replace it.
+    model_class: ClassVar[Callable[[], torch.nn.Module]] = TinyModel
 
     def __init__(self, **kwargs: Any) -> None:
         FakeLLM.created.append(kwargs)
         self.llm_engine = _LlmEngine(kwargs)
-        self.model = TinyModel()
+        self.model = type(self).model_class()
 
     def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
         return [func(self.model)]

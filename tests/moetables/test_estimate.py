@@ -293,3 +293,27 @@ def test_it_reads_graph_tables_for_graph_steps_and_eager_ones_past_the_captures(
     )
     answers = batch.as_dicts()
     assert answers[0] == graph.as_dict() and answers[-1] == past.as_dict()
+
+
+def test_a_table_without_its_models_shared_expert_says_so_in_every_answer(
+    tmp_path: Path,
+) -> None:
+    """Issue 20 item 2: a modular table of a shared-expert model (Qwen1.5-MoE) times the routed
+    path only; its contract says so, and so does every layer estimate read from it."""
+    unmeasured = _spec(MoeTarget.for_rank(1, 1, 0))
+    unmeasured.contract["backend"] = {
+        "name": "vllm-modular",
+        "shared_experts": {"count": 1, "intermediate_size": 5632, "gate": "sigmoid",
+                           "measured": False, "component": None},
+    }  # fmt: skip
+    measured = _spec(MoeTarget.for_rank(1, 1, 0))
+    measured.contract["backend"] = {"shared_experts": {"measured": True, "component": "wrapper"}}
+    answers = []
+    for name, spec in (("unmeasured", unmeasured), ("measured", measured)):
+        write_bundle(tmp_path / name, HEADER, [spec])
+        answers.append(ComponentTables(tmp_path / name).estimate([16], tp=1, dp=1))
+    (note,) = [n for n in answers[0].notes if "shared expert" in n]
+    assert "width 5632" in note and "leaves it out" in note
+    assert not any("shared expert" in n for n in answers[1].notes)
+    batch = ComponentTables(tmp_path / "unmeasured").estimate_batch([[4], [8]], tp=1, dp=1)
+    assert all(note in step.notes for step in (batch.step(0), batch.step(1)))

@@ -1,0 +1,141 @@
+"""scripts/h200_models.sh on CPU: parts, per-part timeouts, packing after each part, resume.
+
+``python3`` and ``nvidia-smi`` are replaced by stubs on PATH: the stub acquisition writes a
+``components.csv`` per deployment of its ``--dp`` into ``--out-root`` (or sleeps past its
+limit when asked), so what the script does around the acquisitions runs as on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_models.sh"
+
+STUB = r"""#!/usr/bin/env bash
+# python3 stand-in: `-c ...` prints versions; `-m acquisition slice MODEL ...` fakes a run.
+if [ "$1" = -c ]; then echo "torch stub vllm stub"; exit 0; fi
+shift 3
+model=$1; shift
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out-root) out=$2; shift ;;
+    --dp) dps=$2; shift ;;
+    --backend) backend=$2; shift ;;
+    --progress-json) progress=$2; shift ;;
+  esac
+  shift
+done
+echo "$model $backend $TRITON_CACHE_DIR" >> "$(dirname "$out")/argv.txt"
+case "$model/$backend" in *"$STUB_SLOW"*) sleep 30 ;; esac
+for dp in ${dps//,/ }; do
+  for rank in $(seq 0 $((dp - 1))); do
+    d="$out/H200/$model/bf16/tp1/moe_components/dp${dp}_ep${dp}_rank${rank}_sp0"
+    mkdir -p "$d" && echo "component,mode,tokens" > "$d/components.csv"
+    touch "$d/writer.lock"
+  done
+done
+echo '{"event": "done"}' >> "$progress"
+echo "published"
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(STUB)
+    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    return bin_dir
+
+
+def run(stubs: Path, tmp_path: Path, *parts: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "OUT": str(tmp_path / "out"),
+        "ROOT": str(tmp_path / "root"),
+        "STUB_SLOW": "none",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT), *parts],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def members(archive: Path) -> set[str]:
+    with tarfile.open(archive) as tar:
+        return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
+
+
+def test_a_model_part_runs_both_adapters_and_packs_small(stubs: Path, tmp_path: Path) -> None:
+    result = run(stubs, tmp_path, "qwen15")
+    assert result.returncode == 0, result.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("qwen15-modular: exit 0")
+    assert "dp1_ep1_rank0_sp0 tp1/moe_components/dp2_ep2_rank0_sp0" in summary[0]
+    assert "dp2_ep2_rank1_sp0" in summary[0]
+    assert summary[1].startswith("qwen15-live: exit 0")
+    assert summary[1].endswith("published: tp1/moe_components/dp1_ep1_rank0_sp0 ")
+    packed = members(tmp_path / "out" / "runs.tar.gz")
+    tail = "out/H200/Qwen/Qwen1.5-MoE-A2.7B/bf16/tp1/moe_components"
+    assert f"qwen15-modular/{tail}/dp2_ep2_rank1_sp0/components.csv" in packed
+    assert f"qwen15-live/{tail}/dp1_ep1_rank0_sp0/components.csv" in packed
+    assert not any(name.endswith("writer.lock") for name in packed)
+    argv = (tmp_path / "root" / "qwen15-modular" / "argv.txt").read_text()
+    assert "Qwen/Qwen1.5-MoE-A2.7B vllm-modular" in argv
+    assert argv.split()[-1] == str(tmp_path / "root" / "triton")  # one cache per call
+
+
+def test_a_part_past_its_limit_is_stopped_and_the_next_part_still_runs(
+    stubs: Path, tmp_path: Path
+) -> None:
+    result = run(
+        stubs,
+        tmp_path,
+        "mixtral-live",
+        "mixtral-modular",
+        "bogus",
+        STUB_SLOW="Instruct-v0.1/vllm-live",
+        MIXTRAL_LIVE_S="1",
+    )
+    assert "unknown part bogus" in result.stdout
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("mixtral-live: exit 124")
+    assert summary[1].startswith("mixtral-modular: exit 0")
+    # Packed after each part: the archive holds the stopped part's log too.
+    assert "mixtral-live/run.log" in members(tmp_path / "out" / "runs.tar.gz")
+
+
+def test_a_later_call_resumes_from_the_packed_state(stubs: Path, tmp_path: Path) -> None:
+    run(stubs, tmp_path, "qwen15-live")
+    first = tmp_path / "first.tar.gz"
+    (tmp_path / "out" / "runs.tar.gz").rename(first)
+    later = tmp_path / "later"
+    result = run(
+        stubs,
+        later,
+        "mixtral",
+        RESUME_FROM=str(first),
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"resumed state from {first}" in result.stdout
+    packed = members(later / "out" / "runs.tar.gz")
+    # The earlier part's state travels on with the new parts.
+    assert any(name.startswith("qwen15-live/out/H200/") for name in packed)
+    assert any(name.startswith("mixtral-modular/out/H200/") for name in packed)
+
+
+def test_nothing_to_run_is_an_error(stubs: Path, tmp_path: Path) -> None:
+    assert run(stubs, tmp_path).returncode == 2
