@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from acquisition.adapters.base import Admission, GateRoutingForward, RuntimeInfo
+from acquisition.options.measurable import declared_reasons
 from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget, linear_expert_map
 
@@ -51,24 +52,7 @@ class TorchReferenceBackend:
     native: ClassVar[bool] = False
 
     def admit(self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo) -> Admission:
-        reasons: list[str] = []
-        if model.activation != "silu":
-            reasons.append(
-                f"activation {model.activation!r}: the reference MLP implements SiLU-and-mul only"
-            )
-        if model.scoring != "softmax":
-            reasons.append(
-                f"router scoring {model.scoring!r}: the reference routes by softmax only"
-            )
-        if model.expert_bias:
-            reasons.append("biased experts: the reference MLP has no expert biases (R28)")
-        if model.router_bias:
-            reasons.append("router bias: the reference gate is a plain linear layer")
-        if model.quantization:
-            reasons.append(
-                f"quantized checkpoint ({model.quantization}): the reference runs unquantized "
-                "experts and never stands in for a quantized kernel"
-            )
+        reasons = declared_reasons(self.name, model, target)
         if runtime.device == "cuda" and not runtime.accelerator_available:
             reasons.append("--device cuda: torch sees no CUDA device on this host")
         if reasons:

@@ -12,7 +12,6 @@ from acquisition.adapters.vllm_capabilities import (
     CapabilityError,
     Resolver,
     import_resolver,
-    model_reasons,
     probe_surface,
 )
 from acquisition.adapters.vllm_modular import VllmModularSession
@@ -22,6 +21,7 @@ from acquisition.adapters.vllm_modular_native import (
     torch_dtype,
     vllm_context,
 )
+from acquisition.options.measurable import declared_reasons
 from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget
 
@@ -64,12 +64,7 @@ class VllmModularBackend:
                 f"(--device {runtime.device}, accelerator available: "
                 f"{runtime.accelerator_available})"
             )
-        reasons += model_reasons(model, quantized_allowed=False)
-        if model.shared_experts:
-            reasons.append(
-                "shared experts: the modular boundaries hold routed experts only; use the live "
-                "adapter, whose wrapper keeps the shared experts"
-            )
+        reasons += declared_reasons(self.name, model, target)
         try:
             self._resolve("vllm")
             surface = self.surface()
