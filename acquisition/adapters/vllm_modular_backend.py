@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from acquisition.catalog import MoeModel
+    from acquisition.protocol.attribution import ProfiledWindow
 
 __all__ = ["VllmModularBackend"]
 
@@ -43,9 +44,11 @@ class VllmModularBackend:
         self,
         resolve: Resolver = import_resolver,
         activities: Callable[[Callable[[], Any]], list[str]] | None = None,
+        trace: Callable[[Callable[[Any], None]], ProfiledWindow] | None = None,
     ) -> None:
         self._resolve = resolve
         self._activities = activities
+        self._trace = trace
 
     def components(self, model: MoeModel, target: MoeTarget) -> tuple[str, ...]:
         """DP+EP adds the local finalize copy; DP1's finalize is a verified no-op (R22, R23)."""
@@ -96,5 +99,11 @@ class VllmModularBackend:
         self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo, dtype: str
     ) -> VllmModularSession:
         return VllmModularSession(
-            model, target, runtime, dtype, self.surface(), activities=self._activities
+            model,
+            target,
+            runtime,
+            dtype,
+            self.surface(),
+            activities=self._activities,
+            trace=self._trace,
         )

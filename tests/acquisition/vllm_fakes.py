@@ -18,10 +18,60 @@ from typing import Any, ClassVar
 import torch
 
 LAUNCHES: list[str] = []
+# Fake device time of one launch, in ns, by kernel name (10 ns for any other).
+DURATIONS_NS = {"gemm": 300, "topk_softmax": 50, "fused_moe_kernel": 2000, "copy": 70}
+
+
+class FakeCapture:
+    """The protocol's ProfilerCapture as ``trace`` sees it: named regions and, for every fake
+    launch inside, a host launch call and its device activity, on one logical clock."""
+
+    active: ClassVar[FakeCapture | None] = None
+
+    def __init__(self) -> None:
+        from acquisition.protocol.attribution import ProfiledWindow
+
+        self.window_ = ProfiledWindow()
+        self.clock = 0
+
+    def tick(self) -> int:
+        self.clock += 10
+        return self.clock
+
+    @contextlib.contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        from acquisition.protocol.attribution import TimedRange
+
+        start = self.tick()
+        yield
+        self.window_.ranges.append(TimedRange(name, 1, start, self.tick()))
+
+    def record(self, name: str) -> None:
+        from acquisition.protocol.attribution import DeviceActivity, HostCall
+
+        t = self.tick()
+        correlation = len(self.window_.launches) + 1
+        self.window_.launches.append(HostCall("cudaLaunchKernel", 1, t, t + 1, correlation))
+        self.window_.activities.append(
+            DeviceActivity(name, t + 2, DURATIONS_NS.get(name, 10), correlation)
+        )
+
+
+def trace(fn: Callable[[Any], Any]) -> Any:
+    """``vllm_ownership.trace`` over fake launches: ``fn(capture)`` marks its regions."""
+    capture = FakeCapture()
+    FakeCapture.active = capture
+    try:
+        fn(capture)
+    finally:
+        FakeCapture.active = None
+    return capture.window_
 
 
 def launch(name: str) -> None:
     LAUNCHES.append(name)
+    if FakeCapture.active is not None:
+        FakeCapture.active.record(name)
 
 
 def activities(fn: Callable[[], Any]) -> list[str]:
