@@ -133,3 +133,51 @@ def test_a_cpu_session_without_a_tracer_says_its_evidence_is_absent(model: MoeMo
     finally:
         session.close()
     assert rows == [] and absent is not None and "vllm-modular" in absent
+
+
+# -- the torch reference ---------------------------------------------------------------------
+
+
+def _reference(model: MoeModel, target: MoeTarget) -> Any:
+    """A CPU reference session whose component calls launch fake kernels (the CPU has no
+    launch correlation); traced afterwards with the fake tracer."""
+    from acquisition.adapters.torch_reference import TorchReferenceBackend
+
+    session = TorchReferenceBackend().build(model, target, fv.fake_runtime(), "float32")
+    assert session.ownership == []  # CPU without a tracer: no traced forward
+    for name, kernel in (("gate_routing", "gemm"), ("experts", "fused_moe_kernel")):
+        original = getattr(session, name)
+
+        def call(*args: Any, _f: Any = original, _k: str = kernel) -> Any:
+            fv.launch(_k)
+            return _f(*args)
+
+        setattr(session, name, call)
+    return session
+
+
+def test_the_reference_traces_its_layer_forward(model: MoeModel) -> None:
+    session = _reference(model, DP1)
+    f = session.traced_forward(8, fv.trace)
+    assert (f["tokens"], f["expert_rows"], f["forward"]) == (8, 8, "reference layer")
+    assert f["gate_routing_us"] == 0.3 and f["experts_us"] == 2.0
+    assert f["native_forward_total_us"] == 2.3 and f["outside_scopes_us"] == 0.0
+    assert "finalize_copy_us" not in f
+
+
+def test_a_dp_ep_reference_rank_routes_its_gathered_rows_outside_the_window(
+    model: MoeModel,
+) -> None:
+    session = _reference(model, DP2_RANK1)
+    f = session.traced_forward(8, fv.trace)
+    assert (f["tokens"], f["expert_rows"]) == (8, 16)
+    # one gate launch in the window: the gathered rows' routing ran before it
+    assert f["activities"]["gate_routing"] == {"gemm": 1}
+    assert f["finalize_copy_us"] == 0.0 and f["gate_routing_us"] == 0.3
+    session.ownership = [f]
+    rows, absent = conservation_evidence(session.describe())
+    assert absent is None and set(rows[0].components_us) == {
+        "gate_routing",
+        "experts",
+        "finalize_copy",
+    }
