@@ -181,3 +181,77 @@ def test_a_dp_ep_reference_rank_routes_its_gathered_rows_outside_the_window(
         "experts",
         "finalize_copy",
     }
+
+
+def test_an_acquisition_publishes_the_traces_as_conservation_csv(
+    model: MoeModel, tmp_path: Path
+) -> None:
+    """End to end on CPU (fake vLLM, fake tracer): the published bundle's conservation.csv
+    holds the build's traced forwards per target, checksummed and validated by the reader."""
+    import dataclasses
+
+    from acquisition.acquire import acquire_target
+    from acquisition.adapters import AdmissionReport
+    from acquisition.adapters.base import Admission
+    from acquisition.cli import build_parser
+    from acquisition.options import from_namespace, prepare
+    from acquisition.progress import ProgressReporter
+    from moetables.bundle import validate_bundle
+
+    args = [
+        "slice",
+        str(tmp_path / "tiny"),
+        "--hardware",
+        "CPU-TEST",
+        "--tp-refresh",
+        "1",
+        "--dp",
+        "1,2",
+        "--max-num-seqs",
+        "2",
+        "--max-num-batched-tokens",
+        "4",
+        "--moe-rounds",
+        "1",
+        "--measurement-iterations",
+        "1",
+        "--warmup-cycles",
+        "0",
+        "--backend",
+        "vllm-modular",
+        "--device",
+        "cpu",
+        "--cache-bytes",
+        "1",
+        "--quality-tolerance",
+        "0.9",
+        "--cudagraph-mode",
+        "NONE",
+        "--no-progress-bar",
+        "--out-root",
+        str(tmp_path / "out"),
+    ]
+    request, plans = prepare(from_namespace(build_parser().parse_args(args)), "")
+    backend = VllmModularBackend(
+        resolve=fv.resolver(fv.modular_namespace()), activities=fv.activities, trace=fv.trace
+    )
+    # The serving limits travel with the runtime, as the CLI sets them.
+    runtime = fv.fake_runtime(limits=EngineLimits(max_num_batched_tokens=4, max_num_seqs=2))
+    progress = ProgressReporter(None, bar=False, total=0)
+    try:
+        for plan in plans:
+            report = AdmissionReport(plan.target, "vllm-modular", (Admission.accept(backend.name),))
+            few = [next(p for p in plan.points if p.component == c) for c in plan.components]
+            small = dataclasses.replace(plan, points=tuple(few))
+            assert acquire_target(request, small, backend, runtime, report, progress).published
+    finally:
+        progress.close()
+    validated = validate_bundle(request.bundle_dir)
+    assert validated.ok, validated.problems
+    assert len(validated.quality) == 3  # DP1, DP2 ranks 0 and 1
+    for path, evidence in validated.quality.items():
+        assert evidence.conservation is not None, path
+        assert [r.tokens for r in evidence.conservation] == [1, 4]
+        expected = {"gate_routing", "experts"} | ({"finalize_copy"} if "dp2" in path else set())
+        assert all(set(r.components_us) == expected for r in evidence.conservation)
+    assert len(list(request.bundle_dir.rglob("conservation.csv"))) == 3
