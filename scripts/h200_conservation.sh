@@ -23,6 +23,8 @@ PYTHON=${PYTHON:-python3}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
 mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
+# The summary script imports moetables from this tree.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/conservation.log"; }
 [ "$#" -gt 0 ] || set -- vllm-modular:8:1:170
 status_all=0
@@ -57,5 +59,5 @@ nvidia-smi --query-gpu=name,uuid,driver_version --format=csv >>"$OUT_DIR/conserv
 tar -czf "$OUT_DIR/bundles.tar.gz" -C "$ROOT" --exclude=_acquisition --exclude=writer.lock \
   --exclude=.meta.lock . 2>/dev/null
 log "summary (exit $status_all):"
-grep -E "^==|tokens|outside the scopes|no traced" "$OUT_DIR/conservation.log" | tail -n 40
+grep -E "^==|^   tokens|outside the scopes|no traced|exit [0-9]|no bundle" "$OUT_DIR/conservation.log" | tail -n 40
 exit "$status_all"
