@@ -39,6 +39,8 @@ PHASES: dict[str, str] = {
     "build.engine_start": "the component engine's start (live)",
     "build.ownership_traces": "launch-ownership traces of native forwards (live)",
     "build.observations": "build-time zero-activity and native-apply traces (modular)",
+    "build.conservation_traces": "traced forwards of the whole path for conservation.csv "
+    "(modular, torch-reference)",
     "banks": "memory guard and weight-bank clones",
     "stimulus": "routing stimuli and device inputs of a point's weight sets",
     "reference_check": "every weight set (or local component) against its eager reference",

@@ -11,25 +11,41 @@ weighting and accumulation into the caller's buffer) on gathered rows; ``finaliz
 rank's slice of the combined expert output copied into the layer output) on local rows, for
 DP+EP targets. Synthetic weights; equal outputs between banks are exact because every bank is
 a clone of the same values and the per-expert accumulation has unique rows per call.
+
+On CUDA the build traces the layer's whole forward at a few row counts (``traced_forward``):
+the components in one window in the order the layer runs them, each in its own scope, every
+activity attributed by launch correlation; the sums against the window's whole CUDA activity
+are the bundle's ``conservation.csv``. DP+EP ranks get their gathered rows and routing made
+before the window (the all-gather is a collective, not a component).
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from acquisition.adapters.base import Admission, GateRoutingForward, RuntimeInfo
 from acquisition.adapters.shared_experts import with_shared_expert_statement
+from acquisition.options.measurable import declared_reasons
 from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget, linear_expert_map
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from acquisition.catalog import MoeModel
+    from acquisition.protocol.attribution import ProfiledWindow
     from acquisition.protocol.stimulus import RoutingStimulus
+
+    Tracer = Callable[[Callable[[Any], None]], ProfiledWindow]
 
 __all__ = ["TorchReferenceBackend", "TorchReferenceSession"]
 
 _SEED = 20260101
+# Local rows traced for conservation when the runtime carries no serving limits.
+_PROBE_ROWS = 32
 
 
 def reference_components(target: MoeTarget) -> tuple[str, ...]:
@@ -51,25 +67,11 @@ class TorchReferenceBackend:
     name: ClassVar[str] = "torch-reference"
     native: ClassVar[bool] = False
 
+    def __init__(self, trace: Tracer | None = None) -> None:
+        self._trace = trace
+
     def admit(self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo) -> Admission:
-        reasons: list[str] = []
-        if model.activation != "silu":
-            reasons.append(
-                f"activation {model.activation!r}: the reference MLP implements SiLU-and-mul only"
-            )
-        if model.scoring != "softmax":
-            reasons.append(
-                f"router scoring {model.scoring!r}: the reference routes by softmax only"
-            )
-        if model.expert_bias:
-            reasons.append("biased experts: the reference MLP has no expert biases (R28)")
-        if model.router_bias:
-            reasons.append("router bias: the reference gate is a plain linear layer")
-        if model.quantization:
-            reasons.append(
-                f"quantized checkpoint ({model.quantization}): the reference runs unquantized "
-                "experts and never stands in for a quantized kernel"
-            )
+        reasons = declared_reasons(self.name, model, target)
         if runtime.device == "cuda" and not runtime.accelerator_available:
             reasons.append("--device cuda: torch sees no CUDA device on this host")
         if reasons:
@@ -82,7 +84,7 @@ class TorchReferenceBackend:
     def build(
         self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo, dtype: str
     ) -> TorchReferenceSession:
-        return TorchReferenceSession(model, target, runtime, dtype)
+        return TorchReferenceSession(model, target, runtime, dtype, trace=self._trace)
 
 
 @dataclass(slots=True)
@@ -122,7 +124,13 @@ class TorchReferenceSession:
     """Weights, banks and component callables of the reference layer for one target."""
 
     def __init__(
-        self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo, dtype: str
+        self,
+        model: MoeModel,
+        target: MoeTarget,
+        runtime: RuntimeInfo,
+        dtype: str,
+        *,
+        trace: Tracer | None = None,
     ) -> None:
         import torch
 
@@ -153,6 +161,59 @@ class TorchReferenceSession:
             (self.local_experts, self.hidden, self.width), seed=3, scale=self.width**-0.5
         )
         self.banks: list[tuple[Any, Any]] = []
+        self.ownership: list[dict[str, Any]] = []
+        self.build_phases: dict[str, float] = {}
+        if trace is None and self.device.type == "cuda":
+            from acquisition.adapters.vllm_ownership import trace
+        if trace is not None:
+            started = time.perf_counter()
+            budget = runtime.limits.max_num_batched_tokens if runtime.limits else _PROBE_ROWS
+            self.ownership = [
+                self.traced_forward(rows, trace) for rows in sorted({1, min(256, budget), budget})
+            ]
+            self.build_phases["build.conservation_traces"] = time.perf_counter() - started
+
+    def traced_forward(self, rows: int, trace: Tracer) -> dict[str, Any]:
+        """One traced forward of the layer at ``rows`` local rows per DP rank."""
+        from acquisition.adapters.vllm_ownership import nested_ownership
+
+        torch = self._torch
+        domain = self.target.token_domains((rows,) * self.target.dp)
+        local = self.random((domain.local_rows, self.hidden), seed=domain.local_rows + 23)
+        dp_ep = "finalize_copy" in self.components
+        gathered: _PreparedExperts | None = None
+        finalize: _FinalizeCopy | None = None
+        if dp_ep:
+            hidden = self.random((domain.expert_rows, self.hidden), seed=domain.expert_rows)
+            weights, ids = self.gate_routing(hidden)
+            gathered = _PreparedExperts(hidden, ids, weights, torch.empty_like(hidden))
+            finalize = _FinalizeCopy(self, domain.local_rows)
+
+        def forward(capture: Any) -> None:
+            with capture.region("gate_routing"):
+                weights, ids = self.gate_routing(local)
+            experts = gathered or _PreparedExperts(local, ids, weights, torch.empty_like(local))
+            with capture.region(EXPERTS):
+                self.experts(experts, self.w13, self.w2, experts.output)
+            if finalize is not None:
+                with capture.region("finalize_copy"):
+                    finalize.run()
+
+        owned = nested_ownership(trace(forward))
+        result: dict[str, Any] = {
+            "tokens": domain.local_rows,
+            "expert_rows": domain.expert_rows,
+            "forward": "reference layer" + (" (collectives excluded)" if dp_ep else ""),
+            "native_forward_total_us": owned.total_ns / 1000.0,
+            "outside_scopes_us": owned.outside_ns / 1000.0,
+            "activities": {
+                **{k: dict(Counter(v)) for k, v in sorted(owned.per_scope_names.items())},
+                "outside": dict(Counter(owned.outside_names)),
+            },
+        }
+        for component in self.components:
+            result[f"{component}_us"] = owned.per_scope_ns.get(component, 0) / 1000.0
+        return result
 
     def random(self, shape: tuple[int, ...], *, seed: int, scale: float = 1.0) -> Any:
         torch = self._torch
@@ -187,6 +248,8 @@ class TorchReferenceSession:
             },
             "gate_weight_bytes": self.gate_weight.numel() * self.gate_weight.element_size(),
             "excluded": ["collectives", "cpu_time", "launch_gaps", "shared_experts"],
+            # The layer's whole forward traced at a few row counts: conservation.csv.
+            "launch_ownership": self.ownership,
             "attribution": (
                 "launch_correlation: CUDA kernels, copies and sets attributed by the "
                 "correlation id of their host launch inside each component's range"

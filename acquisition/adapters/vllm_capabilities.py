@@ -345,21 +345,8 @@ def deferral_reasons(objects: Mapping[str, Any]) -> tuple[list[str], list[dict[s
 
 
 def model_reasons(model: Any, *, quantized_allowed: bool) -> list[str]:
-    """Checkpoint properties that no vLLM adapter here can measure faithfully (R28).
+    """Checkpoint properties that no vLLM adapter here can measure faithfully (R28); the rule
+    lives with the other declared rules in ``acquisition.options.measurable``."""
+    from acquisition.options.measurable import checkpoint_reasons
 
-    ``model`` is an ``acquisition.catalog.MoeModel``.
-    """
-    reasons: list[str] = []
-    if model.expert_bias:
-        reasons.append("biased experts: expert MLP biases are not admitted (R28)")
-    if model.scoring not in ("softmax", "sigmoid"):
-        reasons.append(
-            f"router scoring {model.scoring!r}: only plain softmax or sigmoid top-k routing "
-            "is replayed"
-        )
-    if model.quantization and not quantized_allowed:
-        reasons.append(
-            f"quantized checkpoint ({model.quantization}): this adapter measures unquantized "
-            "native modular experts only and never stands in for a quantized kernel"
-        )
-    return reasons
+    return checkpoint_reasons(model, quantized_allowed=quantized_allowed)

@@ -153,6 +153,9 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "native_kernel_apply_comparison": session.observations.get(
             "native_kernel_apply_comparison"
         ),
+        # Traced forwards of the whole path, scopes per component (vllm_modular_forward):
+        # the bundle's conservation.csv.
+        "launch_ownership": session.ownership,
         "capabilities": {
             "deferred_finalization": session.deferral_readings,
             "admission": "live API probes (imports, signatures, classes); no version checks",

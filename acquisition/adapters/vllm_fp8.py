@@ -62,47 +62,16 @@ FP8_SYMBOLS: dict[str, str] = {
     ),
 }
 
-# vLLM's block keys are 128 x 128 weight blocks with 1 x 128 activation groups.
-_ORACLE_BLOCK = (128, 128)
 # float8_e4m3fn's largest finite value: a block's scale maps its absolute maximum onto it.
 _E4M3_MAX = 448.0
 
 
 def fp8_model_reasons(model: MoeModel) -> list[str]:
-    """Why a quantized checkpoint is not block FP8 as this adapter emulates it (empty: it is)."""
-    if model.quantization is None:
-        return []
-    if model.quantization != "fp8":
-        return [
-            f"quantized checkpoint ({model.quantization}): vllm-modular emulates block-wise FP8 "
-            "experts only and never stands in for another quantized kernel"
-        ]
-    reasons = []
-    if model.weight_block_size is None:
-        reasons.append(
-            "per-tensor FP8 (no weight_block_size): only block-wise FP8 experts are emulated"
-        )
-    elif model.weight_block_size != _ORACLE_BLOCK:
-        reasons.append(
-            f"FP8 weight blocks {list(model.weight_block_size)}: vLLM's block FP8 keys are "
-            f"{list(_ORACLE_BLOCK)}"
-        )
-    if model.activation_scheme not in (None, "dynamic"):
-        reasons.append(
-            f"activation_scheme {model.activation_scheme!r}: block FP8 quantizes activations "
-            "dynamically"
-        )
-    if model.quant_format not in (None, "e4m3"):
-        reasons.append(f"FP8 format {model.quant_format!r}: only e4m3 weights are emulated")
-    width = model.expert_intermediate_size
-    if model.weight_block_size is not None and (
-        width % model.weight_block_size[0] or model.hidden_size % model.weight_block_size[1]
-    ):
-        reasons.append(
-            f"expert width {width} or hidden size {model.hidden_size} is not a multiple of the "
-            f"weight block {list(model.weight_block_size)}"
-        )
-    return reasons
+    """Why a quantized checkpoint is not block FP8 as this adapter emulates it (empty: it is);
+    the rule lives with the other declared rules in ``acquisition.options.measurable``."""
+    from acquisition.options.measurable import block_fp8_reasons
+
+    return block_fp8_reasons(model)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ from acquisition.adapters.vllm_capabilities import (
     CapabilityError,
     Resolver,
     import_resolver,
-    model_reasons,
     probe_surface,
 )
 from acquisition.adapters.vllm_live import VllmLiveSession
@@ -23,6 +22,7 @@ from acquisition.adapters.vllm_live_config import (
     smallest_moe_prefix,
 )
 from acquisition.adapters.vllm_live_scopes import WRAPPER
+from acquisition.options.measurable import declared_reasons
 from moetables.bundle import EXPERTS
 
 if TYPE_CHECKING:
@@ -61,15 +61,10 @@ class VllmLiveBackend:
         return ("gate_routing", EXPERTS)
 
     def admit(self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo) -> Admission:
-        reasons: list[str] = []
-        if (target.tp, target.dp, target.ep) != (1, 1, 1) or target.sequence_parallel:
-            reasons.append(
-                f"target TP{target.tp}/DP{target.dp}/EP{target.ep}: the live path measures the "
-                "engine's layer at TP1/DP1/EP1 only (R25)"
-            )
+        # The target (TP1/DP1/EP1, R25) and the checkpoint: the rules the registry also asks.
+        reasons = declared_reasons(self.name, model, target)
         if runtime.device != "cuda" or not runtime.accelerator_available:
             reasons.append("needs a CUDA device: the component engine is a vLLM GPU engine")
-        reasons += model_reasons(model, quantized_allowed=True)
         if effective_limits(runtime, self._limits) is None:
             reasons.append(
                 "engine limits (max batched tokens, max sequences) were not supplied to the "

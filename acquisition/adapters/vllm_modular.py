@@ -67,11 +67,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from acquisition.catalog import MoeModel
+    from acquisition.protocol.attribution import ProfiledWindow
     from acquisition.protocol.stimulus import RoutingStimulus
 from acquisition.adapters.vllm_banks import ScaledExpertBanks
 from acquisition.adapters.vllm_descriptions import describe_modular
 from acquisition.adapters.vllm_fp8 import DISPATCH_QUANT, fp8_quant_config, fp8_weights
 from acquisition.adapters.vllm_modular_checks import ModularObservations
+from acquisition.adapters.vllm_modular_forward import trace_tokens, traced_forward
 from acquisition.adapters.vllm_modular_native import (
     NAIVE_DP_EP,
     NO_DP_EP,
@@ -84,6 +86,8 @@ from acquisition.adapters.vllm_modular_native import (
 __all__ = ["NAIVE_DP_EP", "NO_DP_EP", "VllmModularSession"]
 
 _SEED = 20261129
+# Local rows traced for conservation when the runtime carries no serving limits.
+_PROBE_ROWS = 32
 
 
 @dataclass(slots=True)
@@ -162,6 +166,7 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         surface: ApiSurface,
         *,
         activities: Callable[[Callable[[], Any]], list[str]] | None = None,
+        trace: Callable[[Callable[[Any], None]], ProfiledWindow] | None = None,
     ) -> None:
         import torch
 
@@ -194,6 +199,12 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
 
             activities = launched_activity_names
         self._activities = activities
+        if trace is None and runtime.device == "cuda":
+            from acquisition.adapters.vllm_ownership import trace
+        # None only for a CPU session without a tracer (tests): no traced forward, and the
+        # bundle says its conservation evidence is absent.
+        self._trace = trace
+        self.ownership: list[dict[str, Any]] = []
         try:
             self._build(surface, runtime)
         except BaseException:
@@ -277,6 +288,12 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         self._observe(runtime)
         # Seconds of the build's own traces, for the acquisition's phase table (issue 19).
         self.build_phases = {"build.observations": time.perf_counter() - started}
+        if self._trace is not None:
+            started = time.perf_counter()
+            budget = runtime.limits.max_num_batched_tokens if runtime.limits else _PROBE_ROWS
+            for rows in trace_tokens(budget):
+                self.ownership.append(traced_forward(self, rows, self._trace))
+            self.build_phases["build.conservation_traces"] = time.perf_counter() - started
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -12,10 +12,9 @@ from acquisition.adapters.vllm_capabilities import (
     CapabilityError,
     Resolver,
     import_resolver,
-    model_reasons,
     probe_surface,
 )
-from acquisition.adapters.vllm_fp8 import FP8_SYMBOLS, fp8_model_reasons
+from acquisition.adapters.vllm_fp8 import FP8_SYMBOLS
 from acquisition.adapters.vllm_modular import VllmModularSession, modular_components
 from acquisition.adapters.vllm_modular_native import (
     class_reasons,
@@ -23,12 +22,14 @@ from acquisition.adapters.vllm_modular_native import (
     torch_dtype,
     vllm_context,
 )
+from acquisition.options.measurable import declared_reasons
 from moetables.geometry import MoeTarget
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from acquisition.catalog import MoeModel
+    from acquisition.protocol.attribution import ProfiledWindow
 
 __all__ = ["VllmModularBackend"]
 
@@ -43,9 +44,11 @@ class VllmModularBackend:
         self,
         resolve: Resolver = import_resolver,
         activities: Callable[[Callable[[], Any]], list[str]] | None = None,
+        trace: Callable[[Callable[[Any], None]], ProfiledWindow] | None = None,
     ) -> None:
         self._resolve = resolve
         self._activities = activities
+        self._trace = trace
 
     def components(self, model: MoeModel, target: MoeTarget) -> tuple[str, ...]:
         """DP+EP adds the local finalize copy (and, with FP8 activations, the local dispatch
@@ -66,11 +69,7 @@ class VllmModularBackend:
                 f"(--device {runtime.device}, accelerator available: "
                 f"{runtime.accelerator_available})"
             )
-        # Shared experts alone are no reason to decline: the modular components are the
-        # routed path's (R21-R23), and the contract says the shared expert is not in them
-        # (acquisition/adapters/shared_experts.py).
-        reasons += model_reasons(model, quantized_allowed=True)
-        reasons += fp8_model_reasons(model)
+        reasons += declared_reasons(self.name, model, target)
         try:
             self._resolve("vllm")
             surface = self.surface(model)
@@ -102,5 +101,11 @@ class VllmModularBackend:
         self, model: MoeModel, target: MoeTarget, runtime: RuntimeInfo, dtype: str
     ) -> VllmModularSession:
         return VllmModularSession(
-            model, target, runtime, dtype, self.surface(model), activities=self._activities
+            model,
+            target,
+            runtime,
+            dtype,
+            self.surface(model),
+            activities=self._activities,
+            trace=self._trace,
         )

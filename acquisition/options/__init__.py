@@ -17,6 +17,7 @@ registry validates a job exactly as the CLI would, and the registry imports no o
 from __future__ import annotations
 
 from acquisition.options.jobs import job_argv, markdown_table, validate_job
+from acquisition.options.measurable import backend_target_problem, cell_problem, declared_reasons
 from acquisition.options.parser import add_arguments, from_namespace
 from acquisition.options.resolve import (
     command_line,
@@ -46,8 +47,11 @@ __all__ = [
     "OptionError",
     "OptionErrors",
     "add_arguments",
+    "backend_target_problem",
+    "cell_problem",
     "coerce",
     "command_line",
+    "declared_reasons",
     "default_components",
     "from_namespace",
     "job_argv",

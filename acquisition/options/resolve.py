@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from acquisition.catalog import CatalogError, resolve_model, variant_for_dtype
 from acquisition.deployments import DegreeError, select_deployments, select_ranks, targets_for
+from acquisition.options.measurable import backend_target_problem
 from acquisition.options.schema import NON_FIELD, AcquisitionOptions, OptionError
 from acquisition.plan import (
     CaptureSizes,
@@ -106,6 +107,15 @@ def prepare(
             raise OptionError(
                 "only_target", f"{options.only_target!r} is not one of the command's targets"
             )
+    if options.backend != "auto":
+        # A named backend that cannot measure a selected target would fail at admission on
+        # the GPU host; say so now, as a job's validation and the coverage requests do.
+        for target in targets:
+            problem = backend_target_problem(options.backend, model, target)
+            if problem is not None:
+                raise OptionError(
+                    "backend", f"{options.backend} cannot measure {target_key(target)}: {problem}"
+                )
     try:
         plans = [plan_target(request, target, default_components(target)) for target in targets]
     except ValueError as exc:

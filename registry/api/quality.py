@@ -151,6 +151,11 @@ class CoverageCellSerializer(serializers.Serializer[Any]):
     measured_at = serializers.DateTimeField(allow_null=True)
     quality = QualitySerializer(allow_null=True)
     request = serializers.DictField(allow_null=True, help_text="the open request for a gap")
+    not_measurable = serializers.CharField(
+        allow_null=True,
+        help_text="a gap its backend cannot measure: 'not measurable by <backend>: <reason>' "
+        "(no request is accepted); null for a requestable gap or a table",
+    )
 
 
 class CoverageRowSerializer(serializers.Serializer[Any]):
@@ -248,8 +253,10 @@ class CoverageRequestsView(APIView):
         summary="Request a gap of the coverage matrix",
         description="Queues an acquisition job at once when a worker of the hardware's queue is "
         "online, else records an open request; a second ask for the same cell joins the open "
-        "request (200). 400 when the cell already has a table or the acquisition would refuse "
-        "it, 503 when the broker does not answer.",
+        "request (200). 400 when the cell already has a table, when its backend cannot measure "
+        'it (`{"error": "not_measurable", "message": "not measurable by <backend>: <reason>"}`, '
+        "the matrix cell's `not_measurable`) or the acquisition would refuse it, 503 when the "
+        "broker does not answer.",
         request=CoverageRequestBodySerializer,
         responses={
             201: CoverageRequestSerializer,
@@ -260,7 +267,7 @@ class CoverageRequestsView(APIView):
     def post(self, request: Request) -> Response:
         from registry.jobs import BrokerUnavailable, JobParameterError
         from registry.permissions import NotAllowed
-        from registry.services.requests import request_cell
+        from registry.services.requests import NotMeasurable, request_cell
 
         body = CoverageRequestBodySerializer(data=request.data)
         if not body.is_valid():
@@ -271,6 +278,10 @@ class CoverageRequestsView(APIView):
             return Response(exc.errors, status=400)
         except NotAllowed as exc:
             return Response({"error": "forbidden", "message": str(exc)}, status=403)
+        except NotMeasurable as exc:
+            return Response(
+                {"error": "not_measurable", "message": str(exc), "problems": [str(exc)]}, status=400
+            )
         except ValueError as exc:
             return Response({"problems": [str(exc)]}, status=400)
         except BrokerUnavailable as exc:

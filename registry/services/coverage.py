@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from registry.bundles.models import DeploymentTable
 from registry.services.quality import table_quality
+from registry.services.requests import not_measurable, open_request_index
 
 __all__ = ["Deployment", "coverage_matrix", "deployment_label"]
 
@@ -29,8 +30,6 @@ def coverage_matrix(
 ) -> dict[str, Any]:
     """The matrix as plain data (the page and ``GET /api/v1/coverage/`` show the same)."""
     if open_requests is None:
-        from registry.services.requests import open_request_index
-
         open_requests = open_request_index()
     tables = (
         DeploymentTable.objects.select_related("bundle")
@@ -85,6 +84,7 @@ def coverage_matrix(
                         "measured_at": None,
                         "quality": None,
                         "request": open_requests.get((*key, *d)),
+                        "not_measurable": not_measurable(key[3], key[1], d),
                     }
                 )
                 continue
@@ -103,6 +103,7 @@ def coverage_matrix(
                     "measured_at": b.measured_at or b.published_at,
                     "quality": table_quality(found),
                     "request": None,
+                    "not_measurable": None,
                 }
             )
         rows.append(

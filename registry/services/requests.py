@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from acquisition.options import cell_problem
 from registry.bundles.models import DeploymentTable
 from registry.coverage_models import CoverageRequest, WorkerPresence
 
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRESENCE_INTERVAL_S",
+    "NotMeasurable",
     "close_filled_requests",
+    "not_measurable",
     "open_request_index",
     "queue_online",
     "record_presence",
@@ -38,7 +41,10 @@ log = logging.getLogger(__name__)
 PRESENCE_INTERVAL_S = 20.0
 # Seen within three heartbeats: online.
 _ONLINE_S = 3 * PRESENCE_INTERVAL_S
-_BACKEND_VALUES = {"vllm-modular", "vllm-live", "torch-reference"}
+
+
+class NotMeasurable(ValueError):
+    """The cell's backend cannot measure it (the message says why); no request is recorded."""
 
 
 def record_presence(node: str, queues: list[str]) -> None:
@@ -91,6 +97,18 @@ def waiting_for_worker(job: AcquisitionJob) -> str | None:
     return None
 
 
+def not_measurable(backend: str, model: str, d: tuple[int, int, int, int, bool]) -> str | None:
+    """For a gap: "not measurable by <backend>: <reason>", or None when a job can fill it.
+
+    The acquisition's own declared rules decide (``acquisition.options.cell_problem``, the
+    same the adapters' admission applies), so a gap no job of that backend could fill (the
+    live path beyond TP1/DP1/EP1, R25) is never offered as a request.
+    """
+    tp, dp, _ep, rank, sp = d
+    problem = cell_problem(backend, model, tp=tp, dp=dp, rank=rank, sequence_parallel=sp)
+    return None if problem is None else f"not measurable by {backend}: {problem}"
+
+
 def _variant_dtype(variant: str) -> str:
     return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(variant, "auto")
 
@@ -102,9 +120,9 @@ def _job_parameters(cell: dict[str, Any]) -> dict[str, Any]:
         "tp": [cell["tp"]],
         "dp": [cell["dp"]],
         "dtype": _variant_dtype(cell["variant"]),
+        # A measurable cell's backend is always one the acquisition runs (not_measurable).
+        "backend": cell["backend"],
     }
-    if cell["backend"] in _BACKEND_VALUES:
-        params["backend"] = cell["backend"]
     return params
 
 
@@ -114,7 +132,8 @@ def request_cell(user: Any, cell: dict[str, Any]) -> tuple[CoverageRequest, bool
     Returns the request and whether this call created it (False: joined an open one).
 
     ``cell`` has hardware, model, variant, backend, tp, dp, rank, sequence_parallel. Raises
-    ValueError for a cell that already has a table, NotAllowed for a user who may not queue
+    ValueError for a cell that already has a table, NotMeasurable (a ValueError) for one its
+    backend cannot measure (the matrix shows no Request button there), NotAllowed for a user who may not queue
     jobs (registry.permissions.can_queue_job), and the job service's errors when the
     acquisition would refuse the parameters.
     """
@@ -141,6 +160,10 @@ def request_cell(user: Any, cell: dict[str, Any]) -> tuple[CoverageRequest, bool
     ).exists()
     if filled:
         raise ValueError("this cell already has a published table")
+    deployment = (cell["tp"], cell["dp"], cell["ep"], cell["rank"], cell["sequence_parallel"])
+    problem = not_measurable(cell["backend"], cell["model"], deployment)
+    if problem is not None:
+        raise NotMeasurable(problem)
     params = _job_parameters(cell)
     clean = validate_parameters(params)
     with transaction.atomic():

@@ -149,3 +149,30 @@ def test_it_validates_a_job_without_torch_vllm_or_adapters() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=60)
+
+
+def test_it_knows_what_each_named_backend_can_measure() -> None:
+    """One set of declared rules for the adapters' admission and the registry's requests:
+    the live path measures TP1/DP1/EP1 only (R25); the modular path and the reference any
+    full-EP rank of an unquantized checkpoint without shared experts."""
+    from acquisition.options.measurable import _RULES, MEASURING_BACKENDS, cell_problem
+
+    assert sorted(_RULES) == sorted(MEASURING_BACKENDS)
+    cell = {"tp": 1, "dp": 2, "rank": 1, "sequence_parallel": False}
+    assert "TP1/DP1/EP1 only (R25)" in (cell_problem("vllm-live", QWEN, **cell) or "")
+    assert cell_problem("vllm-live", QWEN, tp=1, dp=1, rank=0, sequence_parallel=False) is None
+    assert cell_problem("vllm-modular", QWEN, **cell) is None
+    assert cell_problem("torch-reference", QWEN, **cell) is None
+    assert "not a backend" in (cell_problem("TRITON", QWEN, **cell) or "")
+    assert "not in the acquisition catalog" in (cell_problem("vllm-modular", "x/y", **cell) or "")
+    assert "rank" in (cell_problem("vllm-modular", QWEN, **{**cell, "rank": 2}) or "")
+
+
+def test_it_refuses_a_named_backend_for_a_target_it_cannot_measure() -> None:
+    """A job for the live path at DP2 fails validation (field backend), not admission on a
+    GPU host after it was queued."""
+    with pytest.raises(OptionErrors) as caught:
+        validate_job({"model": QWEN, "hardware": "H200", "dp": [2], "backend": "vllm-live"})
+    assert list(caught.value.errors) == ["backend"]
+    assert "vllm-live cannot measure tp1/dp2_ep2_rank0_sp0" in caught.value.errors["backend"][0]
+    validate_job({"model": QWEN, "hardware": "H200", "dp": [2], "backend": "vllm-modular"})

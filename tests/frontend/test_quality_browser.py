@@ -3,7 +3,7 @@
 Every shipped H200 table page draws its stability figures with data (the B/2B controls from the
 bundle's stability.csv); the live table draws its conservation bars, and the modular and
 torch-reference tables, which trace no native forward, say why instead. Then a signed-in user
-requests a gap of the coverage matrix.
+requests a gap of the coverage matrix; the gaps their backend cannot measure offer no request.
 Set DASHBOARD_SCREENSHOTS=docs/screenshots to (re)write the committed screenshots.
 """
 
@@ -89,27 +89,43 @@ def test_it_shows_the_coverage_matrix_and_records_a_request(
     live_server: Any,
     h200: list[Any],
 ) -> None:
+    """A requestable gap (the torch reference lacks the DP4 ranks the modular DP4 bundle
+    covers) can be requested; the live row's DP2/DP4 gaps say why they cannot (R25)."""
     from django.contrib.auth import get_user_model
 
+    from registry.bundles.services import publish_bundle
     from registry.models import CoverageRequest
 
+    publish_bundle(REPO / "bundles" / "H200-vllm-modular-dp4-f4" / QWEN / "bf16")
     get_user_model().objects.create_user("alice", password="pw-alice")
     page.goto(live_server.url + "/coverage/")
-    assert page.inner_text("#coverage-gaps") == "2 gaps"
-    assert page.locator("#coverage-matrix a[href^='/tables/']").count() == 7
+    assert page.inner_text("#coverage-gaps") == "10 gaps"
+    assert page.locator("#coverage-matrix a[href^='/tables/']").count() == 11
     assert page.locator(".request-cell").count() == 0  # signed out: nothing to press
     page.goto(live_server.url + "/accounts/login/?next=/coverage/")
     page.fill("#id_username", "alice")
     page.fill("#id_password", "pw-alice")
     page.click("button[type=submit]")
     page.wait_for_url("**/coverage/")
-    page.locator(".request-cell").first.click()
+    # Signed in: a button on each of the four torch-reference DP4 gaps, none on the live gaps.
+    assert page.locator(".request-cell").count() == 4
+    live_dp2 = page.locator("td[data-gap='vllm-live tp1 dp2_ep2_rank0_sp0']")
+    assert live_dp2.locator(".request-cell").count() == 0
+    assert (
+        live_dp2.locator(".not-measurable")
+        .inner_text()
+        .startswith("not measurable by vllm-live: target TP1/DP2/EP2")
+    )
+    assert page.locator(".not-measurable").count() == 6
+    reference = page.locator("td[data-gap='torch-reference tp1 dp4_ep4_rank0_sp0']")
+    reference.locator(".request-cell").click()
     page.wait_for_selector("#coverage-message")
     assert "no worker for H200 is online" in page.inner_text("#coverage-message")
     assert page.locator("#coverage-requests tbody tr").count() == 1
     assert "open" in page.inner_text("#coverage-requests")
     request = CoverageRequest.objects.get()
     assert request.state == "open" and request.requested_by.username == "alice"
+    assert (request.backend, request.dp, request.rank) == ("torch-reference", 4, 0)
     _shot(page, "coverage")
 
 

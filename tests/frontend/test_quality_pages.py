@@ -113,6 +113,33 @@ def test_the_coverage_page_lists_tables_and_gaps(
     assert "Request this" not in html  # signed out
 
 
+def test_the_web_form_refuses_a_cell_its_backend_cannot_measure(
+    client: Client, h200_bundle: Any
+) -> None:
+    """A forged form for a live DP2 cell (the page shows no button there, R25) records nothing
+    and says why."""
+    from django.contrib.auth import get_user_model
+
+    from registry.models import CoverageRequest
+
+    get_user_model().objects.create_user("ann", password="x")
+    client.login(username="ann", password="x")
+    cell = {
+        "hardware": "H200",
+        "model": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+        "variant": "bf16",
+        "backend": "vllm-live",
+        "tp": "1",
+        "dp": "2",
+        "rank": "0",
+        "sequence_parallel": "0",
+    }
+    html = client.post("/coverage/request", cell, follow=True).content.decode()
+    assert "cannot request this cell: not measurable by vllm-live" in html
+    assert "TP1/DP1/EP1 only (R25)" in html
+    assert not CoverageRequest.objects.exists()
+
+
 def test_an_exploratory_bundle_is_labelled(client: Client, current_bundle: Any) -> None:
     type(current_bundle).objects.filter(pk=current_bundle.pk).update(exploratory=True)
     html = client.get(f"/bundles/{current_bundle.pk}/").content.decode()

@@ -122,7 +122,27 @@ def _user(name: str) -> Any:
     return get_user_model().objects.create_user(name, password="x")
 
 
-def _live_gap(h200: dict[str, Any]) -> dict[str, Any]:
+DP4 = REPO / "bundles" / "H200-vllm-modular-dp4-f4" / QWEN / "bf16"
+
+
+@pytest.fixture
+def gap(h200: dict[str, Any]) -> dict[str, Any]:
+    """A gap its backend can measure: with the modular DP4 tables published, the torch
+    reference row lacks DP4 (the live row's DP2 and DP4 gaps are not measurable, R25)."""
+    publish_bundle(DP4)
+    return {
+        "hardware": "H200",
+        "model": QWEN,
+        "variant": "bf16",
+        "backend": "torch-reference",
+        "tp": 1,
+        "dp": 4,
+        "rank": 0,
+        "sequence_parallel": False,
+    }
+
+
+def _live_dp2(h200: dict[str, Any]) -> dict[str, Any]:
     table = h200["H200-vllm-live"].tables.get()
     return {
         "hardware": "H200",
@@ -137,10 +157,10 @@ def _live_gap(h200: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_request_without_a_worker_stays_open_and_is_deduplicated(
-    api: APIClient, h200: dict[str, Any]
+    api: APIClient, gap: dict[str, Any]
 ) -> None:
-    first, created = request_cell(_user("ann"), _live_gap(h200))
-    again, joined = request_cell(_user("bob"), _live_gap(h200))
+    first, created = request_cell(_user("ann"), gap)
+    again, joined = request_cell(_user("bob"), gap)
     assert (
         created
         and not joined
@@ -153,16 +173,17 @@ def test_a_request_without_a_worker_stays_open_and_is_deduplicated(
     gaps = [c for r in body["rows"] for c in r["cells"] if c["request"]]
     assert len(gaps) == 1 and gaps[0]["request"]["requesters"] == 2
     with pytest.raises(ValueError, match="already has a published table"):
-        request_cell(_user("cy"), {**_live_gap(h200), "dp": 1})
+        request_cell(_user("cy"), {**gap, "dp": 1})
 
 
 def test_a_request_queues_a_job_when_a_worker_is_online(
-    h200: dict[str, Any], redis_broker: Any
+    gap: dict[str, Any], redis_broker: Any
 ) -> None:
     WorkerPresence.objects.create(node="gpu@h200", queues=["gpu.H200"], last_seen=timezone.now())
-    made, _ = request_cell(_user("ann"), _live_gap(h200))
+    made, _ = request_cell(_user("ann"), gap)
     assert made.state == "queued" and made.job is not None
-    assert made.job.queue == "gpu.H200" and made.job.parameters["dp"] == [2]
+    assert made.job.queue == "gpu.H200" and made.job.parameters["dp"] == [4]
+    assert made.job.parameters["backend"] == "torch-reference"
 
 
 def test_publishing_the_cell_closes_its_request(h200: dict[str, Any], make_bundle: Any) -> None:
@@ -216,9 +237,9 @@ def test_name_lookups_skip_exploratory_bundles_unless_asked(
 
 
 def test_the_api_records_a_request_with_a_token(
-    api: APIClient, uploader: APIClient, h200: dict[str, Any]
+    api: APIClient, uploader: APIClient, gap: dict[str, Any]
 ) -> None:
-    body = {**_live_gap(h200), "sequence_parallel": False}
+    body = {**gap, "sequence_parallel": False}
     assert api.post("/api/v1/coverage/requests", body, format="json").status_code == 401
     first = uploader.post("/api/v1/coverage/requests", body, format="json")
     assert first.status_code == 201 and first.json()["state"] == "open"
@@ -230,7 +251,7 @@ def test_the_api_records_a_request_with_a_token(
         and "already has a published table" in filled.json()["problems"][0]
     )
     listed = api.get("/api/v1/coverage/requests").json()
-    assert [r["deployment"] for r in listed] == ["tp1 dp2_ep2_rank0_sp0"]
+    assert [r["deployment"] for r in listed] == ["tp1 dp4_ep4_rank0_sp0"]
 
 
 def test_publication_refuses_evidence_that_does_not_match(db: None, tmp_path: Path) -> None:
@@ -260,7 +281,7 @@ def test_a_queue_is_online_only_while_its_workers_stamp_it(db: None) -> None:
     assert not queue_online("gpu.H200")
 
 
-def test_a_user_who_may_not_queue_jobs_may_not_request(h200: dict[str, Any]) -> None:
+def test_a_user_who_may_not_queue_jobs_may_not_request(gap: dict[str, Any]) -> None:
     """registry.permissions.can_queue_job decides, as for a job (an inactive account may not)."""
     from registry.permissions import NotAllowed
 
@@ -268,5 +289,50 @@ def test_a_user_who_may_not_queue_jobs_may_not_request(h200: dict[str, Any]) -> 
     user.is_active = False
     user.save()
     with pytest.raises(NotAllowed):
-        request_cell(user, _live_gap(h200))
+        request_cell(user, gap)
     assert not CoverageRequest.objects.exists()
+
+
+def test_the_matrix_says_which_gaps_their_backend_cannot_measure(
+    api: APIClient, gap: dict[str, Any]
+) -> None:
+    """R25: the live path measures TP1/DP1/EP1 only, so its DP2 and DP4 gaps are not
+    requestable and say why; the torch reference's DP4 gaps are."""
+    body = api.get("/api/v1/coverage/").json()
+    rows = {r["backend"]: r for r in body["rows"]}
+    live_gaps = [c for c in rows["vllm-live"]["cells"] if c["table"] is None]
+    assert [c["dp"] for c in live_gaps] == [2, 2, 4, 4, 4, 4]
+    for c in live_gaps:
+        assert c["not_measurable"].startswith("not measurable by vllm-live: target TP1/DP")
+        assert "TP1/DP1/EP1 only (R25)" in c["not_measurable"]
+    reference_gaps = [c for c in rows["torch-reference"]["cells"] if c["table"] is None]
+    assert [c["dp"] for c in reference_gaps] == [4, 4, 4, 4]
+    assert all(c["not_measurable"] is None for c in reference_gaps)
+    assert all(c["not_measurable"] is None for r in body["rows"] for c in r["cells"] if c["table"])
+
+
+def test_a_request_for_a_cell_its_backend_cannot_measure_is_refused(
+    api: APIClient, uploader: APIClient, h200: dict[str, Any], redis_broker: Any
+) -> None:
+    """Neither the service nor the API records (or queues) a request no job could fill."""
+    from registry.services.requests import NotMeasurable
+
+    WorkerPresence.objects.create(node="gpu@h200", queues=["gpu.H200"], last_seen=timezone.now())
+    with pytest.raises(NotMeasurable, match=r"not measurable by vllm-live: .*TP1/DP1/EP1 only"):
+        request_cell(_user("ann"), _live_dp2(h200))
+    answer = uploader.post("/api/v1/coverage/requests", _live_dp2(h200), format="json")
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "not_measurable"
+    assert "not measurable by vllm-live" in answer.json()["message"]
+    assert "R25" in answer.json()["problems"][0]
+    assert not CoverageRequest.objects.exists() and not AcquisitionJob.objects.exists()
+
+
+def test_a_request_for_a_backend_the_acquisition_does_not_run_is_refused(
+    h200: dict[str, Any],
+) -> None:
+    from registry.services.requests import NotMeasurable
+
+    cell = {**_live_dp2(h200), "dp": 1, "backend": "triton"}
+    with pytest.raises(NotMeasurable, match="'triton' is not a backend this acquisition runs"):
+        request_cell(_user("ann"), cell)
