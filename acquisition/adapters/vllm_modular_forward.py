@@ -118,7 +118,20 @@ def traced_forward(
         g_weights, g_ids = session.router.select_experts(
             hidden_states=gathered, router_logits=logits, topk_indices_dtype=session.topk_dtype
         )
-        gathered_inputs = SimpleNamespace(hidden=gathered, topk_weights=g_weights, topk_ids=g_ids)
+        gathered_inputs = SimpleNamespace(
+            hidden=gathered,
+            topk_weights=g_weights,
+            topk_ids=g_ids,
+            dispatched=None,
+            dispatched_scale=None,
+        )
+        if session.quantized:
+            # FP8: the all-gather delivers rows each rank quantized before sending; that
+            # quantization is the dispatch_quant component, timed on its own and, like the
+            # collective it feeds, made before the window.
+            gathered_inputs.dispatched, gathered_inputs.dispatched_scale = (
+                session._dispatch_quantize_native(gathered)
+            )
         expert_out = session._torch.empty_like(gathered)
         combined = session.random((domain.local_rows, session.hidden), seed=domain.local_rows + 7)
         layer_out = session._torch.empty_like(combined)
