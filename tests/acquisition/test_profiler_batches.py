@@ -49,9 +49,13 @@ def shape(records: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
 
     A batch writes its points' verdicts after all their contexts, so the file interleaves
     points differently; each point's own records keep their order (what a resume replays).
+    Retried attempts are left out: a B/2B retry follows this machine's timing noise, which two
+    runs do not share (the retry path has its own tests).
     """
     keep: dict[str, list[tuple[Any, ...]]] = {}
     for r in records:
+        if r["type"] == "context" and r["attempt"] > 0:
+            continue
         if r["type"] == "context":
             item = ("context", r["attempt"], r["arm"], r["round"], r["forwards"])
         elif r["type"] in ("reference_check", "point"):
