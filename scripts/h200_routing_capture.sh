@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 15 part 4 (prepared, not yet run): captured routing on the H200s, end to end.
+# Issue 15 part 4: captured routing on the H200s, end to end (capture ran 2026-12-01 on one H200:
+# docs/evidence/h200-routing/README.md; validate needs two GPUs and has not run yet).
 # On an nvidia-h200-x2 machine, from the project root, after the kit is staged and
 # `source .kit/bin/env.sh` (see /work/shared/gpu/vllm-kit/README.md):
 #   bash scripts/h200_routing_capture.sh capture validate
@@ -30,7 +31,7 @@ for part in "$@"; do
       for router in normal_routing native; do
         CUDA_VISIBLE_DEVICES=0 timeout "${CAPTURE_TIMEOUT:-420}" python3 -m acquisition routing "$MODEL_DIR" \
           --prompts "$OUT/prompts.jsonl" --max-tokens "$MAX_TOKENS" --batch-prompts 16 \
-          --engine vllm --router "$router" --load-format dummy --attention-backend TRITON_ATTN \
+          --engine vllm --router "$router" --model-name Qwen/Qwen3-30B-A3B-Instruct-2507 --load-format dummy --attention-backend TRITON_ATTN \
           --max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.85 \
           ${LAYERS:+--hf-overrides "{\"num_hidden_layers\": $LAYERS}"} \
           --out "$OUT/$router.routing.npz" --progress-json "$OUT/capture_$router.jsonl" \

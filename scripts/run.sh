@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's run command: sets up, migrates, imports the shipped bundles, and serves the
-# registry on http://127.0.0.1:8000 (API docs at /api/docs/). Defaults need no server:
+# The project's run command: sets up, migrates, imports the shipped bundles and routing profiles,
+# and serves the registry on http://127.0.0.1:8000 (API docs at /api/docs/). Defaults need no server:
 # SQLite at var/db.sqlite3 and Celery's embedded filesystem broker under var/celery.
 # Environment: DATABASE_URL, CELERY_BROKER_URL, REDIS_URL (see config/settings.py),
 # REGISTRY_BIND (default 127.0.0.1:8000), REGISTRY_WEB_WORKERS (default 2), REGISTRY_WEB_THREADS
@@ -16,6 +16,8 @@ py=.venv/bin/python
 "$py" manage.py collectstatic --noinput --verbosity 0
 export REGISTRY_COLLECTED_STATIC=1
 "$py" manage.py import_bundle bundles
+# The routing profiles captured on the H200 (issue 15; docs/evidence/h200-routing/README.md).
+"$py" manage.py import_profile docs/evidence/h200-routing
 bind=${REGISTRY_BIND:-127.0.0.1:8000}
 
 worker_pids=()

@@ -94,9 +94,12 @@ def run_capture(
     source: str,
     progress: ProgressReporter,
     stop_after: int | None = None,
+    model_name: str | None = None,
 ) -> RoutingProfile | None:
     """Capture every batch not yet checkpointed; write and return the profile when all are
-    done. ``stop_after`` batches (tests, or a time-boxed run) stops early and returns None."""
+    done. ``stop_after`` batches (tests, or a time-boxed run) stops early and returns None.
+    ``model_name`` names the checkpoint in the profile where the folder's name would not (a
+    config copied to a temporary folder, dummy weights)."""
     description = engine.describe()
     folder = _partial(out)
     _load_state(folder, _state(engine, prompts_sha256, len(prompts), batch_prompts, max_tokens))
@@ -133,7 +136,7 @@ def run_capture(
             workload += data["workload"]
     profile = RoutingProfile.create(
         model={
-            "name": description.model,
+            "name": model_name or description.model,
             "global_experts": description.global_experts,
             "top_k": description.top_k,
             "layers": list(description.layers),

@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON lines (prompt or prompt_token_ids) or one text prompt per line",
     )
     p.add_argument("--out", type=Path, help="profile file (default: <model name>.routing.npz)")
+    p.add_argument(
+        "--model-name",
+        help="the checkpoint's name in the profile (default: the config's _name_or_path, "
+        "else the model folder's name)",
+    )
     p.add_argument("--max-tokens", type=int, default=16, help="new tokens per prompt")
     p.add_argument(
         "--batch-prompts",
@@ -106,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems = []
     if not (args.model / "config.json").is_file():
         problems.append(f"{args.model}: no config.json")
+    if args.model_name is not None and not 1 <= len(args.model_name) <= 200:
+        problems.append("--model-name must be 1 to 200 characters")
     if args.max_tokens < 1:
         problems.append("--max-tokens must be at least 1")
     if args.batch_prompts < 1:
@@ -152,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source=args.engine,
             progress=progress,
             stop_after=args.stop_after,
+            model_name=args.model_name,
         )
     except CaptureError as exc:
         progress.event("failed", str(exc), error=str(exc))

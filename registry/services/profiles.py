@@ -29,6 +29,7 @@ from registry.storage import blob_name, bundle_storage, open_blob, put_blob
 __all__ = [
     "ProfileUploadResult",
     "delete_profile",
+    "import_profile_file",
     "load_profile",
     "publish_profile",
     "published_profile",
@@ -85,6 +86,20 @@ def publish_profile(upload: Any, *, published_by: Any) -> ProfileUploadResult:
     data = upload.read(limit + 1)
     if len(data) > limit:
         raise PublishError([f"profile: more than {limit} bytes; at most {limit} are accepted"])
+    name = str(getattr(upload, "name", "") or "")[:255]
+    return _store(data, name.rsplit("/", 1)[-1], published_by)
+
+
+def import_profile_file(path: Path) -> ProfileUploadResult:
+    """Publish a profile file from disk with no publisher, as `import_bundle` does for the
+    shipped bundles (the run command imports the shipped profiles on every start)."""
+    limit = _max_bytes()
+    if path.stat().st_size > limit:
+        raise PublishError([f"{path}: {path.stat().st_size} bytes; at most {limit} are accepted"])
+    return _store(path.read_bytes(), path.name[:255], None)
+
+
+def _store(data: bytes, filename: str, published_by: Any) -> ProfileUploadResult:
     try:
         profile = read_profile(data, max_unpacked=_max_unpacked())
     except ProfileError as exc:
@@ -99,7 +114,6 @@ def publish_profile(upload: Any, *, published_by: Any) -> ProfileUploadResult:
         tmp.flush()
         put_blob(bundle_storage(), Path(tmp.name), sha256, len(data))
     summary = profile.summary()
-    name = str(getattr(upload, "name", "") or "")[:255]
     try:
         with transaction.atomic():
             record = RoutingProfileRecord.objects.create(
@@ -115,7 +129,7 @@ def publish_profile(upload: Any, *, published_by: Any) -> ProfileUploadResult:
                 tokens=summary["tokens"],
                 captured_at=str(profile.meta["captured_at"])[:64],
                 summary=summary,
-                filename=name.rsplit("/", 1)[-1],
+                filename=filename,
                 published_by=published_by,
             )
     except IntegrityError:  # the same bytes published at the same moment by someone else

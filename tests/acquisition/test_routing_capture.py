@@ -88,9 +88,11 @@ def test_it_names_a_bad_command_before_starting_an_engine(
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt_token_ids": [1, -2]}\n')
     folder = write_tiny_moe(tmp_path / "model")
-    assert main([str(folder), "--prompts", str(bad), "--engine", "torch", "--max-tokens", "0"]) == 2
+    argv = [str(folder), "--prompts", str(bad), "--engine", "torch", "--max-tokens", "0"]
+    assert main([*argv, "--model-name", ""]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl:1: prompt_token_ids" in err and "--max-tokens" in err
+    assert "--model-name must be 1 to 200 characters" in err
     with pytest.raises(PromptError, match="no prompts"):
         (tmp_path / "empty").write_text("\n\n")
         read_prompts(tmp_path / "empty")
@@ -238,6 +240,8 @@ def test_it_captures_through_the_vllm_engine_seam(
         "vllm",
         "--router",
         "normal_routing",
+        "--model-name",
+        "Qwen/Qwen3-30B-A3B-Instruct-2507",
         "--max-tokens",
         "3",
         "--batch-prompts",
@@ -253,6 +257,8 @@ def test_it_captures_through_the_vllm_engine_seam(
     profile = read_profile(out)
     assert profile.meta["versions"]["vllm"] == "0.26.0-fake"
     assert profile.meta["router"] == "vllm simulator normal_routing"
+    # The name given, not the (temporary) model folder's: the H200 capture copies the config.
+    assert profile.meta["model"]["name"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
     # Batches of 4 and 2 prompts: a prefill, then 2 decode steps each.
     assert profile.step_tokens.tolist()[1:3] == [4, 4] and profile.step_tokens.tolist()[4:] == [
         2,
