@@ -194,7 +194,7 @@ def compare(
     bundle: str,
     cluster_path: str | None,
     policy: str,
-    tile_cost_us: float | None = None,
+    tile_cost_us: float | str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per forward and rank: measured and estimated compute, transfer, wait, N/A/M."""
     from moetables.comm import load_cluster
@@ -357,7 +357,7 @@ def routings_in(evidence: Path) -> list[str]:
 
 
 def run(
-    evidence: Path, bundle: str, cluster: str | None, tile_cost_us: float | None = None
+    evidence: Path, bundle: str, cluster: str | None, tile_cost_us: float | str | None = None
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for routing in routings_in(evidence):
@@ -394,9 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     p.add_argument(
         "--tile-cost-us",
-        type=float,
+        type=lambda t: t if t == "table" else float(t),
         default=None,
-        help="issue 18: charge the histogram policy's extra row tiles at this cost (us per tile)",
+        help="issue 18: charge the histogram policy's extra row tiles at this cost (us per "
+        "tile), or 'table': each rank's table's fitted cost (bundle format 3)",
     )
     args = p.parse_args(argv)
     result = run(args.evidence, args.bundle, args.cluster, args.tile_cost_us)
