@@ -1,4 +1,4 @@
-"""Does the expert kernel's row-tile count explain the estimate's compute error? (issue 18, part 2)
+"""Does the expert kernel's row-tile count explain the estimate's compute error? (issue 18, parts 1-2)
 
 Reads the DP2/EP2 validation evidence (per MoE block forward and rank: the measured compute, the
 captured per-expert counts) and the estimate's comparison files (the `histogram` policy's
@@ -12,6 +12,17 @@ and used to predict the other (simulator -> native and back), and leaving one st
 
     PYTHONPATH=. .venv/bin/python bench/load_spread.py docs/evidence/h200x2-estimate \
         --figure docs/figures/load_spread_tiles.png
+
+``--kernel load_spread.json`` (what ``scripts/h200_load_spread.py`` measured on the H200: the
+expert kernels alone, at fixed N, under balanced, uniform and power-law loads) adds, per
+deployment (tp1, ep2): the time against the tiles and against the spread, the cost of a tile
+fitted within each N (`moetables.tiles.fit_tile_cost`), and the fit left one distribution out
+(fitted on the others, predicting each held-out record from its N's balanced record plus the
+cost of its extra tiles); ``--kernel-figure`` draws both.
+
+    PYTHONPATH=. .venv/bin/python bench/load_spread.py docs/evidence/h200x2-estimate \
+        --kernel docs/evidence/h200-load-spread/load_spread.json \
+        --kernel-figure docs/figures/load_spread_kernel.png
 """
 
 from __future__ import annotations
@@ -100,11 +111,189 @@ def errors(rows: list[dict[str, Any]], c: float) -> tuple[float, float, float, f
     return statistics.median(before), max(before), statistics.median(after), max(after)
 
 
+# ---- part 1: the kernel alone at fixed N (scripts/h200_load_spread.py) -------------------------
+
+
+def kernel_rows(raw: dict[str, Any], deployment: str) -> list[Any]:
+    from acquisition.load_spread import rows_of
+
+    return rows_of(raw, deployment)
+
+
+def kernel_table(rows: list[Any]) -> list[dict[str, Any]]:
+    """Per N and distribution: mean tiles, spread and time, and the time over the balanced one."""
+    out = []
+    for n in sorted({r.tokens for r in rows}):
+        at = [r for r in rows if r.tokens == n]
+        bal = [r for r in at if r.distribution == "balanced"]
+        base = statistics.median(r.b2_us for r in bal) if bal else float("nan")
+        for dist in sorted({r.distribution for r in at}, key=lambda d: (d != "balanced", d)):
+            rs = [r for r in at if r.distribution == dist]
+            out.append(
+                {
+                    "N": n,
+                    "distribution": dist,
+                    "draws": len(rs),
+                    "block_m": rs[0].block_m,
+                    "A": statistics.mean(r.activated_experts for r in rs),
+                    "M": statistics.mean(r.local_assignments for r in rs),
+                    "max": statistics.mean(r.max_count for r in rs),
+                    "cv": statistics.mean(r.cv for r in rs),
+                    "tiles": statistics.mean(r.tiles for r in rs),
+                    "time_us": statistics.mean(r.b2_us for r in rs),
+                    "over_balanced": statistics.mean(r.b2_us for r in rs) / base,
+                    "unstable": sum(not r.stable for r in rs),
+                }
+            )
+    return out
+
+
+def leave_one_distribution_out(rows: list[Any]) -> list[dict[str, Any]]:
+    """Fit the tile cost without one spread distribution, predict that one's records from their
+    N's balanced record: before (the balanced time, today's answer) and after (plus the charge)."""
+    from moetables.tiles import MODEL_BLOCK_M, fit_tile_cost
+
+    out = []
+    spread = sorted({r.distribution for r in rows} - {"balanced"})
+    for held in spread:
+        c = fit_tile_cost([r for r in rows if r.distribution != held]).tile_cost_us
+        before, after = [], []
+        for r in rows:
+            if r.distribution != held or r.block_m < MODEL_BLOCK_M or not r.stable:
+                continue
+            bal = [b for b in rows if b.tokens == r.tokens and b.distribution == "balanced"]
+            if not bal:
+                continue
+            before.append(bal[0].b2_us / r.b2_us - 1)
+            after.append((bal[0].b2_us + c * (r.tiles - bal[0].tiles)) / r.b2_us - 1)
+        if before:
+            out.append(
+                {
+                    "held_out": held,
+                    "c": c,
+                    "records": len(before),
+                    "median_before": statistics.median(abs(e) for e in before),
+                    "max_before": max(abs(e) for e in before),
+                    "median_after": statistics.median(abs(e) for e in after),
+                    "max_after": max(abs(e) for e in after),
+                    "signed_median_before": statistics.median(before),
+                    "signed_median_after": statistics.median(after),
+                }
+            )
+    return out
+
+
+def kernel_report(raw: dict[str, Any]) -> dict[str, Any]:
+    from moetables.tiles import fit_tile_cost
+
+    report: dict[str, Any] = {}
+    for deployment in sorted({r["deployment"] for r in raw["results"]}):
+        rows = kernel_rows(raw, deployment)
+        fit = fit_tile_cost(rows)
+        report[deployment] = {
+            "tile_cost_us": fit.tile_cost_us,
+            "fit_records": fit.records,
+            "fit_groups": fit.groups,
+            "table": kernel_table(rows),
+            "leave_one_distribution_out": leave_one_distribution_out(rows),
+        }
+    return report
+
+
+def print_kernel_report(report: dict[str, Any]) -> None:
+    for deployment, rep in report.items():
+        print(
+            f"{deployment}: c = {rep['tile_cost_us']:.3f} us/tile "
+            f"({rep['fit_records']} records, {rep['fit_groups']} N)"
+        )
+        print(
+            "  N | distribution | draws | block | A | M | max | cv | tiles | time us | / balanced"
+        )
+        for t in rep["table"]:
+            print(
+                f"  {t['N']} | {t['distribution']} | {t['draws']} | {t['block_m']} | {t['A']:.0f} | "
+                f"{t['M']:.0f} | {t['max']:.0f} | {t['cv']:.3f} | {t['tiles']:.1f} | "
+                f"{t['time_us']:.1f} | {t['over_balanced']:.3f}"
+                + (f" ({t['unstable']} unstable)" if t["unstable"] else "")
+            )
+        for h in rep["leave_one_distribution_out"]:
+            print(
+                f"  without {h['held_out']}: c = {h['c']:.3f}; {h['records']} records: median "
+                f"{100 * h['median_before']:.1f}% -> {100 * h['median_after']:.1f}%, max "
+                f"{100 * h['max_before']:.1f}% -> {100 * h['max_after']:.1f}%"
+            )
+
+
+def kernel_figure(raw: dict[str, Any], report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    deployments = list(report)
+    fig, axes = plt.subplots(len(deployments), 2, figsize=(11, 4.0 * len(deployments)))
+    axes = np.atleast_2d(axes)
+    markers = {"balanced": "s", "uniform": "o"}
+    for row, deployment in zip(axes, deployments, strict=True):
+        rows = kernel_rows(raw, deployment)
+        c = report[deployment]["tile_cost_us"]
+        ns = sorted({r.tokens for r in rows})
+        cmap = plt.get_cmap("viridis")
+        for i, n in enumerate(ns):
+            colour = cmap(i / max(1, len(ns) - 1))
+            at = [r for r in rows if r.tokens == n]
+            bal = [r for r in at if r.distribution == "balanced"]
+            for dist in sorted({r.distribution for r in at}):
+                rs = [r for r in at if r.distribution == dist]
+                row[0].scatter(
+                    [r.tiles for r in rs],
+                    [r.b2_us for r in rs],
+                    color=colour,
+                    marker=markers.get(dist, "^" if "0.6" in dist else "v"),
+                    label=dist if i == len(ns) - 1 else None,
+                    s=22,
+                )
+                if bal:
+                    row[1].scatter(
+                        [r.cv for r in rs],
+                        [r.b2_us / bal[0].b2_us for r in rs],
+                        color=colour,
+                        marker=markers.get(dist, "^" if "0.6" in dist else "v"),
+                        s=22,
+                        label=f"N = {n}" if dist == "balanced" else None,
+                    )
+            if bal and bal[0].block_m >= 128:
+                xs = np.array([min(r.tiles for r in at), max(r.tiles for r in at)], dtype=float)
+                row[0].plot(xs, bal[0].b2_us + c * (xs - bal[0].tiles), color=colour, lw=0.8)
+        row[0].set_title(f"{deployment}: expert kernels vs row tiles (lines: c = {c:.2f} us/tile)")
+        row[0].set_xlabel("row tiles the kernel runs")
+        row[0].set_ylabel("kernel time, 2B median (us)")
+        row[0].legend(fontsize=7)
+        row[1].set_title(f"{deployment}: time over the balanced one vs spread")
+        row[1].set_xlabel("coefficient of variation of the active experts' counts")
+        row[1].set_ylabel("time / balanced time at the same N")
+        row[1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("evidence", type=Path)
     ap.add_argument("--figure", type=Path)
+    ap.add_argument("--kernel", type=Path, help="load_spread.json (scripts/h200_load_spread.py)")
+    ap.add_argument("--kernel-figure", type=Path)
+    ap.add_argument("--kernel-out", type=Path, help="write the kernel report as JSON")
     args = ap.parse_args(argv)
+    if args.kernel:
+        raw = json.loads(args.kernel.read_text())
+        report = kernel_report(raw)
+        print_kernel_report(report)
+        if args.kernel_out:
+            args.kernel_out.write_text(json.dumps(report, indent=1) + "\n")
+        if args.kernel_figure:
+            kernel_figure(raw, report, args.kernel_figure)
     data = {name: rows_of(args.evidence, f, BUNDLES[name]) for name, f in COMPARISONS.items()}
     for name, rows in data.items():
         for train, test in (("simulator", "native"), ("native", "simulator")):

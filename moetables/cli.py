@@ -45,6 +45,17 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
                 f"(from {evidence.source}), {forwards}",
                 file=out,
             )
+        for entry in report.bundle.entries:
+            model = entry.expert_loads.tile_model
+            if model is None:
+                continue
+            spread = report.loads.get(entry.table_path, ())
+            print(
+                f"loads: {entry.table_path}: rows {entry.expert_loads.rows}; row tiles of "
+                f">= {model.block_m} rows cost {model.tile_cost_us} us each (vLLM "
+                f"{model.vllm_version}), refitted from {len(spread)} timed loads",
+                file=out,
+            )
         for name in report.bundle.missing_files:
             print(f"note: meta.yaml names {name}, which is not in this bundle", file=out)
         return 0
@@ -184,6 +195,11 @@ def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dic
         if value is not None:
             raw[key] = value
     return raw
+
+
+def _tile_cost(text: str) -> float | str:
+    """``--tile-cost-us``: a number, or ``table`` (each rank's fitted cost)."""
+    return text if text == "table" else float(text)
 
 
 def _json_arg(text: str | None, what: str) -> Any:
@@ -378,9 +394,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     )
     p.add_argument(
         "--tile-cost-us",
-        type=float,
+        type=_tile_cost,
         help="issue 18: us per expert-kernel row tile beyond the table's balanced "
-        "tiles (counting policies; docs/estimate.md)",
+        "tiles (counting policies; docs/estimate.md), or 'table': each rank's table's own "
+        "fitted cost (bundle format 3)",
     )
     p = sub.add_parser("export", help="write the bundle for another simulator")
     p.add_argument("bundle")

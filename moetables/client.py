@@ -246,12 +246,15 @@ class RemoteDeployment:
         answerer: dict[str, Any],
         components: Sequence[str],
         modes: Sequence[str],
+        fitted_tile_cost_us: float | None = None,
     ) -> None:
         self._tables = tables
         self.target = target
         self.answerer = answerer
         self.components = tuple(components)
         self.modes = tuple(modes)
+        # Issue 18: the table's own row-tile cost (bundle format 3), as the registry states it.
+        self.fitted_tile_cost_us = fitted_tile_cost_us
         self._envelope = {
             "bundle": answerer["sha256"],
             "target": {
@@ -469,7 +472,12 @@ class RemoteDeployment:
         first as ``DeploymentTables.batch`` checks it (the same QueryError)."""
         n = np.asarray(tokens, dtype=np.int64)
         if component != EXPERTS or loads is None:
-            raise QueryError(load_problem(component, loads, tile_cost_us) or "loads is required")
+            raise QueryError(
+                load_problem(
+                    component, loads, tile_cost_us, fitted_cost_us=self.fitted_tile_cost_us
+                )
+                or "loads is required"
+            )
         if activated_experts is None or local_assignments is None:
             raise QueryError("experts need activated_experts and local_assignments")
         a = np.asarray(activated_experts, dtype=np.int64)
@@ -491,7 +499,9 @@ class RemoteDeployment:
                     "loads: each row's description is a string or a list of per-expert "
                     f"counts, got {d!r} (give one list of counts for one row as [[...]])"
                 )
-            problem = load_problem(component, d, tile_cost_us)
+            problem = load_problem(
+                component, d, tile_cost_us, fitted_cost_us=self.fitted_tile_cost_us
+            )
             if problem is not None:
                 raise QueryError(problem)
         queries: list[dict[str, Any]] = []
@@ -675,7 +685,16 @@ class RemoteTables:
                 f"/api/v1/bundles/{answerer['id']}/"
             )
         table = next(t for t in detail["tables"] if t["target"] == target.as_dict())
-        return RemoteDeployment(self, target, answerer, table["components"], table["modes"])
+        model = (table.get("expert_loads") or {}).get("tile_model") or {}
+        cost = model.get("tile_cost_us")
+        return RemoteDeployment(
+            self,
+            target,
+            answerer,
+            table["components"],
+            table["modes"],
+            float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
+        )
 
     # --- the layer estimate --------------------------------------------------------------
 

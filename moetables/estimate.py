@@ -69,6 +69,9 @@ class DeploymentTables(Protocol):
 
     def tile_shape(self) -> tuple[int, int, str]: ...
 
+    @property
+    def fitted_tile_cost_us(self) -> float | None: ...
+
     def balanced_tiles_batch(
         self,
         tokens: npt.ArrayLike,
@@ -101,6 +104,8 @@ __all__ = [
 ]
 
 MODES = ("eager", "graph")
+# Issue 18: ``tile_cost_us="table"`` charges each rank at its own table's fitted tile cost.
+TABLE_TILE_COST = "table"
 # Batches of at most this many steps look components up one by one (scalar, cached).
 _FEW = 4
 FloatArray = npt.NDArray[np.float64]
@@ -723,7 +728,7 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
-        tile_cost_us: float | None = None,
+        tile_cost_us: float | str | None = None,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
         if isinstance(tokens_per_rank, (str, bytes)) or not isinstance(tokens_per_rank, Sequence):
@@ -760,7 +765,7 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
-        tile_cost_us: float | None = None,
+        tile_cost_us: float | str | None = None,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
@@ -769,7 +774,8 @@ class LayerEstimator:
         ``tile_cost_us`` (issue 18; None: today's answer bit for bit) charges every rank's expert
         kernel that many microseconds per row tile its per-expert counts run beyond the balanced
         tiles its table embodies (`moetables.tiles`), where vLLM's block is 128 rows; it needs a
-        counting policy (histogram, round_robin, random, captured)."""
+        counting policy (histogram, round_robin, random, captured). ``"table"``: each rank at
+        its own table's fitted cost (bundle format 3's tile model; refused for a rank without)."""
         if mode not in MODES:
             raise QueryError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if cluster is not None and not isinstance(cluster, Cluster):
@@ -852,15 +858,25 @@ class LayerEstimator:
         self,
         routing: BatchRouting,
         components: dict[str, FloatArray],
-        cost_us: float,
+        cost_us: float | str,
         mode: str,
         notes: list[str],
     ) -> None:
         """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged."""
         from moetables.tiles import MODEL_BLOCK_M, block_size_m
 
-        if isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:
-            raise QueryError(f"tile_cost_us must be a number >= 0, got {cost_us!r}")
+        if cost_us == TABLE_TILE_COST:
+            costs = [t.fitted_tile_cost_us for t in self.ranks]
+            missing = [r for r, c in enumerate(costs) if c is None]
+            if missing:
+                raise QueryError(
+                    f"tile_cost_us='table': the tables of ranks {missing} record no fitted tile "
+                    "cost (bundle format 3's expert_loads.tile_model); give a number"
+                )
+        elif isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:
+            raise QueryError(f"tile_cost_us must be a number >= 0 or 'table', got {cost_us!r}")
+        else:
+            costs = [float(cost_us)] * len(self.ranks)
         if routing.expert_counts is None:
             raise QueryError(
                 f"tile_cost_us needs per-expert counts: the {routing.policy} policy gives none; "
@@ -886,10 +902,14 @@ class LayerEstimator:
             counts = routing.expert_counts[pick, start:stop]
             run = (-(-counts // blocks[pick, None])).sum(axis=1)
             ok = reference.code == OK
-            times[pick[ok], rank] += cost_us * (run[ok] - reference.time_us[ok])
+            cost = costs[rank]
+            assert cost is not None  # checked above
+            times[pick[ok], rank] += cost * (run[ok] - reference.time_us[ok])
+        charged = ", ".join(sorted({f"{c:g}" for c in costs if c is not None}))
+        source = " (each rank's table's fitted cost)" if cost_us == TABLE_TILE_COST else ""
         notes.append(
             f"expert-kernel row tiles beyond the table's balanced tiles are charged at "
-            f"{cost_us:g} us each where vLLM's block is {MODEL_BLOCK_M} rows (issue 18)"
+            f"{charged} us each{source} where vLLM's block is {MODEL_BLOCK_M} rows (issue 18)"
         )
 
     def _lookup(

@@ -16,7 +16,7 @@ import numpy as np
 
 from moetables.comm import Cluster
 from moetables.errors import QueryError
-from moetables.estimate import MODES, estimator_for
+from moetables.estimate import MODES, TABLE_TILE_COST, estimator_for
 from moetables.profiles import ProfileError, RoutingProfile, profile_from_json
 from moetables.routing import POLICIES, ActiveCurve
 
@@ -71,7 +71,7 @@ class EstimateRequest:
     captured_expectation: bool = False  # the mean (A, M) rather than a seeded draw
     # Issue 18: microseconds per expert-kernel row tile beyond the table's balanced tiles
     # (counting policies only; None: the tables' balanced answer).
-    tile_cost_us: float | None = None
+    tile_cost_us: float | str | None = None
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], default: int) -> int:
@@ -230,12 +230,14 @@ def parse_estimate_request(
         )
     tile_cost = raw.get("tile_cost_us")
     if tile_cost is not None:
-        if (
+        if tile_cost != TABLE_TILE_COST and (
             isinstance(tile_cost, bool)
             or not isinstance(tile_cost, (int, float))
             or not tile_cost >= 0
         ):
-            problems.append(f"tile_cost_us: must be a number >= 0, got {tile_cost!r}")
+            problems.append(
+                f"tile_cost_us: must be a number >= 0 or {TABLE_TILE_COST!r}, got {tile_cost!r}"
+            )
         elif policy in POLICIES and policy not in COUNTING_POLICIES:
             problems.append(
                 f"tile_cost_us: the {policy} policy gives no per-expert counts to tile; "
@@ -265,7 +267,13 @@ def parse_estimate_request(
         profile=profile,
         layer=layer,
         captured_expectation=draw == "expectation",
-        tile_cost_us=None if tile_cost is None else float(tile_cost),
+        tile_cost_us=(
+            None
+            if tile_cost is None
+            else tile_cost
+            if tile_cost == TABLE_TILE_COST
+            else float(tile_cost)
+        ),
     )
 
 

@@ -38,7 +38,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -276,3 +276,57 @@ def load_tiles(loads: Any, active: int, pairs: int, block_m: int) -> float:
 def _expected_tiles(alpha: float, active: int, pairs: int, block_m: int) -> float:
     """`expected_row_tiles` of a power law (alpha = 0: uniform), kept: lookups repeat them."""
     return expected_row_tiles(pairs, power_law_shares(active, alpha), block_m)
+
+
+class TimedLoad(Protocol):
+    """A timed load of the expert kernel (``moetables.bundle.loads.LoadSpreadRow``)."""
+
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def block_m(self) -> int: ...
+    @property
+    def tiles(self) -> int: ...
+    @property
+    def b2_us(self) -> float: ...
+    @property
+    def stable(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class TileFit:
+    """``tile_cost_us``: the within-N least-squares slope of time on row tiles."""
+
+    tile_cost_us: float
+    records: int
+    groups: int
+
+
+def fit_tile_cost(rows: Sequence[TimedLoad], *, block_m: int = MODEL_BLOCK_M) -> TileFit:
+    """The cost of a row tile from loads timed at the same N (issue 18).
+
+    Only stable records (B and 2B arms within 3 %) whose block is at least ``block_m`` rows
+    count; each N is its own group (its balanced and spread loads differ in tiles only, the
+    rows and pairs being the same), and the slope is the pooled within-group least squares of
+    the 2B time on the tiles: sum (x - mean_N x)(y - mean_N y) / sum (x - mean_N x)^2.
+    """
+    groups: dict[int, list[TimedLoad]] = {}
+    for r in rows:
+        if r.stable and r.block_m >= block_m:
+            groups.setdefault(r.tokens, []).append(r)
+    sxy = sxx = 0.0
+    used = 0
+    kept = 0
+    for rs in groups.values():
+        if len(rs) < 2:
+            continue
+        x = np.array([r.tiles for r in rs], dtype=np.float64)
+        y = np.array([r.b2_us for r in rs], dtype=np.float64)
+        dx = x - x.mean()
+        sxy += float(dx @ (y - y.mean()))
+        sxx += float(dx @ dx)
+        used += len(rs)
+        kept += 1
+    if sxx <= 0:
+        raise TileError(f"no N with loads of different tiles at blocks of >= {block_m} rows")
+    return TileFit(sxy / sxx, used, kept)

@@ -1,11 +1,17 @@
-"""Validation of the MoE layer estimate on a real DP/EP vLLM engine (issue 11 part 5; issue 16 at DP4).
+"""Validation of the MoE layer estimate on a real vLLM engine: DP/EP (issue 11 part 5; issue 16 at
+DP4) and TP1 without EP (``--dp 1``, issue 18 part 3).
 
 On the GPU machine (vLLM from the kit staged and ``source .kit/bin/env.sh`` done):
 
     python3 scripts/h200x2_estimate_validation.py run --dp 2 --routing simulator --out $OUT/validation
     python3 scripts/h200x2_estimate_validation.py run --dp 2 --routing native    --out $OUT/validation
+    python3 scripts/h200x2_estimate_validation.py run --dp 1 --routing simulator \
+        --strategy normal_routing --out $OUT/validation                      # one GPU, TP1
 
-starts one process per DP rank (the kit's ``dp2ep2.py`` recipe: ``VLLM_DP_RANK`` & co., an
+``--dp 1`` starts one plain TP1 engine (no data-parallel group, no expert parallelism: all 128
+experts local, vLLM's tuned H200 config) and steps N through ``TP1_TOKENS`` (1 to 2,048).
+
+``--dp`` >= 2 starts one process per DP rank (the kit's ``dp2ep2.py`` recipe: ``VLLM_DP_RANK`` & co., an
 ``LLM(..., enable_expert_parallel=True)`` of the one-layer Qwen3-30B-A3B prefix, dummy weights,
 eager, Triton attention). In each engine's worker it hooks the MoE block (forward pre/post hooks
 opening a ``record_function`` range ``gpuest.moe_block#k``) and the router
@@ -47,12 +53,26 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
 # ---- the step plan (generic over the DP size) ---------------------------------------------------
 
 
+# DP1 (issue 18 part 3: a TP1 engine without EP): N from 1 to 2,000, dense where the kernel's
+# block size changes (vLLM's tuned H200 E=128 file: 16 rows up to M=128, 32, 64, 128 from ~768),
+# around the tables' points (2^k, 257) and between them, up to N = 2,048 (a table point).
+TP1_TOKENS = (
+    1, 2, 3, 4, 8, 16, 31, 64, 100, 128, 200, 256, 384, 512, 640, 777,
+    1000, 1024, 1200, 1280, 1536, 1700, 1800, 2000, 2048,
+)  # fmt: skip
+
+
 def step_plan(dp: int) -> list[list[int]]:
     """Per-rank token counts of each step: equal steps, then unequal ones (alternating and ramps).
 
     Between 4 and 2048 tokens per rank (the engine's ``max_num_batched_tokens``); for DP > 2 the
-    alternating patterns repeat over the ranks and the ramps spread between their ends.
+    alternating patterns repeat over the ranks and the ramps spread between their ends. DP1 (one
+    engine, no EP) steps through ``TP1_TOKENS``.
     """
+    if dp < 1:
+        raise ValueError(f"dp must be >= 1, got {dp}")
+    if dp == 1:
+        return [[n] for n in TP1_TOKENS]
 
     def alt(a: int, b: int) -> list[int]:
         return [a if r % 2 == 0 else b for r in range(dp)]
@@ -204,13 +224,14 @@ def stop_profile(model: Any, trace_path: str) -> dict[str, Any]:
 def rank_main(
     rank: int, dp: int, port: int, args: argparse.Namespace, model_dir: str, barrier: Any
 ) -> None:
-    os.environ.update(
-        VLLM_DP_RANK=str(rank),
-        VLLM_DP_RANK_LOCAL=str(rank),
-        VLLM_DP_SIZE=str(dp),
-        VLLM_DP_MASTER_IP="127.0.0.1",
-        VLLM_DP_MASTER_PORT=str(port),
-    )
+    if dp > 1:  # DP1 is a plain TP1 engine: no data-parallel group, no expert parallelism
+        os.environ.update(
+            VLLM_DP_RANK=str(rank),
+            VLLM_DP_RANK_LOCAL=str(rank),
+            VLLM_DP_SIZE=str(dp),
+            VLLM_DP_MASTER_IP="127.0.0.1",
+            VLLM_DP_MASTER_PORT=str(port),
+        )
     out_dir = Path(args.out) / _subdir(args)
     log: dict[str, Any] = {"rank": rank, "dp": dp, "routing": args.routing, "ok": False}
     try:
@@ -241,7 +262,7 @@ def rank_main(
             generation_config="vllm",
             dtype="bfloat16",
             attention_backend="TRITON_ATTN",
-            enable_expert_parallel=True,
+            enable_expert_parallel=dp > 1,
             kv_cache_memory_bytes=1 << 30,
             enable_prefix_caching=False,
             seed=1234 + rank,

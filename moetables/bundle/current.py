@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from moetables.bundle.contract import entry_geometry, require
+from moetables.bundle.loads import parse_expert_loads
 from moetables.bundle.model import (
     CONTRACT_SCHEMAS,
     CURRENT_FORMAT_VERSIONS,
@@ -127,6 +128,9 @@ def _read_entry(root: Path, tp: int, raw: Any, *, version: int, where: str) -> T
         quality = parse_quality_refs(root, tp, raw.get("quality"), where=f"{where}.quality")
     elif "quality" in raw:
         raise BundleError(f"{where}.quality", "quality evidence needs format_version 2")
+    expert_loads = parse_expert_loads(
+        root, tp, raw.get("expert_loads"), version=version, where=f"{where}.expert_loads"
+    )
     return TableEntry(
         layout="current",
         target=target,
@@ -139,6 +143,7 @@ def _read_entry(root: Path, tp: int, raw: Any, *, version: int, where: str) -> T
         geometry=geometry,
         format_version=version,
         quality=quality,
+        expert_loads=expert_loads,
     )
 
 

@@ -19,22 +19,33 @@ __all__ = [
     "CURRENT_FORMAT_VERSIONS",
     "CURRENT_SCHEMA",
     "EXPERTS",
+    "EXPERT_LOAD_ROWS",
     "HISTORICAL_SCHEMA",
     "LOCAL_COMPONENTS",
     "METHOD_TOLERANCE",
     "MODES",
+    "TILE_MODEL_SCHEMAS",
     "Bundle",
     "ComponentTable",
+    "ExpertLoads",
     "Layout",
     "QualityFile",
     "QualityRefs",
     "TableEntry",
+    "TileModel",
 ]
 
 CURRENT_SCHEMA = "moe-components"
-# Format versions of the current layout this reader knows: 2 adds quality evidence files.
-CURRENT_FORMAT_VERSIONS = (1, 2)
+# Format versions of the current layout this reader knows: 2 adds quality evidence files, 3 the
+# per-entry ``expert_loads`` record (issue 18: the rows' load distribution, a fitted tile model).
+CURRENT_FORMAT_VERSIONS = (1, 2, 3)
 CURRENT_FORMAT_VERSION = 2
+LOADS_FORMAT_VERSION = 3
+# The per-expert load distributions an expert row may be measured under. Every table so far
+# holds the acquisition stimulus' balanced histogram; another name is refused, never read as it.
+EXPERT_LOAD_ROWS = ("balanced",)
+# Tile models this reader applies (moetables.tiles: vLLM's row tiles, a cost per extra tile).
+TILE_MODEL_SCHEMAS = ("row-tiles-v1",)
 # Method/schema versions of current contracts this reader knows (R30: a semantic method
 # change gets a new name, and an unknown one is refused rather than read as this one).
 CONTRACT_SCHEMAS = ("moe-components-contract-v1",)
@@ -77,6 +88,27 @@ class QualityRefs:
 
 
 @dataclass(frozen=True, slots=True)
+class TileModel:
+    """A table's fitted row-tile model (format 3): each row tile the expert kernel runs beyond
+    the table's balanced tiles costs ``tile_cost_us``, where vLLM's block is ``block_m`` rows
+    (moetables.tiles, for ``vllm_version``). ``evidence`` names the measurement it is fitted on."""
+
+    schema: str
+    vllm_version: str
+    block_m: int
+    tile_cost_us: float
+    evidence: QualityFile | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertLoads:
+    """What an entry says of its expert rows' per-expert loads (format 3; older: balanced)."""
+
+    rows: str = "balanced"
+    tile_model: TileModel | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TableEntry:
     """One deployment rank's table as the bundle's metadata declares it.
 
@@ -95,6 +127,7 @@ class TableEntry:
     contract_id: str | None = None
     format_version: int = 1
     quality: QualityRefs | None = None
+    expert_loads: ExpertLoads = field(default_factory=ExpertLoads)
 
     @property
     def tolerance(self) -> float:

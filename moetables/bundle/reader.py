@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from moetables.bundle.current import read_current_entries
 from moetables.bundle.historical import read_historical_entries
+from moetables.bundle.loads import LoadSpreadRow, load_spread_evidence
 from moetables.bundle.model import HISTORICAL_SCHEMA, Bundle, ComponentTable, TableEntry
 from moetables.bundle.quality import QualityEvidence, load_quality
 from moetables.bundle.safeyaml import load_bounded_yaml
@@ -143,6 +144,8 @@ class ValidationReport:
     bundle: Bundle | None = None
     tables: dict[str, ComponentTable] = field(default_factory=dict)
     quality: dict[str, QualityEvidence] = field(default_factory=dict)
+    # Issue 18: each entry's tile-model evidence (format 3), refitted; absent without a model.
+    loads: dict[str, tuple[LoadSpreadRow, ...]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -164,6 +167,9 @@ def validate_bundle(path: str | Path) -> ValidationReport:
             table = load_table(bundle.root, entry)
             report.tables[entry.table_path] = table
             report.quality[entry.table_path] = load_quality(bundle.root, entry, table)
+            spread = load_spread_evidence(bundle.root, entry)
+            if spread is not None:
+                report.loads[entry.table_path] = spread
         except BundleError as exc:
             report.problems.append(str(exc))
     return report

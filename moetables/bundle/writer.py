@@ -21,7 +21,20 @@ from typing import Any
 
 import yaml
 
-from moetables.bundle.model import COLUMNS, COMPONENTS, CURRENT_FORMAT_VERSION, CURRENT_SCHEMA
+from moetables.bundle.loads import (
+    LOAD_SPREAD_FILE,
+    LoadSpreadRow,
+    format_load_spread,
+    load_spread_evidence,
+    tile_model_record,
+)
+from moetables.bundle.model import (
+    COLUMNS,
+    COMPONENTS,
+    CURRENT_FORMAT_VERSION,
+    CURRENT_SCHEMA,
+    LOADS_FORMAT_VERSION,
+)
 from moetables.bundle.quality import (
     CONSERVATION_FILE,
     STABILITY_FILE,
@@ -36,7 +49,7 @@ from moetables.bundle.table import load_table
 from moetables.errors import BundleError
 from moetables.geometry import MoeTarget
 
-__all__ = ["Row", "TableSpec", "format_table", "write_bundle"]
+__all__ = ["Row", "TableSpec", "attach_tile_models", "format_table", "write_bundle"]
 
 Row = tuple[str, str, int, int, int, float]
 
@@ -170,6 +183,7 @@ def write_bundle(
             bundle = open_bundle(stage)
             for written in bundle.entries:
                 load_quality(stage, written, load_table(stage, written))
+                load_spread_evidence(stage, written)
             _swap_in(stage, dest)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
@@ -203,9 +217,16 @@ def _write_quality(stage: Path, spec: TableSpec) -> dict[str, Any]:
 
 
 def _format_of(tp: int, owner: dict[str, Any]) -> dict[str, Any]:
-    """Format 2 when every entry of the TP carries quality evidence, else format 1."""
+    """Format 2 when every entry of the TP carries quality evidence, else format 1; format 3
+    when, besides, an entry records its expert loads (issue 18)."""
     with_quality = [e for e in owner["entries"] if "quality" in e]
+    loads = any("expert_loads" in e for e in owner["entries"])
     if not with_quality:
+        if loads:
+            raise BundleError(
+                f"meta.yaml:per_tp.{tp}.moe_components",
+                "expert_loads (format 3) needs every entry's quality evidence (format 2) first",
+            )
         owner.pop("format_version", None)
         return {}
     if len(with_quality) != len(owner["entries"]):
@@ -216,9 +237,62 @@ def _format_of(tp: int, owner: dict[str, Any]) -> dict[str, Any]:
         )
     # schema first, then the version, then the entries: the order a reader expects.
     entries = owner.pop("entries")
-    owner["format_version"] = CURRENT_FORMAT_VERSION
+    owner["format_version"] = LOADS_FORMAT_VERSION if loads else CURRENT_FORMAT_VERSION
     owner["entries"] = entries
     return {}
+
+
+def attach_tile_models(
+    dest: str | Path,
+    models: Mapping[MoeTarget, Sequence[LoadSpreadRow]],
+    *,
+    block_m: int,
+) -> Path:
+    """Record, for each named target of the bundle at ``dest``, its row-tile model fitted on
+    ``models[target]`` (issue 18, format 3): the evidence is written beside the target's table
+    as ``load_spread.csv`` and the entry gets ``expert_loads`` (rows balanced, the fitted cost).
+    Tables and quality evidence keep their bytes; the result is validated, then swapped in."""
+    dest = Path(dest)
+    with _meta_lock(dest):
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            shutil.copytree(dest, stage, dirs_exist_ok=True, copy_function=_link_or_copy)
+            meta = read_meta(stage)
+            per_tp = meta.get("per_tp") or {}
+            wanted = {t.key: rows for t, rows in models.items()}
+            for tp, record in per_tp.items():
+                owner = record.get("moe_components") if isinstance(record, dict) else None
+                if not isinstance(owner, dict):
+                    continue
+                for entry in owner.get("entries", []):
+                    key = MoeTarget.from_dict(entry["target"]).key
+                    rows = wanted.pop(key, None)
+                    if rows is None:
+                        continue
+                    folder = str(entry["table"]).rsplit("/", 1)[0]
+                    data = format_load_spread(rows)
+                    _write_fresh(stage / f"tp{tp}" / folder / LOAD_SPREAD_FILE, data)
+                    entry["expert_loads"] = tile_model_record(
+                        rows,
+                        block_m=block_m,
+                        evidence={
+                            "file": f"{folder}/{LOAD_SPREAD_FILE}",
+                            "sha256": hashlib.sha256(data).hexdigest(),
+                        },
+                    )
+                owner.update(_format_of(int(tp), owner))
+            if wanted:
+                raise ValueError(f"the bundle has no entries for targets {sorted(wanted)}")
+            _write_fresh(stage / META, _dump_yaml(meta))
+            bundle = open_bundle(stage)
+            for written in bundle.entries:
+                load_quality(stage, written, load_table(stage, written))
+                load_spread_evidence(stage, written)
+            _swap_in(stage, dest)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    return dest
 
 
 def _write_fresh(path: Path, data: bytes) -> None:

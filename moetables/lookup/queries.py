@@ -78,12 +78,21 @@ def local_coordinates_problem(component: str, a: int, m: int) -> str | None:
     return None
 
 
-def load_problem(component: str, loads: Any, tile_cost_us: Any) -> str | None:
+def load_problem(
+    component: str,
+    loads: Any,
+    tile_cost_us: Any,
+    *,
+    fitted_cost_us: float | None = None,
+    check_cost: bool = True,
+) -> str | None:
     """Why a load description (issue 18) cannot go with this query, or None.
 
     ``loads`` (None: absent) is ``"balanced"``, ``"uniform"``, ``"power_law(alpha)"`` or
-    per-expert counts, for the experts component only; any but balanced needs
-    ``tile_cost_us``, a number >= 0 (us per extra row tile), which needs a description.
+    per-expert counts, for the experts component only; any but balanced needs a cost per
+    extra row tile: ``tile_cost_us`` (a number >= 0, which needs a description) or else the
+    table's own fitted one (``fitted_cost_us``, format 3's tile model). ``check_cost=False``
+    leaves that to the table (a query parsed before its table is known).
     Whether explicit counts fit the query's (A, M) is ``counts_problem``'s.
     """
     if loads is None:
@@ -99,8 +108,11 @@ def load_problem(component: str, loads: Any, tile_cost_us: Any) -> str | None:
     except TileError as exc:
         return str(exc)
     if tile_cost_us is None:
-        if kind != "balanced":
-            return f"loads={loads!r} needs tile_cost_us, a number >= 0 (us per row tile)"
+        if kind != "balanced" and check_cost and fitted_cost_us is None:
+            return (
+                f"loads={loads!r} needs tile_cost_us, a number >= 0 (us per row tile): this "
+                "table records no fitted tile cost"
+            )
         return None
     if (
         isinstance(tile_cost_us, bool)
@@ -159,7 +171,7 @@ def parse_query(raw: Any) -> Query:
     tokens = _int(raw, "tokens")
     loads, tile_cost_us = raw.get("loads"), raw.get("tile_cost_us")
     if loads is not None or tile_cost_us is not None:
-        problem = load_problem(component, loads, tile_cost_us)
+        problem = load_problem(component, loads, tile_cost_us, check_cost=False)
         if problem is not None:
             raise QueryError(problem)
     if component == EXPERTS:

@@ -151,6 +151,13 @@ class DeploymentTables:
             **options,
         )
 
+    @property
+    def fitted_tile_cost_us(self) -> float | None:
+        """The table's own row-tile cost (format 3's tile model, issue 18), or None: the cost
+        a load description is charged at when the caller names none."""
+        model = self.entry.expert_loads.tile_model
+        return None if model is None else model.tile_cost_us
+
     def tile_shape(self) -> tuple[int, int, str]:
         """(local experts, expert width per tensor-parallel partition, vLLM device family) of
         this rank's expert kernel, from the contract (issue 18)."""
@@ -237,19 +244,22 @@ class DeploymentTables:
         tiles of a multinomial over the A experts), ``"power_law(alpha)"`` (shares proportional
         to rank^-alpha) or explicit per-expert counts (A of them nonzero, adding up to M). The
         row tiles beyond the table's balanced ones are charged ``tile_cost_us`` each where
-        vLLM's block is 128 rows (`moetables.tiles`); any load but balanced needs the cost.
+        vLLM's block is 128 rows (`moetables.tiles`); any load but balanced needs the cost,
+        given or the table's own fitted one (``fitted_tile_cost_us``, bundle format 3).
         """
         from moetables.tiles import MODEL_BLOCK_M, TileError, block_size_m, load_tiles
 
-        problem = load_problem(EXPERTS, loads, tile_cost_us) or counts_problem(
-            loads, activated_experts, local_assignments
-        )
+        fitted = self.fitted_tile_cost_us
+        problem = load_problem(
+            EXPERTS, loads, tile_cost_us, fitted_cost_us=fitted
+        ) or counts_problem(loads, activated_experts, local_assignments)
         if problem is not None:
             raise QueryError(problem)
         base = self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode)
         if loads is None or (isinstance(loads, str) and loads == "balanced"):
             return base
-        assert tile_cost_us is not None  # load_problem: any load but balanced needs the cost
+        cost = tile_cost_us if tile_cost_us is not None else fitted
+        assert cost is not None  # load_problem: any load but balanced needs a cost
         local, width, device = self.tile_shape()
         bm = block_size_m(tokens, local, width, device=device)
         if bm < MODEL_BLOCK_M:
@@ -258,7 +268,7 @@ class DeploymentTables:
             tiles = load_tiles(loads, activated_experts, local_assignments, bm)
         except TileError as exc:
             raise QueryError(str(exc)) from None
-        return base + float(tile_cost_us) * (
+        return base + float(cost) * (
             tiles - self.balanced_tiles(tokens, activated_experts, local_assignments, mode)
         )
 
@@ -291,7 +301,9 @@ class DeploymentTables:
         """
         if loads is not None or tile_cost_us is not None:
             self._known(component, mode)
-            problem = load_problem(component, loads, tile_cost_us)
+            problem = load_problem(
+                component, loads, tile_cost_us, fitted_cost_us=self.fitted_tile_cost_us
+            )
             if problem is not None:
                 raise QueryError(problem)
             return self.experts_time_us(
@@ -372,17 +384,21 @@ class DeploymentTables:
         is not balanced answered again by `experts_time_us` (the same value a scalar call
         gives, bit for bit)."""
         self._known(component, mode)
+        fitted = self.fitted_tile_cost_us
         result = self.batch(component, tokens, activated_experts, local_assignments, mode)
         rows = result.time_us.size
         if isinstance(loads, str):
-            problem = load_problem(component, loads, tile_cost_us)
+            problem = load_problem(component, loads, tile_cost_us, fitted_cost_us=fitted)
             if problem is not None:
                 raise QueryError(problem)
             if loads == "balanced":
                 return result
             each: list[Any] = [loads] * rows
         elif loads is None:
-            raise QueryError(load_problem(component, loads, tile_cost_us) or "loads is required")
+            raise QueryError(
+                load_problem(component, loads, tile_cost_us, fitted_cost_us=fitted)
+                or "loads is required"
+            )
         else:
             each = list(loads)
             if len(each) != rows:
@@ -395,7 +411,7 @@ class DeploymentTables:
                         "loads: each row's description is a string or a list of per-expert "
                         f"counts, got {d!r} (give one list of counts for one row as [[...]])"
                     )
-                problem = load_problem(component, d, tile_cost_us)
+                problem = load_problem(component, d, tile_cost_us, fitted_cost_us=fitted)
                 if problem is not None:
                     raise QueryError(problem)
         values = result.time_us.ravel().copy()

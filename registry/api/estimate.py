@@ -81,11 +81,11 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
         help_text="add each rank's pairs per local expert (`expert_range`, `expert_counts`); "
         "histogram, round_robin and random policies only",
     )
-    tile_cost_us = serializers.FloatField(
-        min_value=0,
+    tile_cost_us = serializers.JSONField(
         required=False,
-        help_text="issue 18: microseconds per expert-kernel row tile that the step's per-expert "
-        "counts run beyond the table's balanced tiles (counting policies; docs/estimate.md)",
+        help_text="issue 18: microseconds per expert-kernel row tile (a number >= 0) that the "
+        "step's per-expert counts run beyond the table's balanced tiles (counting policies; "
+        "docs/estimate.md), or \"table\": each rank's table's own fitted cost (bundle format 3)",
     )
     cluster = serializers.JSONField(
         required=False,

@@ -166,9 +166,9 @@ def test_it_keeps_reading_format_1_and_says_the_evidence_is_absent(current_bundl
 def test_it_refuses_an_unknown_format_version(evidence_bundle: Path) -> None:
     meta_path = evidence_bundle / "meta.yaml"
     meta = yaml.safe_load(meta_path.read_text())
-    meta["per_tp"][1]["moe_components"]["format_version"] = 3
+    meta["per_tp"][1]["moe_components"]["format_version"] = 4
     meta_path.write_text(yaml.safe_dump(meta))
-    with pytest.raises(BundleError, match="unknown format version 3"):
+    with pytest.raises(BundleError, match="unknown format version 4"):
         open_bundle(evidence_bundle)
 
 

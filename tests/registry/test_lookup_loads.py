@@ -149,3 +149,80 @@ def test_remote_tables_pass_descriptions_through_bit_for_bit(remote: Any) -> Non
     assert _outcome(remote.batch, "gate_routing", [4], loads="uniform", tile_cost_us=1) == (
         _outcome(LOCAL.batch, "gate_routing", [4], loads="uniform", tile_cost_us=1)
     )
+
+
+H200 = F2.parents[3] / "H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+SPREAD = F2.parents[4] / "docs/evidence/h200-load-spread/load_spread.json"
+
+
+@pytest.fixture
+def fitted_copy(tmp_path: Path) -> Path:
+    """The H200 bundle with its tables' fitted tile costs recorded (format 3, issue 18)."""
+    import shutil
+
+    from acquisition.load_spread import attach
+
+    bundle = tmp_path / "H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    shutil.copytree(H200, bundle)
+    attach(bundle, json.loads(SPREAD.read_text()))
+    return bundle
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tables_own_cost_answers_described_queries_on_every_path(
+    live_server: Any, fitted_copy: Path
+) -> None:
+    """Issue 18 part 2: the table detail states expert_loads; a described query without
+    tile_cost_us is charged at the table's cost over REST, through RemoteTables and in process
+    alike; the estimate's tile_cost_us="table" too."""
+    import requests
+
+    bundle = publish_bundle(fitted_copy).bundle
+    detail = requests.get(f"{live_server.url}/api/v1/bundles/{bundle.pk}/", timeout=30).json()
+    costs = {
+        t["target"]["dp"]: t["expert_loads"]["tile_model"]["tile_cost_us"] for t in detail["tables"]
+    }
+    assert costs == {1: 1.416, 2: 1.764}
+    assert all(t["expert_loads"]["rows"] == "balanced" for t in detail["tables"])
+    local = ComponentTables(fitted_copy).deployment(1, 2, 1)
+    remote_tables = RemoteTables(live_server.url, bundle=bundle.pk)
+    OPENED.append(remote_tables)
+    remote = remote_tables.deployment(1, 2, 1)
+    assert remote.fitted_tile_cost_us == 1.764
+    queries = [{**EXPERT, "loads": "uniform"}, {**EXPERT, "loads": SKEW}]
+    assert remote.answer(queries) == local.answer(queries)
+    assert local.answer(queries)[0]["time_us"] == local.experts_time_us(
+        2048, 64, 8192, loads="uniform", tile_cost_us=1.764
+    )
+    n, a, m = [2048, 4096], [64, 64], [8192, 16384]
+    mine = local.batch("experts", n, a, m, loads="uniform")
+    theirs = remote.batch("experts", n, a, m, loads="uniform")
+    assert np.array_equal(mine.time_us, theirs.time_us) and (mine.code == 0).all()
+    # A bundle without a model still refuses on both paths, alike.
+    plain_remote = RemoteTables(live_server.url, bundle=publish_bundle(F2).bundle.pk)
+    OPENED.append(plain_remote)
+    assert _outcome(
+        plain_remote.deployment(1, 2, 1).batch, "experts", n, a, m, loads="uniform"
+    ) == (
+        _outcome(ComponentTables(F2).deployment(1, 2, 1).batch, "experts", n, a, m, loads="uniform")
+    )
+    body = {
+        "bundle": bundle.pk,
+        "tp": 1,
+        "dp": 2,
+        "tokens": [2048, 2048],
+        "policy": "round_robin",
+        "tile_cost_us": "table",
+        "events": False,
+    }
+    answer = requests.post(f"{live_server.url}/api/v1/estimate", json=body, timeout=30)
+    assert answer.status_code == 200, answer.content
+    expected = ComponentTables(fitted_copy).estimate(
+        [2048, 2048], tp=1, dp=2, policy="round_robin", tile_cost_us=1.764
+    )
+    assert [r["compute_us"] for r in answer.json()["ranks"]] == [
+        r.compute_us for r in expected.ranks
+    ]
+    for t in OPENED:
+        t.close()
+    OPENED.clear()

@@ -67,6 +67,11 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
     target = serializers.SerializerMethodField()
     support = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
+    expert_loads = serializers.SerializerMethodField(
+        help_text="issue 18: the expert rows' load distribution (balanced) and, from bundle "
+        "format 3, the table's fitted row-tile model (tile_model.tile_cost_us: the cost a "
+        "lookup's load description is charged at when the query names none)"
+    )
 
     class Meta:
         model = DeploymentTable
@@ -86,7 +91,13 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
             "contract_id",
             "contract",
             "coverage",
+            "expert_loads",
         )
+
+    def get_expert_loads(self, table: DeploymentTable) -> dict[str, Any]:
+        from registry.bundles.services.describe import expert_loads_of_meta
+
+        return expert_loads_of_meta(table.bundle.meta, table.target)
 
     @extend_schema_field(TargetSerializer)
     def get_target(self, table: DeploymentTable) -> dict[str, Any]:

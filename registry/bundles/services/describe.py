@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "backend_of",
+    "expert_loads_of_meta",
     "jsonable",
     "measured_at_of",
     "measured_at_of_meta",
@@ -68,6 +69,21 @@ def _get(mapping: Any, *keys: str) -> Any:
 def _moe_records(meta: dict[str, Any]) -> list[Any]:
     legacy = _get(meta, "moe_components", "per_tp")
     return list(legacy.values()) if isinstance(legacy, dict) else []
+
+
+def expert_loads_of_meta(meta: Any, target: dict[str, Any]) -> dict[str, Any]:
+    """An entry's ``expert_loads`` as the bundle states it (format 3, issue 18); every other
+    entry, and every historical one, holds balanced rows and no fitted tile model."""
+    entries = _get(meta, "per_tp", str(target.get("tp")), "moe_components", "entries")
+    for entry in entries if isinstance(entries, list) else []:
+        raw = _get(entry, "target")
+        if isinstance(raw, dict) and all(
+            raw.get(k) == target.get(k) for k in ("tp", "dp", "rank", "sequence_parallel")
+        ):
+            loads = _get(entry, "expert_loads")
+            if isinstance(loads, dict):
+                return dict(jsonable(loads))
+    return {"rows": "balanced"}
 
 
 def table_identity(contract: Any) -> dict[str, Any]:

@@ -1,0 +1,154 @@
+"""The TP1 engine validation (issue 18 part 3): the DP1 step plan and the CPU analysis of a DP1 run.
+
+The GPU side (`scripts/h200x2_estimate_validation.py run --dp 1`) needs vLLM; here its output is
+stood in for by rank files of the same shape whose per-expert counts are drawn like the routing
+simulator's and whose measured compute is a known multiple of the estimate, so the goal
+arithmetic can be checked against numbers known in advance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from acquisition.estimate_validation import (
+    ISSUE18_GOALS,
+    ValidationDataError,
+    load_forwards,
+    local_load,
+    routings_in,
+    run,
+)
+from moetables.lookup.tables import ComponentTables
+
+ROOT = Path(__file__).resolve().parents[2]
+F2 = "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+E, K = 128, 8
+
+
+def _probe() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "h200x2_estimate_validation", ROOT / "scripts/h200x2_estimate_validation.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_dp1_plan_steps_n_from_1_to_2000_and_the_table_point_2048() -> None:
+    plan = _probe().step_plan(1)
+    tokens = [step[0] for step in plan]
+    assert all(len(step) == 1 for step in plan)
+    assert tokens == sorted(set(tokens)) and tokens[0] == 1 and 2000 in tokens
+    assert tokens[-1] == 2048  # the engine's max_num_batched_tokens
+    assert sum(1 < n < 2048 and n & (n - 1) for n in tokens) >= 10  # off the tables' 2^k points
+    with pytest.raises(ValueError):
+        _probe().step_plan(0)
+
+
+def _counts(rng: np.random.Generator, n: int, skew: bool) -> list[int]:
+    weights = np.exp(rng.normal(0.0, 1.0, E)) if skew else np.ones(E)
+    ids = [rng.choice(E, size=K, replace=False, p=weights / weights.sum()) for _ in range(n)]
+    return np.bincount(np.concatenate(ids), minlength=E).tolist()
+
+
+def _fake_dp1_run(
+    evidence: Path, routing: str, factor: float, tile_cost_us: float, skew: bool
+) -> None:
+    """A DP1 rank file whose measured compute is ``factor`` x the estimate of its own counts."""
+    rng = np.random.default_rng(5)
+    plan = [[n] for n in (1, 16, 256, 777, 2000)]
+    reps = 2
+    tables = ComponentTables(ROOT / F2)
+    blocks = []
+    for _rep in range(reps):
+        for (n,) in plan:
+            counts = _counts(rng, n, skew)
+            est = tables.estimate(
+                [n],
+                tp=1,
+                dp=1,
+                policy="histogram",
+                expert_counts=counts,
+                tile_cost_us=tile_cost_us,
+            )
+            blocks.append(
+                {
+                    "tokens": n,
+                    "expert_counts": counts,
+                    "compute_us": factor * est.layer_compute_us,
+                    "nccl_us": [],
+                    "nccl_names": [],
+                }
+            )
+    rank = {
+        "rank": 0,
+        "dp": 1,
+        "ok": True,
+        "routing": "simulator",
+        "plan": plan,
+        "reps": reps,
+        "moe": [{"top_k": K, "expert_map": None, "ep_size": 1, "local_experts": E}],
+        "blocks": blocks,
+    }
+    out = evidence / "validation" / routing
+    out.mkdir(parents=True)
+    (out / "rank0.json").write_text(json.dumps(rank))
+
+
+def test_it_compares_a_dp1_run_without_a_cluster_and_judges_issue_18s_goal(
+    tmp_path: Path,
+) -> None:
+    """Issue 18 part 3: uniform within 2 % median / 5 % worst, skewed within 5 %. A run measuring
+    3 % above the estimate everywhere meets the skewed goal and misses the uniform one."""
+    _fake_dp1_run(tmp_path, "simulator", 1.03, 1.6, skew=False)
+    _fake_dp1_run(tmp_path, "normal_routing", 1.03, 1.6, skew=True)
+    assert routings_in(tmp_path) == ["simulator", "normal_routing"]
+    result = run(tmp_path, F2, None, tile_cost_us=1.6)
+    goal = result["issue18"]
+    for routing in ("simulator", "normal_routing"):
+        g = goal[routing]
+        assert g["error_median_signed"] == pytest.approx(1 / 1.03 - 1)
+        assert g["abs_error_max"] == pytest.approx(1 - 1 / 1.03)
+        assert (g["goal_median"], g["goal_max"]) == ISSUE18_GOALS[routing]
+        assert g["step_ranks"] == 5
+    assert goal["simulator"]["within_goal"] is False
+    assert goal["normal_routing"]["within_goal"] is True
+    hist = [r for r in result["forwards"] if r["policy"] == "histogram"]
+    # R41: the captured counts give the estimate exactly the A and M the kernel received.
+    assert all(r["A_measured"] == r["A_estimate"] for r in hist)
+    assert all(r["M_measured"] == r["M_estimate"] == K * r["N"] for r in hist)
+    # No collectives at DP1: nothing compared, no transfer statistics.
+    assert all(s["transfer_error"] is None for s in result["steps"])
+    assert "transfer_abs_error_median" not in result["summary"]["simulator/histogram"]
+    # The balanced policy is compared too (today's answer): A from the expectation, not the counts.
+    assert "normal_routing/balanced" in result["summary"]
+
+
+def test_a_dp1_run_measured_as_estimated_is_within_the_goal_and_a_charge_matters(
+    tmp_path: Path,
+) -> None:
+    """The same counts without the tile charge give other numbers: the charge reaches the goal."""
+    _fake_dp1_run(tmp_path, "simulator", 1.0, 1.6, skew=False)
+    charged = run(tmp_path, F2, None, tile_cost_us=1.6)["issue18"]["simulator"]
+    assert charged["abs_error_max"] == pytest.approx(0.0, abs=1e-12) and charged["within_goal"]
+    plain = run(tmp_path, F2, None)["issue18"]["simulator"]
+    assert plain["error_max_signed"] < -1e-3  # N = 2,000 runs more tiles than the table's balanced
+
+
+def test_a_dp2_run_still_needs_its_cluster(tmp_path: Path) -> None:
+    evidence = ROOT / "docs/evidence/h200x2-estimate"
+    with pytest.raises(ValidationDataError, match="cluster"):
+        run(evidence, F2, None)
+    assert local_load(np.array([0, 3, 2, 0]), None) == (2, 5)
+    assert local_load(np.array([0, 3, 2, 0]), [0, 1, -1, -1]) == (1, 3)
+    forwards, _ = load_forwards(evidence, "native")
+    assert forwards and len(forwards[0].tokens) == 2
