@@ -269,3 +269,27 @@ def test_a_checkpoint_of_another_plan_is_not_resumed(tmp_path: Path) -> None:
     new = {**identity, "point_plan_sha256": f2_plan(1, 0, steps_for(1)).sha256}
     with pytest.raises(CheckpointError, match="point_plan_sha256"):
         SampleLog.open(tmp_path, new, {})
+
+
+def test_the_contract_records_the_rule(tmp_path: Path) -> None:
+    from acquisition.publish import build_contract
+
+    conditioning = {
+        "expert_weight_bytes": 1,
+        "expert_bank_bytes": 1,
+        "cache_bytes": 1,
+        "cache_source": "declared",
+        "banks": 2,
+        "expert_bytes": 1,
+        "control_sets": [],
+    }
+    for kernel_steps, present in (("auto", True), ("off", False)):
+        args = argv(tmp_path, "--backend", "vllm-modular", "--moe-kernel-steps", kernel_steps)
+        request, plans = prepare(build_parser().parse_args(args), args)
+        contract = build_contract(request, plans[0], {}, conditioning, {})
+        sampling = contract["expert_sampling"]
+        assert sampling["point_plan_sha256"] == plans[0].sha256
+        assert ("kernel_steps" in sampling) is present
+        if present:
+            assert sampling["kernel_steps"] == plans[0].kernel_record()
+            assert sampling["kernel_steps"]["expert_rows_added"][:3] == [3, 5, 6]
