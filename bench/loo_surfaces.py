@@ -25,8 +25,9 @@ are linear between its planned neighbours in M), and today's error level at poin
 already bracketed, the level to expect there. ``--bundle DIR`` analyses the given bundles only
 (a new acquisition before it is shipped) and adds the kernel-aware leave-one-out: each point
 answered only from the points of its own kernel segment in N (the rows between two switches of
-the kernel's configuration), so a point the rule placed next to a switch, removed, is refused
-like a hull point instead of being interpolated across the switch it brackets.
+the kernel's configuration), and points that are bends themselves (next to a switch, or a
+corner of the row tiles: ``is_knot``) refused like hull points: removed, such a point could
+only be interpolated across the bend it marks; kept, it answers itself exactly.
 """
 
 from __future__ import annotations
@@ -149,14 +150,17 @@ def leave_one_out(bundle: Bundle, entry: TableEntry, *, kernel_aware: bool = Fal
     )
     errors: list[PointError] = []
     segment = np.zeros(len(n), dtype=np.int64)
+    steps = kernel_steps(entry)
     if kernel_aware:
-        steps = kernel_steps(entry)
         kernels: dict[object, int] = {}
         segment = np.array([kernels.setdefault(steps.kernel(int(x)), len(kernels)) for x in n])
     for i in range(len(n)):
         keep = (np.arange(len(n)) != i) & (segment == segment[i])
         if np.unique(n[keep]).size < 2:
             continue
+        here = PointError(int(n[i]), int(a[i]), int(m[i]), float(t[i]), float(t[i]))
+        if kernel_aware and is_knot(here, steps):
+            continue  # a bend the plan measures: kept, it answers itself exactly
         surface = ExpertSurface(
             n[keep], a[keep], m[keep], t[keep], entry.geometry, label="loo", coordinates="raw"
         )
@@ -225,6 +229,30 @@ def bracketed(
     return in_n, linear
 
 
+def is_knot(e: PointError, steps: KernelSteps) -> bool:
+    """Whether the point is itself where the surface bends: its N next to a switch of the kernel,
+    or its M (at EP1, its N) a corner of the balanced row tiles. Removed, such a point can only
+    be interpolated across the bend it marks; kept, a query there is answered exactly."""
+    if steps.kernel(max(1, e.tokens - 1)) != steps.kernel(e.tokens) or steps.kernel(
+        e.tokens + 1
+    ) != steps.kernel(e.tokens):
+        return True
+    b = steps.config(e.tokens).block_m
+    ep1 = steps.local_experts == steps.global_experts
+
+    def tiles(m: int) -> int:
+        if steps.naive(e.tokens):
+            return m
+        base, extra = divmod(m, e.active)
+        return extra * math.ceil((base + 1) / b) + (e.active - extra) * math.ceil(base / b)
+
+    step = steps.top_k if ep1 else 1  # at EP1 a neighbouring row is k pairs away
+    if e.pairs - step < e.active:
+        return False
+    t0, t1, t2 = tiles(e.pairs - step), tiles(e.pairs), tiles(e.pairs + step)
+    return t1 - t0 != t2 - t1
+
+
 def predict_kernel_steps(
     results: list[SurfaceLoo], entries: dict[tuple[str, str], TableEntry]
 ) -> None:
@@ -233,14 +261,16 @@ def predict_kernel_steps(
         "Today's answered points, judged by the neighbours they would have in the plan of the "
         "kernel-step rule (same target and options): bracketed = both neighbours in N run the "
         "point's kernel and the row tiles are linear between its neighbours in M. Today's "
-        "already-bracketed points show the error level inside one kernel.\n"
+        "already-bracketed points show the error level inside one kernel; a bend itself is a "
+        "point the rule's knots sit on (next to a switch in N, or a corner of the row tiles): "
+        "answered exactly when kept, only across its bend when left out.\n"
     )
     print(
         "| bundle | target | points now | points with the rule | > 5 % now | of them bracketed "
-        "with the rule | bracketed today: answered, median, p95 | not bracketed today: "
-        "median, p95 |"
+        "with the rule | of them a bend themselves | neither | bracketed today: answered, "
+        "median, p95 | not bracketed today: median, p95 |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         if r.factor != 2 or not r.bundle.startswith("H200-vllm"):
             continue
@@ -250,6 +280,7 @@ def predict_kernel_steps(
         now = set(r.measured)
         big = [e for e in r.errors if e.error > 0.05]
         fixed = sum(all(bracketed(e, planned, steps)) for e in big)
+        knots = sum(not all(bracketed(e, planned, steps)) and is_knot(e, steps) for e in big)
         inside = [e.error for e in r.errors if all(bracketed(e, now, steps))]
         outside = [e.error for e in r.errors if not all(bracketed(e, now, steps))]
 
@@ -260,7 +291,8 @@ def predict_kernel_steps(
 
         print(
             f"| {r.bundle} | {r.target} | {r.points} | {sum(1 for p in planned if p[1] > 0)} | "
-            f"{len(big)} | {fixed} | {len(inside)}, {stats(inside)} | {stats(outside)} |"
+            f"{len(big)} | {fixed} | {knots} | {len(big) - fixed - knots} | {len(inside)}, "
+            f"{stats(inside)} | {stats(outside)} |"
         )
     print()
 

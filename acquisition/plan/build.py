@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from acquisition.plan.experts import expert_points
+from acquisition.plan.experts import activated_axis, expert_points
 from acquisition.plan.kernel import KernelSteps
 from acquisition.plan.tokens import CaptureSizes, CudagraphMode, TokenAxes, token_axes
 from moetables.bundle import EXPERTS
@@ -142,9 +142,14 @@ def build_plan(
     expert_rows = set(axes.expert_rows)
     kernel_rows: tuple[int, ...] = ()
     if kernel is not None:
-        kernel_rows = tuple(
-            r for r in kernel.row_steps(axes.expert_maximum) if r not in expert_rows
+        found = set(kernel.row_steps(axes.expert_maximum))
+        # At EP1 M = N k: the block-padding corners are rows (for every A of the axis).
+        found.update(
+            kernel.row_corners(
+                axes.expert_maximum, activated_axis(geometry, axes.expert_maximum, factor)
+            )
         )
+        kernel_rows = tuple(sorted(found - expert_rows))
         expert_rows.update(kernel_rows)
     points: list[PlanPoint] = []
     # Local components first: they are cheap and need no weight banks.

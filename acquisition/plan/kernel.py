@@ -29,6 +29,7 @@ hardware and dtypes are declined (`KernelStepsError`): their tuned files are not
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,6 +213,25 @@ class KernelSteps:
             if current != previous:
                 rows.update((n - 1, n))
             previous = current
+        return sorted(rows)
+
+    def row_corners(self, maximum: int, actives: Iterable[int]) -> list[int]:
+        """At EP1 (M = N k, so the padding corners are rows): for each A, the last row before
+        and the first row after every ramp A*B*j .. A*B*j + A of the row tiles, every j."""
+        if self.local_experts != self.global_experts:
+            return []
+        k = self.top_k
+        rows: set[int] = set()
+        blocks = {self.config(n).block_m for n in range(1, maximum + 1)}
+        for active in actives:
+            for b in blocks:
+                j = 1
+                while (first := -(-(active * b * j) // k)) <= maximum:
+                    last = (active * b * j) // k
+                    after = -(-(active * b * j + active) // k)
+                    if self.config(first).block_m == b and not self.naive(first):
+                        rows.update(r for r in (last, after) if 1 <= r <= maximum)
+                    j += 1
         return sorted(rows)
 
     def assignment_corners(self, rows: int, active: int, low: int, high: int) -> list[int]:

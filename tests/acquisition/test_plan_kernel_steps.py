@@ -199,6 +199,28 @@ def test_the_corners_make_the_row_tiles_linear_between_planned_assignments() -> 
     assert checked > 1000
 
 
+def test_at_ep1_the_row_tiles_are_linear_between_planned_rows_of_one_kernel() -> None:
+    """EP1 has M = N k: the padding corners are rows, planned for every A and every step."""
+    steps = steps_for(1)
+    plan = f2_plan(1, 0, steps)
+    checked = 0
+    for a in sorted({p.activated_experts for p in plan.points if p.is_expert}):
+        rows = sorted(p.tokens for p in plan.points if p.is_expert and p.activated_experts == a)
+        for lo, hi in itertools.pairwise(rows):
+            if steps.kernel(lo) != steps.kernel(hi) or steps.naive(lo):
+                continue  # a switch of kernel: bracketed, never interpolated across
+            b = steps.config(lo).block_m
+            t_lo, t_hi = (row_tiles(balanced_counts(8 * n, a), b) for n in (lo, hi))
+            for n in range(lo + 1, hi):
+                exact = row_tiles(balanced_counts(8 * n, a), b)
+                assert exact * (hi - lo) == t_lo * (hi - n) + t_hi * (n - lo), (a, n)
+                checked += 1
+    assert checked > 1000
+    # The measured +11 % of one row (A = 8: 256 -> 257 pairs per expert, 64 -> 72 tiles):
+    assert {256, 257} <= {p.tokens for p in plan.points}
+    assert steps_for(2).row_corners(4096, [1, 8, 64]) == []  # M is its own axis there
+
+
 def test_the_first_steps_of_the_measured_staircase_are_planned() -> None:
     """docs/benchmarks.md: at N = 514, A = 8, M = 2048 -> 2056 is +27 % (one tile per expert)."""
     corners = steps_for(2).assignment_corners(514, 8, 8, 514 * 8)
