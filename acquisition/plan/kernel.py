@@ -20,6 +20,9 @@ The rule adds, before anything is measured (R10):
   spans two kernels;
 - at every planned (N, A), the corners A*B*j and A*B*j + A for j = 1 .. ``assignment_steps``
   that lie in the feasible M range (sorted pairs only; naive assignment has no padding).
+- at EP1, where M = N k leaves no M axis, the same corners as rows: for every A of the axis and
+  every j, the last row before and the first row after each ramp (cheap: one target, and the
+  staircase of a few experts' tiles is the largest error there).
 
 Only configurations this module embeds are modelled: the H200 tuned file for 128 experts of
 width 768 in bf16 (Qwen3-30B-A3B at EP1) and vLLM's bf16/fp16 default elsewhere on the H200
