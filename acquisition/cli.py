@@ -76,10 +76,15 @@ def prepare(
 def _describe(plan: PointPlan) -> str:
     t = plan.target
     counts = ", ".join(f"{c} {plan.count(c)}" for c in plan.components)
+    kernel = (
+        f"; kernel steps: +{plan.kernel_points} expert points ({plan.kernel.source})"
+        if plan.kernel is not None
+        else "; kernel steps off"
+    )
     return (
         f"TP{t.tp} {t.deployment}: {len(plan.points)} points ({counts}); local rows <= "
         f"{plan.axes.local_budget}, expert rows <= {plan.axes.expert_maximum}, "
-        f"L={plan.geometry.local_experts}; plan {plan.sha256[:12]}"
+        f"L={plan.geometry.local_experts}{kernel}; plan {plan.sha256[:12]}"
     )
 
 

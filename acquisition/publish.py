@@ -119,6 +119,7 @@ def build_contract(
             },
             "point_plan_sha256": plan.sha256,
             "points": len(plan.points),
+            **({"kernel_steps": plan.kernel_record()} if plan.kernel is not None else {}),
         },
         "sampling_graph": {
             "source": {

@@ -1,6 +1,8 @@
 """Leave-one-out error of every expert surface of every shipped current-layout bundle (issue 20).
 
     PYTHONPATH=. .venv/bin/python bench/loo_surfaces.py [--worst 8]
+    PYTHONPATH=. .venv/bin/python bench/loo_surfaces.py --predict-kernel-steps
+    PYTHONPATH=. .venv/bin/python bench/loo_surfaces.py --bundle DIR [--bundle DIR ...]
 
 Each measured positive expert point (A > 0) is removed in turn, the surface rebuilt from the
 others with the lookups' own code (``ExpertSurface``: raw coordinates and the simplex locator
@@ -15,6 +17,17 @@ to N) at E=128, ``get_default_config`` at E=64 (no tuned H200 file for 64 expert
 768). ``moe_align_block_size`` pads each expert's pairs to a multiple of BLOCK_SIZE_M, so the
 kernel's row tiles are sum_e ceil(m_e / B) = A x ceil(M / (A x B)) for balanced stimuli.
 Nothing here changes the planner (R10: plan points come from configuration, never latencies).
+
+``--predict-kernel-steps`` reads today's factor-2 vLLM tables against the plan the kernel-step
+rule (``acquisition.plan.kernel``) would give the same targets: which of today's large errors
+would be bracketed (both planned neighbours in N run the point's own kernel, and the row tiles
+are linear between its planned neighbours in M), and today's error level at points that are
+already bracketed, the level to expect there. ``--bundle DIR`` analyses the given bundles only
+(a new acquisition before it is shipped) and adds the kernel-aware leave-one-out: each point
+answered only from the points of its own kernel segment in N (the rows between two switches of
+the kernel's configuration), and points that are bends themselves (next to a switch, or a
+corner of the row tiles: ``is_knot``) refused like hull points: removed, such a point could
+only be interpolated across the bend it marks; kept, it answers itself exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +44,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from acquisition.plan import CaptureSizes, CudagraphMode, build_plan
+from acquisition.plan.kernel import KernelSteps
 from moetables.bundle import Bundle, TableEntry, load_table, open_bundle
+from moetables.geometry import ExpertGeometry
 from moetables.lookup.surface import ExpertSurface
 
 # vLLM 0.26.0 fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json: BLOCK_SIZE_M per key.
@@ -107,7 +123,23 @@ class SurfaceLoo:
         return float(np.percentile([e.error for e in self.errors], q))
 
 
-def leave_one_out(bundle: Bundle, entry: TableEntry) -> SurfaceLoo:
+def kernel_steps(entry: TableEntry) -> KernelSteps:
+    """The kernel-step rule of a table's target (H200, bf16, the contract's expert width)."""
+    g = entry.geometry
+    geometry = entry.contract.get("geometry") or {}
+    return KernelSteps.for_target(
+        hardware="H200",
+        dtype="bf16",
+        local_experts=g.local_experts,
+        global_experts=g.global_experts,
+        top_k=g.top_k,
+        width=int(geometry.get("expert_intermediate_size", 768)),
+    )
+
+
+def leave_one_out(bundle: Bundle, entry: TableEntry, *, kernel_aware: bool = False) -> SurfaceLoo:
+    """Leave-one-out over the positive expert points; ``kernel_aware``: each point answered
+    from the other points of its own kernel segment only (refused where they do not enclose it)."""
     table = load_table(bundle.root, entry)
     rows = (table.component == "experts") & (table.mode == "eager") & (table.activated_experts > 0)
     n, a, m, t = (
@@ -117,8 +149,18 @@ def leave_one_out(bundle: Bundle, entry: TableEntry) -> SurfaceLoo:
         table.time_us[rows],
     )
     errors: list[PointError] = []
+    segment = np.zeros(len(n), dtype=np.int64)
+    steps = kernel_steps(entry)
+    if kernel_aware:
+        kernels: dict[object, int] = {}
+        segment = np.array([kernels.setdefault(steps.kernel(int(x)), len(kernels)) for x in n])
     for i in range(len(n)):
-        keep = np.arange(len(n)) != i
+        keep = (np.arange(len(n)) != i) & (segment == segment[i])
+        if np.unique(n[keep]).size < 2:
+            continue
+        here = PointError(int(n[i]), int(a[i]), int(m[i]), float(t[i]), float(t[i]))
+        if kernel_aware and is_knot(here, steps):
+            continue  # a bend the plan measures: kept, it answers itself exactly
         surface = ExpertSurface(
             n[keep], a[keep], m[keep], t[keep], entry.geometry, label="loo", coordinates="raw"
         )
@@ -129,9 +171,130 @@ def leave_one_out(bundle: Bundle, entry: TableEntry) -> SurfaceLoo:
             )
     sampling = entry.contract.get("expert_sampling")
     factor = sampling.get("factor") if isinstance(sampling, dict) else None
-    name = str(bundle.root.relative_to(ROOT / "bundles").parts[0])
+    try:
+        name = str(bundle.root.relative_to(ROOT / "bundles").parts[0])
+    except ValueError:
+        name = str(bundle.root)
     measured = [(int(x), int(y), int(z)) for x, y, z in zip(n, a, m, strict=True)]
     return SurfaceLoo(name, factor, entry.target.deployment, len(n), errors, measured)
+
+
+def planned_with_rule(entry: TableEntry) -> set[tuple[int, int, int]]:
+    """The expert points the kernel-step rule would plan for this table's target."""
+    graph = entry.contract["sampling_graph"]["source"]
+    sampling = entry.contract["expert_sampling"]
+    captures = graph["capture_sizes"]
+    g = entry.geometry
+    plan = build_plan(
+        entry.target,
+        ExpertGeometry(g.global_experts, g.top_k, g.local_experts),
+        ("experts",),
+        max_num_batched_tokens=int(graph["max_num_batched_tokens"]),
+        max_num_seqs=int(graph["max_num_seqs"]),
+        factor=float(sampling["factor"]),
+        mode=CudagraphMode(graph["cudagraph_mode"]),
+        captures=CaptureSizes(tuple(captures["sizes"]), captures["source"], captures.get("rule")),
+        kernel=kernel_steps(entry),
+    )
+    return {(p.tokens, p.activated_experts, p.local_assignments) for p in plan.points}
+
+
+def bracketed(
+    e: PointError, points: set[tuple[int, int, int]], steps: KernelSteps
+) -> tuple[bool, bool]:
+    """Whether the point's LOO among ``points`` stays inside one kernel (in N) and one
+    piece of the row tiles (in M, same N and A)."""
+    ns = sorted({n for n, a, _ in points if a == e.active and n != e.tokens})
+    below = [n for n in ns if n < e.tokens]
+    above = [n for n in ns if n > e.tokens]
+    here = steps.kernel(e.tokens)
+    in_n = all(side and steps.kernel(side[-1 if side is below else 0]) == here
+               for side in (below, above))  # fmt: skip
+    ms = sorted(m for n, a, m in points if (n, a) == (e.tokens, e.active) and m != e.pairs)
+    lo = [m for m in ms if m < e.pairs]
+    hi = [m for m in ms if m > e.pairs]
+    if not lo or not hi:
+        return in_n, True  # M has no neighbours on one side: nothing in M to bracket
+    b = steps.config(e.tokens).block_m
+    m0, m1 = lo[-1], hi[0]
+
+    def tiles(m: int) -> int:
+        base, extra = divmod(m, e.active)
+        return extra * math.ceil((base + 1) / b) + (e.active - extra) * math.ceil(base / b)
+
+    linear = all(
+        tiles(m) * (m1 - m0) == tiles(m0) * (m1 - m) + tiles(m1) * (m - m0)
+        for m in range(m0, m1 + 1)
+    )
+    return in_n, linear
+
+
+def is_knot(e: PointError, steps: KernelSteps) -> bool:
+    """Whether the point is itself where the surface bends: its N next to a switch of the kernel,
+    or its M (at EP1, its N) a corner of the balanced row tiles. Removed, such a point can only
+    be interpolated across the bend it marks; kept, a query there is answered exactly."""
+    if steps.kernel(max(1, e.tokens - 1)) != steps.kernel(e.tokens) or steps.kernel(
+        e.tokens + 1
+    ) != steps.kernel(e.tokens):
+        return True
+    b = steps.config(e.tokens).block_m
+    ep1 = steps.local_experts == steps.global_experts
+
+    def tiles(m: int) -> int:
+        if steps.naive(e.tokens):
+            return m
+        base, extra = divmod(m, e.active)
+        return extra * math.ceil((base + 1) / b) + (e.active - extra) * math.ceil(base / b)
+
+    step = steps.top_k if ep1 else 1  # at EP1 a neighbouring row is k pairs away
+    if e.pairs - step < e.active:
+        return False
+    t0, t1, t2 = tiles(e.pairs - step), tiles(e.pairs), tiles(e.pairs + step)
+    return t1 - t0 != t2 - t1
+
+
+def predict_kernel_steps(
+    results: list[SurfaceLoo], entries: dict[tuple[str, str], TableEntry]
+) -> None:
+    print("### The kernel-step plan against today's errors (configuration only, predicted)\n")
+    print(
+        "Today's answered points, judged by the neighbours they would have in the plan of the "
+        "kernel-step rule (same target and options): bracketed = both neighbours in N run the "
+        "point's kernel and the row tiles are linear between its neighbours in M. Today's "
+        "already-bracketed points show the error level inside one kernel; a bend itself is a "
+        "point the rule's knots sit on (next to a switch in N, or a corner of the row tiles): "
+        "answered exactly when kept, only across its bend when left out.\n"
+    )
+    print(
+        "| bundle | target | points now | points with the rule | > 5 % now | of them bracketed "
+        "with the rule | of them a bend themselves | neither | bracketed today: answered, "
+        "median, p95 | not bracketed today: median, p95 |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        if r.factor != 2 or not r.bundle.startswith("H200-vllm"):
+            continue
+        entry = entries[(r.bundle, r.target)]
+        steps = kernel_steps(entry)
+        planned = planned_with_rule(entry)
+        now = set(r.measured)
+        big = [e for e in r.errors if e.error > 0.05]
+        fixed = sum(all(bracketed(e, planned, steps)) for e in big)
+        knots = sum(not all(bracketed(e, planned, steps)) and is_knot(e, steps) for e in big)
+        inside = [e.error for e in r.errors if all(bracketed(e, now, steps))]
+        outside = [e.error for e in r.errors if not all(bracketed(e, now, steps))]
+
+        def stats(x: list[float]) -> str:
+            if not x:
+                return "-"
+            return f"{pct(float(np.median(x)))}, {pct(float(np.percentile(x, 95)))}"
+
+        print(
+            f"| {r.bundle} | {r.target} | {r.points} | {sum(1 for p in planned if p[1] > 0)} | "
+            f"{len(big)} | {fixed} | {knots} | {len(big) - fixed - knots} | {len(inside)}, "
+            f"{stats(inside)} | {stats(outside)} |"
+        )
+    print()
 
 
 def current_bundles() -> list[Bundle]:
@@ -146,7 +309,32 @@ def pct(x: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worst", type=int, default=8, help="largest errors listed per f2 table")
+    parser.add_argument(
+        "--predict-kernel-steps",
+        action="store_true",
+        help="only the factor-2 vLLM tables against the kernel-step plan",
+    )
+    parser.add_argument(
+        "--bundle",
+        action="append",
+        type=Path,
+        default=[],
+        help="analyse these bundle directories (plain and kernel-aware LOO) instead",
+    )
     args = parser.parse_args()
+    if args.bundle:
+        analyse_bundles(args.bundle, args.worst)
+        return
+    if args.predict_kernel_steps:
+        bundles = [
+            b for b in current_bundles() if b.root.relative_to(ROOT / "bundles").parts[0]
+            in ("H200-vllm-modular-f2", "H200-vllm-live-f2")
+        ]  # fmt: skip
+        pairs = [(b, e) for b in bundles for e in b.entries]
+        results = [leave_one_out(b, e) for b, e in pairs]
+        entries = {(r.bundle, r.target): e for r, (_, e) in zip(results, pairs, strict=True)}
+        predict_kernel_steps(results, entries)
+        return
     results = [leave_one_out(b, e) for b in current_bundles() for e in b.entries]
 
     print("### Leave-one-out error of every expert surface (raw coordinates, lookups' locator)\n")
@@ -236,6 +424,54 @@ def main() -> None:
                 f"| {e.tokens} | {e.active} | {e.pairs} | {e.pairs / e.active:.1f} | {blocks} | "
                 f"{row_tiles(e.tokens, e.active, e.pairs, local)} | {e.measured:.1f} | "
                 f"{e.answer:.1f} | {pct(e.error)} |"
+            )
+        print()
+
+
+def analyse_bundles(roots: list[Path], worst: int) -> None:
+    """Plain and kernel-aware LOO of the given bundles (issue 20's goal: median <= 1.5 %,
+    p95 <= 5 %), with the largest plain errors and whether the rule placed them at a switch."""
+    print("| bundle | target | points | plain: answered, median, p95, max | kernel-aware: "
+          "answered, median, p95, max |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- |")
+    plain_all: list[SurfaceLoo] = []
+    for root in roots:
+        bundle = open_bundle(root.resolve())
+        for entry in bundle.entries:
+            plain = leave_one_out(bundle, entry)
+            aware = leave_one_out(bundle, entry, kernel_aware=True)
+            plain_all.append(plain)
+
+            def stats(r: SurfaceLoo) -> str:
+                if not r.errors:
+                    return "0"
+                return (
+                    f"{r.answered}, {pct(r.quantile(50))}, {pct(r.quantile(95))}, "
+                    f"{pct(r.quantile(100))}"
+                )
+
+            print(f"| {root} | {plain.target} | {plain.points} | {stats(plain)} | {stats(aware)} |")
+    print()
+    for r in plain_all:
+        entry_steps = None
+        for root in roots:
+            for entry in open_bundle(root.resolve()).entries:
+                if entry.target.deployment == r.target:
+                    entry_steps = kernel_steps(entry)
+        assert entry_steps is not None
+        print(f"{r.target}: the {worst} largest plain errors\n")
+        print(
+            "| N | A | M | kernel segment of N is one row | measured us | LOO answer us | error |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for e in sorted(r.errors, key=lambda e: -e.error)[:worst]:
+            lonely = not any(
+                n != e.tokens and entry_steps.kernel(n) == entry_steps.kernel(e.tokens)
+                for n, _, _ in r.measured
+            )
+            print(
+                f"| {e.tokens} | {e.active} | {e.pairs} | {'yes' if lonely else 'no'} | "
+                f"{e.measured:.1f} | {e.answer:.1f} | {pct(e.error)} |"
             )
         print()
 

@@ -17,12 +17,20 @@ from acquisition.plan import (
     build_plan,
     derived_capture_sizes,
 )
+from acquisition.plan.kernel import KernelSteps, KernelStepsError
 from acquisition.protocol.measure import ProtocolSettings
 from acquisition.request import AcquisitionRequest
 from moetables.bundle import EXPERTS
 from moetables.geometry import ExpertGeometry, MoeTarget
 
-__all__ = ["command_line", "default_components", "plan_target", "prepare", "target_key"]
+__all__ = [
+    "command_line",
+    "default_components",
+    "kernel_steps_for",
+    "plan_target",
+    "prepare",
+    "target_key",
+]
 
 
 def prepare(
@@ -94,6 +102,7 @@ def prepare(
         max_num_batched_tokens=options.max_num_batched_tokens,
         max_num_seqs=options.max_num_seqs,
         grid_factor=options.grid_factor,
+        kernel_steps=options.kernel_steps,
         cudagraph_mode=CudagraphMode(options.cudagraph_mode),
         captures=captures,
         cache_bytes=options.cache_bytes,
@@ -118,6 +127,8 @@ def prepare(
                 )
     try:
         plans = [plan_target(request, target, default_components(target)) for target in targets]
+    except KernelStepsError as exc:
+        raise OptionError("kernel_steps", str(exc)) from exc
     except ValueError as exc:
         raise OptionError(NON_FIELD, str(exc)) from exc
     return request, plans
@@ -134,6 +145,35 @@ def default_components(target: MoeTarget) -> tuple[str, ...]:
     return ("gate_routing", EXPERTS)
 
 
+# Backends whose experts run vLLM's TritonExperts (auto selects only these, `select_backend`).
+_TRITON_BACKENDS = ("auto", "vllm-modular", "vllm-live")
+
+
+def kernel_steps_for(request: AcquisitionRequest, geometry: ExpertGeometry) -> KernelSteps | None:
+    """The kernel-step rule of a target (issue 20), or None where it is off.
+
+    ``auto``: on for the vLLM backends where the kernel's configuration is modelled (H200,
+    bf16/fp16), off elsewhere; ``on`` raises `KernelStepsError` where it is not modelled.
+    """
+    if request.kernel_steps == "off":
+        return None
+    if request.kernel_steps == "auto" and request.backend not in _TRITON_BACKENDS:
+        return None
+    try:
+        return KernelSteps.for_target(
+            hardware=request.hardware,
+            dtype=request.dtype,
+            local_experts=geometry.local_experts,
+            global_experts=geometry.global_experts,
+            top_k=geometry.top_k,
+            width=request.model.expert_intermediate_size,
+        )
+    except KernelStepsError:
+        if request.kernel_steps == "on":
+            raise
+        return None
+
+
 def plan_target(
     request: AcquisitionRequest, target: MoeTarget, components: Sequence[str]
 ) -> PointPlan:
@@ -148,6 +188,7 @@ def plan_target(
         factor=request.grid_factor,
         mode=request.cudagraph_mode,
         captures=request.captures,
+        kernel=kernel_steps_for(request, geometry),
     )
 
 

@@ -157,6 +157,16 @@ OPTIONS: tuple[Option, ...] = (
         minimum=MINIMUM_FACTOR,
     ),
     Option(
+        "kernel_steps",
+        "choice",
+        "auto",
+        "--moe-kernel-steps",
+        "add expert points on both sides of each switch of vLLM's Triton expert kernel "
+        "configuration and at its block-padding corners in M (auto: on for the vLLM backends "
+        "where the configuration is modelled)",
+        choices=("auto", "on", "off"),
+    ),
+    Option(
         "out_root",
         "path",
         None,
@@ -318,6 +328,7 @@ class AcquisitionOptions:
     rounds: int
     iterations: int
     grid_factor: float
+    kernel_steps: str
     backend: str
     device: str
     dtype: str

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from acquisition.plan.experts import expert_points
+from acquisition.plan.experts import activated_axis, expert_points
+from acquisition.plan.kernel import KernelSteps
 from acquisition.plan.tokens import CaptureSizes, CudagraphMode, TokenAxes, token_axes
 from moetables.bundle import EXPERTS
 from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map
@@ -59,14 +60,18 @@ class PointPlan:
     captures: CaptureSizes
     axes: TokenAxes
     points: tuple[PlanPoint, ...]
+    # The kernel-step rule (issue 20) and the expert rows it added beyond ``axes.expert_rows``.
+    kernel: KernelSteps | None = None
+    kernel_rows: tuple[int, ...] = ()
+    kernel_points: int = 0
 
     @property
     def expert_map(self) -> list[int]:
         return linear_expert_map(self.geometry.global_experts, self.target.ep, self.target.rank)
 
     def inputs(self) -> dict[str, Any]:
-        """What the plan was derived from."""
-        return {
+        """What the plan was derived from (a plan without the kernel rule hashes as before)."""
+        data: dict[str, Any] = {
             "schema": PLAN_SCHEMA,
             "target": self.target.as_dict(),
             "global_experts": self.geometry.global_experts,
@@ -78,6 +83,19 @@ class PointPlan:
             "factor": self.factor,
             "cudagraph_mode": self.mode.value,
             "captures": self.captures.as_dict(),
+        }
+        if self.kernel is not None:
+            data["kernel_steps"] = self.kernel.as_dict()
+        return data
+
+    def kernel_record(self) -> dict[str, Any] | None:
+        """The kernel-step rule and what it added, for the contract (None: rule off)."""
+        if self.kernel is None:
+            return None
+        return {
+            **self.kernel.as_dict(),
+            "expert_rows_added": list(self.kernel_rows),
+            "expert_points_added": self.kernel_points,
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -109,19 +127,40 @@ def build_plan(
     factor: float,
     mode: CudagraphMode,
     captures: CaptureSizes,
+    kernel: KernelSteps | None = None,
 ) -> PointPlan:
-    """Local components on the local row axis, experts on gathered rows x A x M (R10-R13)."""
+    """Local components on the local row axis, experts on gathered rows x A x M (R10-R13).
+
+    ``kernel`` (issue 20) adds the expert rows on both sides of every switch of the expert
+    kernel's configuration and the block-padding corners in M (`acquisition.plan.kernel`),
+    inside and outside the capture range alike: they come from the kernel's configuration,
+    not from the capture list (R13), and local components keep their own axis.
+    """
     if EXPERTS not in components:
         raise ValueError("a plan needs the experts component")
     axes = token_axes(target, max_num_batched_tokens, factor, mode, captures)
+    expert_rows = set(axes.expert_rows)
+    kernel_rows: tuple[int, ...] = ()
+    if kernel is not None:
+        found = set(kernel.row_steps(axes.expert_maximum))
+        # At EP1 M = N k: the block-padding corners are rows (for every A of the axis).
+        found.update(
+            kernel.row_corners(
+                axes.expert_maximum, activated_axis(geometry, axes.expert_maximum, factor)
+            )
+        )
+        kernel_rows = tuple(sorted(found - expert_rows))
+        expert_rows.update(kernel_rows)
     points: list[PlanPoint] = []
     # Local components first: they are cheap and need no weight banks.
     for component in components:
         if component != EXPERTS:
             points.extend(PlanPoint(component, rows) for rows in axes.local_rows)
-    points.extend(
-        PlanPoint(EXPERTS, n, a, m) for n, a, m in expert_points(geometry, axes.expert_rows, factor)
-    )
+    experts = expert_points(geometry, sorted(expert_rows), factor, kernel)
+    points.extend(PlanPoint(EXPERTS, n, a, m) for n, a, m in experts)
+    kernel_points = 0
+    if kernel is not None:
+        kernel_points = len(experts) - len(expert_points(geometry, axes.expert_rows, factor))
     return PointPlan(
         target=target,
         geometry=geometry,
@@ -133,4 +172,7 @@ def build_plan(
         captures=captures,
         axes=axes,
         points=tuple(points),
+        kernel=kernel,
+        kernel_rows=kernel_rows,
+        kernel_points=kernel_points,
     )

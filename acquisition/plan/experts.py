@@ -16,6 +16,7 @@ from acquisition.plan.grid import geometric_points
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from acquisition.plan.kernel import KernelSteps
     from moetables.geometry import ExpertGeometry
 
 __all__ = ["activated_axis", "expert_points"]
@@ -36,24 +37,37 @@ def activated_axis(geometry: ExpertGeometry, tokens: int, factor: float) -> list
 
 
 def _assignment_axis(
-    geometry: ExpertGeometry, tokens: int, active: int, factor: float
+    geometry: ExpertGeometry,
+    tokens: int,
+    active: int,
+    factor: float,
+    kernel: KernelSteps | None = None,
 ) -> Iterable[int]:
     low, high = geometry.assignment_bounds(tokens, active)
     values = set(geometric_points(low, high, factor))
     balanced = geometry.balanced_total(tokens)
     if low <= balanced <= high:
         values.add(balanced)
+    if kernel is not None:
+        values.update(kernel.assignment_corners(tokens, active, low, high))
     return sorted(values)
 
 
 def expert_points(
-    geometry: ExpertGeometry, tokens: Iterable[int], factor: float
+    geometry: ExpertGeometry,
+    tokens: Iterable[int],
+    factor: float,
+    kernel: KernelSteps | None = None,
 ) -> list[tuple[int, int, int]]:
-    """Every (N, A, M) of the plan, sorted; each satisfies ``geometry.feasible``."""
+    """Every (N, A, M) of the plan, sorted; each satisfies ``geometry.feasible``.
+
+    With ``kernel``, each (N, A) also gets the block-padding corners in M of the kernel's
+    configuration at N (`KernelSteps.assignment_corners`).
+    """
     points: set[tuple[int, int, int]] = set()
     for n in tokens:
         for a in activated_axis(geometry, n, factor):
-            points.update((n, a, m) for m in _assignment_axis(geometry, n, a, factor))
+            points.update((n, a, m) for m in _assignment_axis(geometry, n, a, factor, kernel))
         if geometry.all_remote_possible:
             points.add((n, 0, 0))
     infeasible = [p for p in points if not geometry.feasible(*p)]
