@@ -272,6 +272,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # --isolate-targets and --moe-kernel-steps share one choice set: one enum, one name.
+    "ENUM_NAME_OVERRIDES": {"AutoOnOffEnum": "acquisition.options.schema.AUTO_ON_OFF"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "registry.api.schema.add_error_responses",

@@ -54,6 +54,10 @@ class OptionErrors(ValueError):
         super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in self.errors.items()))
 
 
+# The choice set of the switches that default to the backend's own rule (one OpenAPI enum).
+AUTO_ON_OFF = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     """One option: its name (a job parameter and the CLI's ``dest``), type, default, CLI flag."""
@@ -121,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
         "auto",
         "--isolate-targets",
         "measure each target in a fresh child process (auto: on for the vLLM backends)",
-        choices=("auto", "on", "off"),
+        choices=AUTO_ON_OFF,
     ),
     Option(
         "max_num_batched_tokens",
@@ -164,7 +168,7 @@ OPTIONS: tuple[Option, ...] = (
         "add expert points on both sides of each switch of vLLM's Triton expert kernel "
         "configuration and at its block-padding corners in M (auto: on for the vLLM backends "
         "where the configuration is modelled)",
-        choices=("auto", "on", "off"),
+        choices=AUTO_ON_OFF,
     ),
     Option(
         "out_root",
