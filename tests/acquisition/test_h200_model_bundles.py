@@ -132,3 +132,31 @@ def test_mixtral_dp2_rank1_is_open_in_the_checkpoint_not_published() -> None:
         r for r in records if r.get("type") == "control" and r["point"] == "experts:512:2:4"
     ]
     assert len(controls) == 6 and not any(r["passed"] for r in controls)
+
+
+@pytest.mark.parametrize("model", [QWEN15, MIXTRAL])
+def test_the_scripts_plan_is_the_plan_of_the_shipped_checkpoints(model: str) -> None:
+    """scripts/h200_models.sh (kernel steps off) resumes these checkpoints: same plan identity,
+    so Mixtral's rank 1 can be finished without re-measuring anything published."""
+    from acquisition.cli import build_parser
+    from acquisition.cli import prepare as prepare_command
+
+    argv = [
+        "slice", model, "--hardware", "H200", "--tp", "1", "--tp-refresh", "1", "--group", "moe",
+        "--max-num-batched-tokens", "2048", "--max-num-seqs", "128", "--moe-grid-factor", "2",
+        "--cudagraph-capture-sizes", "1,2,4,8,16,32,64,128,256", "--dp", "1,2",
+        "--backend", "vllm-modular", "--out-root", "/nonexistent", "--moe-kernel-steps", "off",
+    ]  # fmt: skip
+    _, plans = prepare_command(build_parser().parse_args(argv), argv)
+    planned = {p.target.deployment: p.sha256 for p in plans}
+    bundle = open_bundle(MODULAR / model / "bf16")
+    for entry in bundle.entries:
+        shipped = entry.contract["expert_sampling"]["point_plan_sha256"]
+        assert planned[entry.target.deployment] == shipped
+    with tarfile.open(MODULAR / model / "bf16.acquisition-samples.tar.gz") as tar:
+        for member in tar.getmembers():
+            if member.name.endswith("samples.jsonl"):
+                handle = tar.extractfile(member)
+                assert handle is not None
+                identity = json.loads(handle.readline())["identity"]
+                assert planned[member.name.split("/")[-2]] == identity["point_plan_sha256"]

@@ -133,7 +133,7 @@ def _plans(name: str, backend: str, dps: str, factor: int) -> list[Any]:
         "slice", name, "--hardware", "H200", "--tp", "1", "--tp-refresh", "1", "--group", "moe",
         "--max-num-batched-tokens", "2048", "--max-num-seqs", "128", "--moe-grid-factor",
         str(factor), "--cudagraph-capture-sizes", "1,2,4,8,16,32,64,128,256", "--dp", dps,
-        "--backend", backend, "--out-root", "/nonexistent",
+        "--backend", backend, "--out-root", "/nonexistent", "--moe-kernel-steps", "off",
     ]  # fmt: skip
     _, plans = prepare_command(build_parser().parse_args(argv), argv)
     return plans
