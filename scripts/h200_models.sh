@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 20, item 2: two more model families through the vLLM adapters on ONE H200
-# (PREPARED, NOT RUN yet; see docs/h200-runs.md "Two more model families").
+# (run 2026-12-01, calls 10-12 of the fourth session; docs/h200-runs.md "Two more model families").
 #
 #   Qwen/Qwen1.5-MoE-A2.7B                (60 experts, top-4, hidden 2048, a gated shared expert)
 #   mistralai/Mixtral-8x7B-Instruct-v0.1  (8 experts, top-2, hidden 4096, width 14336)
@@ -22,7 +22,8 @@
 #
 # Environment: ROOT (default /tmp/models; each part writes $ROOT/<part>/), FACTOR (default 2;
 # 4 if device time is short: the plan changes, so use a fresh ROOT), CAPTURES (default
-# 1,2,4,8,16,32,64,128,256, the shipped Qwen3 bundles' description), RESUME_FROM=TARBALL
+# 1,2,4,8,16,32,64,128,256, the shipped Qwen3 bundles' description), KERNEL_STEPS (default off:
+# the plan of the shipped bundles, so their archived checkpoints resume), RESUME_FROM=TARBALL
 # (an earlier runs.tar.gz, unpacked into $ROOT first: a part that timed out continues from
 # its checkpoint; published targets are skipped), the *_S limits above.
 # $OUT receives models.log (commands, exit status, wall, published deployments per part),
@@ -35,6 +36,9 @@ OUT_DIR=${OUT:-var/models-out}
 ROOT=${ROOT:-/tmp/models}
 FACTOR=${FACTOR:-2}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
+# off: the plan the shipped Qwen1.5/Mixtral bundles and their checkpoints were measured with
+# (before the kernel-step rule existed); the checkpoint refuses a resume under another plan.
+KERNEL_STEPS=${KERNEL_STEPS:-off}
 mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/models.log"; }
@@ -63,7 +67,8 @@ part() { # LABEL MODEL BACKEND DPS LIMIT_S
   [ "$backend" = vllm-live ] && extra=(--engine-attention-backend TRITON_ATTN)
   local cmd=(python3 -m acquisition slice "$model" --hardware H200 --tp 1 --tp-refresh 1
     --group moe --max-num-batched-tokens 2048 --max-num-seqs 128 --moe-rounds 3
-    --measurement-iterations 3 --moe-grid-factor "$FACTOR" --cudagraph-capture-sizes "$CAPTURES"
+    --measurement-iterations 3 --moe-grid-factor "$FACTOR" --moe-kernel-steps "$KERNEL_STEPS"
+    --cudagraph-capture-sizes "$CAPTURES"
     --no-progress-bar --dp "$dps" --backend "$backend" --out-root "$run/out"
     --progress-json "$run/progress.jsonl" --phase-log "$run/phases.jsonl" "${extra[@]}")
   log "$label: timeout $limit ${cmd[*]}"

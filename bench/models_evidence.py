@@ -1,0 +1,296 @@
+"""Evidence of the Qwen1.5-MoE and Mixtral H200 bundles for docs/benchmarks.md (issue 20, items 2, 6).
+
+    PYTHONPATH=. .venv/bin/python bench/models_evidence.py [--figures docs/figures]
+
+Prints markdown, all read from the shipped bundles and the acquisition samples archived beside
+them (no device): per table the points and the B/2B pass rate (``stability.csv``); each table's
+heaviest expert row at its largest N against the two physical bounds (``moetables.bounds``);
+vllm-live against vllm-modular at TP1 at the (N, A, M) points both measured; Qwen1.5-MoE's
+wrapper rows (shared expert, its sigmoid gate and the sum) against its routed experts, and what
+the traced native forwards of the live build recorded (``launch_ownership``: per-scope time and
+the streams of the parent block); Mixtral's DP2 rank 1 points whose B/2B control never passed,
+forward by forward, from the checkpoint archived beside the modular bundle. Leave-one-out errors
+come from ``bench/loo_surfaces.py --bundle`` (one surface code path for every bundle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tarfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from moetables.bounds import entry_bounds
+from moetables.bundle import Bundle, ComponentTable, load_quality, load_table, open_bundle
+
+MODELS = ("Qwen/Qwen1.5-MoE-A2.7B", "mistralai/Mixtral-8x7B-Instruct-v0.1")
+BACKENDS = ("H200-vllm-modular-f2", "H200-vllm-live-f2")
+Key = tuple[str, int, int, int]
+
+
+def bundle(folder: str, model: str) -> Bundle:
+    return open_bundle(ROOT / "bundles" / folder / model / "bf16")
+
+
+def rows(table: ComponentTable) -> dict[Key, float]:
+    out: dict[Key, float] = {}
+    for i in range(len(table)):
+        if table.mode[i] == "eager":
+            key = (
+                str(table.component[i]),
+                int(table.tokens[i]),
+                int(table.activated_experts[i]),
+                int(table.local_assignments[i]),
+            )
+            out[key] = float(table.time_us[i])
+    return out
+
+
+def points_and_checks() -> None:
+    print("### Points and B/2B checks per table\n")
+    print(
+        "| bundle | model | target | rows (components) | expert points | checked | passed | "
+        "passed at a later attempt | failed attempts kept | largest published change |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for model in MODELS:
+        for folder in BACKENDS:
+            b = bundle(folder, model)
+            for entry in b.entries:
+                table = load_table(b.root, entry)
+                parts: dict[str, int] = defaultdict(int)
+                for c in table.component:
+                    parts[str(c)] += 1
+                counts = ", ".join(f"{c} {n}" for c, n in sorted(parts.items()))
+                quality = load_quality(b.root, entry, table)
+                assert quality.stability is not None, f"{folder} {model}: no stability.csv"
+                published = [r for r in quality.stability if r.published]
+                failed = [r for r in quality.stability if not r.published]
+                later = sum(1 for r in published if r.attempt > 0)
+                passed = sum(1 for r in published if r.passed)
+                change = max(r.relative_change for r in published)
+                print(
+                    f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+                    f"{len(table)} ({counts}) | {parts['experts']} | {len(published)} | {passed} | "
+                    f"{later} | {len(failed)} | {change:.1%} |"
+                )
+    print()
+
+
+def bounds_at_largest_n() -> None:
+    print("### Expert time at the largest N against the two physical bounds\n")
+    print(
+        "| bundle | model | target | N | A | M | measured us | memory bound us | "
+        "compute bound us | memory/measured | compute/measured | tightest row anywhere |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for model in MODELS:
+        for folder in BACKENDS:
+            b = bundle(folder, model)
+            for entry in b.entries:
+                bounds = entry_bounds(b, entry)
+                measured = {
+                    k: v for k, v in rows(load_table(b.root, entry)).items() if k[0] == "experts"
+                }
+                top = max(k[1] for k in measured)
+                key = max((k for k in measured if k[1] == top), key=lambda k: (k[2], k[3]))
+                t = measured[key]
+                mem = float(bounds.memory_us(key[2]))
+                comp = float(bounds.compute_us(key[3]))
+
+                # bound / measured of every row: how close to a peak the closest row runs
+                ratios = {
+                    k: max(float(bounds.memory_us(k[2])), float(bounds.compute_us(k[3]))) / t_k
+                    for k, t_k in measured.items()
+                    if k[2] > 0
+                }
+                tight = max(ratios, key=lambda k: ratios[k])
+                print(
+                    f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+                    f"{key[1]} | {key[2]} | {key[3]} | {t:.1f} | {mem:.1f} | {comp:.1f} | "
+                    f"{mem / t:.2f} | {comp / t:.2f} | "
+                    f"N={tight[1]} A={tight[2]} M={tight[3]}: {ratios[tight]:.2f} |"
+                )
+    print()
+
+
+def live_against_modular() -> None:
+    print("### TP1: vllm-live against vllm-modular at the same (N, A, M)\n")
+    print("| model | component | points | median live/modular | min | max |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for model in MODELS:
+        live_b = bundle("H200-vllm-live-f2", model)
+        live = rows(load_table(live_b.root, live_b.entries[0]))
+        mod_b = bundle("H200-vllm-modular-f2", model)
+        entry = next(e for e in mod_b.entries if e.target.dp == 1)
+        modular = rows(load_table(mod_b.root, entry))
+        common = sorted(set(live) & set(modular))
+        for component in ("gate_routing", "experts"):
+            ratios = [live[k] / modular[k] for k in common if k[0] == component]
+            print(
+                f"| {model.split('/')[1]} | {component} | {len(ratios)} | "
+                f"{statistics.median(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} |"
+            )
+    print()
+
+
+def qwen15_wrapper() -> None:
+    live_b = bundle("H200-vllm-live-f2", MODELS[0])
+    entry = live_b.entries[0]
+    live = rows(load_table(live_b.root, entry))
+    wrapper = {k[1]: v for k, v in live.items() if k[0] == "wrapper"}
+    gate = {k[1]: v for k, v in live.items() if k[0] == "gate_routing"}
+    experts: dict[int, float] = {}
+    for (c, n, a, _m), t in live.items():
+        # balanced full-top-k stimulus at EP1: the heaviest row at N is the one a real batch hits
+        if c == "experts" and a > 0 and (n not in experts or t > experts[n]):
+            experts[n] = t
+    print("### Qwen1.5-MoE live TP1: wrapper rows against the routed experts\n")
+    print("| N | gate_routing us | experts us (largest A at N) | wrapper us | wrapper / experts |")
+    print("| --- | --- | --- | --- | --- |")
+    for n in sorted(wrapper):
+        e = experts.get(n)
+        cells = (
+            f"{e:.1f} | {wrapper[n]:.1f} | {wrapper[n] / e:.2f}"
+            if e
+            else f"- | {wrapper[n]:.1f} | -"
+        )
+        print(f"| {n} | {gate.get(n, float('nan')):.1f} | {cells} |")
+    print()
+    backend: dict[str, Any] = entry.contract["backend"]
+    print("Traced native forwards of the live build (`backend.launch_ownership`):\n")
+    print(
+        "| tokens | native forward us | gate_routing us | experts us | wrapper us | outside us | "
+        "wrapper activities | streams of the parent | streams of the experts |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for trace in backend["launch_ownership"]:
+        acts = trace["activities"]["wrapper"]
+        print(
+            f"| {trace['tokens']} | {trace['native_forward_total_us']:.1f} | "
+            f"{trace['gate_routing_us']:.1f} | {trace['experts_us']:.1f} | "
+            f"{trace['wrapper_us']:.1f} | {trace['outside_scopes_us']:.1f} | "
+            f"{sum(acts.values())} | {trace['streams']['parent']} | "
+            f"{trace['streams']['experts']} |"
+        )
+    shared = backend["shared_experts"]
+    print(
+        f"\n`backend.shared_experts`: measured {shared['measured']}, component "
+        f"{shared['component']}; the modular contract: "
+        f"{bundle('H200-vllm-modular-f2', MODELS[0]).entries[0].contract['backend']['shared_experts']['measured']}.\n"
+    )
+
+
+def unstable_points() -> None:
+    """The Mixtral DP2 rank 1 points whose control never passed, from the archived checkpoint."""
+    archive = ROOT / "bundles/H200-vllm-modular-f2" / MODELS[1] / "bf16.acquisition-samples.tar.gz"
+    target = "dp2_ep2_rank1_sp0"
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(f"{target}/samples.jsonl"))
+        handle = tar.extractfile(member)
+        assert handle is not None
+        records = [json.loads(line) for line in handle.read().decode().splitlines()]
+    controls = [r for r in records if r.get("type") == "control"]
+    statuses = {r["point"]: r["status"] for r in records if r.get("type") == "point"}
+    never = sorted(p for p, s in statuses.items() if s == "failed")
+    passed_points = {r["point"] for r in controls if r["passed"]}
+    open_points = sorted(p for p in never if p not in passed_points)
+    print(f"### Mixtral DP2 rank 1: points whose B/2B control did not pass ({target})\n")
+    print(
+        f"{len(passed_points)} expert points passed their control; still open: "
+        f"{', '.join(open_points) or 'none'}.\n"
+    )
+    print("| point | session | attempt | B pooled median us | 2B pooled median us | change |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in controls:
+        if r["point"] in open_points:
+            print(
+                f"| {r['point']} | {r['session'][:8]} | {r['attempt']} | "
+                f"{r['control_pooled_us']:.1f} | {r['selected_pooled_us']:.1f} | "
+                f"{r['relative_change']:.1%} |"
+            )
+    print("\nPer-forward times of the N=512, A=2 points (both arms, every attempt):\n")
+    print("| point | forwards | below 385 us | range below | range above |")
+    print("| --- | --- | --- | --- | --- |")
+    times: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r.get("type") == "forward" and str(r.get("point", "")).startswith("experts:512:2:"):
+            times[r["point"]].append(r["time_us"])
+    for point in sorted(times, key=lambda p: int(p.split(":")[3])):
+        v = times[point]
+        lo = [x for x in v if x < 385]
+        hi = [x for x in v if x >= 385]
+        print(f"| {point} | {len(v)} | {len(lo)} | {span(lo)} | {span(hi)} |")
+    print()
+
+
+def span(xs: list[float]) -> str:
+    return f"{min(xs):.0f}-{max(xs):.0f}" if xs else "-"
+
+
+def figures(out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    for ax, model in zip(axes, MODELS, strict=True):
+        mod_b = bundle("H200-vllm-modular-f2", model)
+        entry = next(e for e in mod_b.entries if e.target.dp == 1)
+        modular = rows(load_table(mod_b.root, entry))
+        live_b = bundle("H200-vllm-live-f2", model)
+        live = rows(load_table(live_b.root, live_b.entries[0]))
+        lines: dict[int, list[tuple[int, float]]] = defaultdict(list)
+        for (c, n, a, _m), t in sorted(modular.items()):
+            if c == "experts" and a > 0:
+                lines[a].append((n, t))
+        for a, pts in sorted(lines.items()):
+            line = ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=f"A={a}")
+            lpts = sorted(
+                (n, t) for (c, n, aa, _m), t in live.items() if c == "experts" and aa == a
+            )
+            if lpts:
+                ax.plot(*zip(*lpts, strict=True), ls="--", color=line[0].get_color(), alpha=0.6)
+        wrapper = sorted((n, t) for (c, n, _a, _m), t in live.items() if c == "wrapper")
+        if wrapper:
+            ax.plot(
+                *zip(*wrapper, strict=True), color="black", marker="s", ms=3, label="live wrapper"
+            )
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="N (rows)",
+            ylabel="time (us)",
+            title=f"{model.split('/')[1]} TP1/DP1 (solid: vllm-modular, dashed: vllm-live)",
+        )
+        ax.legend(fontsize=7)
+    fig.suptitle("H200, vLLM 0.26.0, grid factor 2: measured expert rows (no interpolation)")
+    fig.tight_layout()
+    fig.savefig(out / "h200_models_f2_experts.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--figures", type=Path, default=None)
+    args = parser.parse_args()
+    points_and_checks()
+    bounds_at_largest_n()
+    live_against_modular()
+    qwen15_wrapper()
+    unstable_points()
+    if args.figures is not None:
+        figures(args.figures)
+
+
+if __name__ == "__main__":
+    main()
