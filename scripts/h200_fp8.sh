@@ -13,6 +13,8 @@
 #                       factor-2 run measured 1,424 points in 186 s, FP8 adds the dispatch_quant
 #                       rows of both DP2 ranks and the FP8 Triton compilations
 #   live     ~2-4 min   vllm-live TP1 (engine start with dummy FP8 weights, TRITON_ATTN)
+# With the staged kit, export VLLM_USE_DEEP_GEMM=0 first: vLLM's oracle picks DeepGEMM for DP+EP
+# and for the engine's dense FP8 layers, and the kit lacks DeepGEMM's JIT headers (2026-12-01).
 # One device call holds at most 600 s: `probe modular` in one call, `live` in the next.
 # Every acquisition resumes from its checkpoint: a part stopped by its timeout continues when
 # the same part runs again with the same ROOT (warm machine) or with RESUME_FROM=<the previous
@@ -37,6 +39,11 @@ mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/fp8.log"; }
+# vLLM's FP8 oracle reads these before choosing (oracle/fp8.py); the kit staged here lacks
+# DeepGEMM's JIT headers, so DP+EP and live runs set VLLM_USE_DEEP_GEMM=0 (docs/acquisition.md).
+log "environment: VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM-unset}" \
+  "VLLM_MOE_USE_DEEP_GEMM=${VLLM_MOE_USE_DEEP_GEMM-unset}" \
+  "VLLM_TEST_FORCE_FP8_MARLIN=${VLLM_TEST_FORCE_FP8_MARLIN-unset}"
 if [ -n "${RESUME_FROM:-}" ]; then
   if tar -xzf "$RESUME_FROM" -C "$ROOT"; then log "resumed state from $RESUME_FROM"
   else log "could not unpack $RESUME_FROM: starting fresh"; fi
