@@ -2,7 +2,7 @@
 # Issue 20, item 4: Qwen3-30B-A3B-Instruct-2507-FP8 (block-wise FP8) on one H200.
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
-#   [FACTOR=2] [MODULAR_S=420] [LIVE_S=240] [ROOT=/tmp/h200-fp8] [RESUME_FROM=runs.tar.gz] \
+#   [FACTOR=2] [MODULAR_S=420] [MODULAR_DPS=1,2] [LIVE_S=240] [ROOT=/tmp/h200-fp8] [RESUME_FROM=runs.tar.gz] \
 #     bash scripts/h200_fp8.sh [probe] [modular] [live]          (default: probe modular)
 # Parts, with their expected wall time on a warm H200 (each also bounded by its own timeout):
 #   probe    ~1-2 min   scripts/h200_fp8_probe.py: imports, the FP8 oracle's choice for
@@ -30,6 +30,7 @@ ROOT=${ROOT:-/tmp/h200-fp8}
 FACTOR=${FACTOR:-2}
 MODULAR_S=${MODULAR_S:-420}
 LIVE_S=${LIVE_S:-240}
+MODULAR_DPS=${MODULAR_DPS:-1,2}  # e.g. 1: re-measure DP1 alone (with a fresh ROOT)
 PROBE_S=${PROBE_S:-150}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
 MODEL=Qwen/Qwen3-30B-A3B-Instruct-2507-FP8
@@ -76,7 +77,7 @@ for part in "${PARTS[@]}"; do
         python3 scripts/h200_fp8_probe.py "$OUT_DIR" >>"$OUT_DIR/probe.log" 2>&1
       log "probe: exit $? after $(( $(date +%s) - start ))s; $(grep 'fp8-probe' "$OUT_DIR/probe.log" | tail -n 1)"
       ;;
-    modular) acquire modular "$MODULAR_S" 1,2 vllm-modular ;;
+    modular) acquire modular "$MODULAR_S" "$MODULAR_DPS" vllm-modular ;;
     live) acquire live "$LIVE_S" 1 vllm-live --engine-attention-backend TRITON_ATTN ;;
     *) log "unknown part $part (probe, modular, live)" ;;
   esac
