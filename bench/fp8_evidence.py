@@ -132,6 +132,7 @@ def comparisons() -> None:
 
 
 def figures(out: Path) -> None:
+    """FP8 against bf16 expert time over N per A, measured rows only (no interpolation)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,7 +146,7 @@ def figures(out: Path) -> None:
         (axes[0], "dp1_ep1_rank0_sp0", "TP1/DP1 (128 local experts), M = 8N"),
         (axes[1], "dp2_ep2_rank0_sp0", "TP1/DP2/EP2 rank 0 (64 local), largest M per N"),
     ):
-        for a in (1, 8, 32, 64, 128):
+        for i, a in enumerate((1, 8, 32, 64, 128)):
             for table, style, label in ((fp8, "-", "FP8"), (bf16, "--", "bf16")):
                 best: dict[int, tuple[int, float]] = {}
                 for (c, n, aa, m), t in table[target].items():
@@ -156,6 +157,7 @@ def figures(out: Path) -> None:
                     ax.plot(
                         *zip(*pts, strict=True),
                         ls=style,
+                        color=f"C{i}",  # one colour per A: FP8 and bf16 side by side
                         marker="o" if label == "FP8" else None,
                         ms=3,
                         label=f"{label} A={a}",
