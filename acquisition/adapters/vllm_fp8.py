@@ -37,9 +37,11 @@ __all__ = [
     "DISPATCH_QUANT",
     "FP8_SYMBOLS",
     "Fp8Oracle",
+    "env_removals",
     "fp8_model_reasons",
     "fp8_quant_config",
     "fp8_weights",
+    "oracle_environment",
     "select_fp8",
 ]
 
@@ -81,6 +83,11 @@ ORACLE_ENVIRONMENT = (
     "VLLM_ROCM_USE_AITER",
     "VLLM_ROCM_USE_AITER_MOE",
 )
+
+
+def oracle_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The FP8 oracle's switches as set in ``environ`` (unset ones left out)."""
+    return {k: environ[k] for k in ORACLE_ENVIRONMENT if k in environ}
 
 
 def _env_true(raw: str | None, kind: str) -> bool:
@@ -247,7 +254,7 @@ def select_fp8(
         weight_key=str(weight_key),
         activation_key=str(activation_key),
         block_shape=model.weight_block_size,
-        environment={k: env[k] for k in ORACLE_ENVIRONMENT if k in env},
+        environment=oracle_environment(env),
     )
 
 

@@ -352,3 +352,60 @@ def test_the_protocol_measures_dispatch_quant_and_fp8_expert_points(model: MoeMo
             assert all(t > 0 for r in results for t in r.forwards_us)
     finally:
         session.close()
+
+
+# -- resume identity: one oracle setting per checkpoint --------------------------------------
+
+
+def _identity_of(model: MoeModel) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from acquisition.acquire import _identity
+
+    request = SimpleNamespace(
+        model=model,
+        hardware="H200",
+        dtype="bfloat16",
+        device="cuda",
+        settings=SimpleNamespace(identity=lambda: {"rounds": 3}),
+    )
+    plan = SimpleNamespace(target=DP1, sha256="plan")
+    return _identity(
+        request,  # type: ignore[arg-type]
+        plan,  # type: ignore[arg-type]
+        SimpleNamespace(name="vllm-modular"),  # type: ignore[arg-type]
+        4,
+        SimpleNamespace(cache_bytes=1),  # type: ignore[arg-type]
+    )
+
+
+def test_a_changed_fp8_oracle_switch_is_a_changed_resume_identity(
+    model: MoeModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 2026-12-01 H200 run re-published DP1 samples measured with DeepGEMM usable (E8M0
+    scales, unfused quantization) from a process with VLLM_USE_DEEP_GEMM=0, whose session wrote
+    a contract naming other kernels. The switch is now part of an FP8 target's resume identity,
+    so the checkpoint refuses the mix (a changed condition needs another --out-root)."""
+    from acquisition.protocol.samples import CheckpointError, SampleLog
+
+    for name in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"):
+        monkeypatch.delenv(name, raising=False)
+    first = _identity_of(model)
+    assert first["vllm_fp8_environment"] == {}
+    SampleLog.open(tmp_path, first, {}).close()
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM", "0")
+    second = _identity_of(model)
+    assert second["vllm_fp8_environment"] == {"VLLM_USE_DEEP_GEMM": "0"}
+    with pytest.raises(CheckpointError, match="changed: vllm_fp8_environment"):
+        SampleLog.open(tmp_path, second, {})
+
+
+def test_bf16_targets_keep_their_resume_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only block-FP8 targets carry the switches: bf16 checkpoints of earlier runs resume."""
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM", "0")
+    bf16 = resolve_model(
+        str(write_model(tmp_path / "bf16", hidden_size=256, moe_intermediate_size=128))
+    )
+    assert "vllm_fp8_environment" not in _identity_of(bf16)
