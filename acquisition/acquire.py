@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import acquisition
 from acquisition.adapters.base import AdapterRefusal
+from acquisition.adapters.vllm_fp8 import oracle_environment
 from acquisition.evidence import conservation_evidence, stability_rows
 from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import AttributionError
@@ -92,7 +94,7 @@ def _identity(
     runtime: RuntimeInfo,
 ) -> dict[str, Any]:
     """The immutable semantic conditions of a target's acquisition (resume identity)."""
-    return {
+    identity = {
         "schema": "moe-acquisition-identity-v1",
         "model": request.model.name,
         "model_config_sha256": request.model.config_sha256,
@@ -106,6 +108,14 @@ def _identity(
         "banks": banks,
         "cache_bytes": runtime.cache_bytes,
     }
+    if request.model.block_fp8:
+        # vLLM's FP8 kernels depend on these switches (2026-12-01 H200 run: DP1's samples came
+        # from a process with DeepGEMM usable, E8M0 scales and unfused quantization, and were
+        # re-published by one with VLLM_USE_DEEP_GEMM=0, whose session wrote the contract).
+        # Samples and contract must come from one setting, so a changed one needs a new root.
+        # Only block-FP8 targets carry it: bf16 checkpoints keep their identity and resume.
+        identity["vllm_fp8_environment"] = oracle_environment(os.environ)
+    return identity
 
 
 def _check_memory(session: ComponentSession, runtime: RuntimeInfo, banks: int) -> None:

@@ -2,7 +2,7 @@
 # Issue 20, item 4: Qwen3-30B-A3B-Instruct-2507-FP8 (block-wise FP8) on one H200.
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
-#   [FACTOR=2] [MODULAR_S=420] [LIVE_S=240] [ROOT=/tmp/h200-fp8] [RESUME_FROM=runs.tar.gz] \
+#   [FACTOR=2] [MODULAR_S=420] [MODULAR_DPS=1,2] [LIVE_S=240] [ROOT=/tmp/h200-fp8] [RESUME_FROM=runs.tar.gz] \
 #     bash scripts/h200_fp8.sh [probe] [modular] [live]          (default: probe modular)
 # Parts, with their expected wall time on a warm H200 (each also bounded by its own timeout):
 #   probe    ~1-2 min   scripts/h200_fp8_probe.py: imports, the FP8 oracle's choice for
@@ -13,6 +13,8 @@
 #                       factor-2 run measured 1,424 points in 186 s, FP8 adds the dispatch_quant
 #                       rows of both DP2 ranks and the FP8 Triton compilations
 #   live     ~2-4 min   vllm-live TP1 (engine start with dummy FP8 weights, TRITON_ATTN)
+# With the staged kit, export VLLM_USE_DEEP_GEMM=0 first: vLLM's oracle picks DeepGEMM for DP+EP
+# and for the engine's dense FP8 layers, and the kit lacks DeepGEMM's JIT headers (2026-12-01).
 # One device call holds at most 600 s: `probe modular` in one call, `live` in the next.
 # Every acquisition resumes from its checkpoint: a part stopped by its timeout continues when
 # the same part runs again with the same ROOT (warm machine) or with RESUME_FROM=<the previous
@@ -28,6 +30,7 @@ ROOT=${ROOT:-/tmp/h200-fp8}
 FACTOR=${FACTOR:-2}
 MODULAR_S=${MODULAR_S:-420}
 LIVE_S=${LIVE_S:-240}
+MODULAR_DPS=${MODULAR_DPS:-1,2}  # e.g. 1: re-measure DP1 alone (with a fresh ROOT)
 PROBE_S=${PROBE_S:-150}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
 MODEL=Qwen/Qwen3-30B-A3B-Instruct-2507-FP8
@@ -37,6 +40,11 @@ mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/fp8.log"; }
+# vLLM's FP8 oracle reads these before choosing (oracle/fp8.py); the kit staged here lacks
+# DeepGEMM's JIT headers, so DP+EP and live runs set VLLM_USE_DEEP_GEMM=0 (docs/acquisition.md).
+log "environment: VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM-unset}" \
+  "VLLM_MOE_USE_DEEP_GEMM=${VLLM_MOE_USE_DEEP_GEMM-unset}" \
+  "VLLM_TEST_FORCE_FP8_MARLIN=${VLLM_TEST_FORCE_FP8_MARLIN-unset}"
 if [ -n "${RESUME_FROM:-}" ]; then
   if tar -xzf "$RESUME_FROM" -C "$ROOT"; then log "resumed state from $RESUME_FROM"
   else log "could not unpack $RESUME_FROM: starting fresh"; fi
@@ -69,7 +77,7 @@ for part in "${PARTS[@]}"; do
         python3 scripts/h200_fp8_probe.py "$OUT_DIR" >>"$OUT_DIR/probe.log" 2>&1
       log "probe: exit $? after $(( $(date +%s) - start ))s; $(grep 'fp8-probe' "$OUT_DIR/probe.log" | tail -n 1)"
       ;;
-    modular) acquire modular "$MODULAR_S" 1,2 vllm-modular ;;
+    modular) acquire modular "$MODULAR_S" "$MODULAR_DPS" vllm-modular ;;
     live) acquire live "$LIVE_S" 1 vllm-live --engine-attention-backend TRITON_ATTN ;;
     *) log "unknown part $part (probe, modular, live)" ;;
   esac

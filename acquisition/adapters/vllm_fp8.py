@@ -18,8 +18,10 @@ the all-gather at DP+EP (the ``dispatch_quant`` component), exactly where vLLM r
 
 from __future__ import annotations
 
+import os
 import types
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from acquisition.adapters.vllm_capabilities import (
@@ -35,9 +37,11 @@ __all__ = [
     "DISPATCH_QUANT",
     "FP8_SYMBOLS",
     "Fp8Oracle",
+    "env_removals",
     "fp8_model_reasons",
     "fp8_quant_config",
     "fp8_weights",
+    "oracle_environment",
     "select_fp8",
 ]
 
@@ -62,6 +66,56 @@ FP8_SYMBOLS: dict[str, str] = {
     ),
 }
 
+# The environment switches select_fp8_moe_backend reads before its priority walk (vLLM 0.26.0,
+# oracle/fp8.py): a pair set with either false removes its backends from the walk altogether,
+# so their is_supported_config reason (for DeepGEMM "kernel does not support current device",
+# since is_deep_gemm_supported reads the same variable) would misstate why they were skipped.
+# Values as vLLM parses them: bool(int(os.getenv(name, "1"))) for the DeepGEMM pair,
+# lower-case "true"/"1" for the AITER pair.
+_ENV_REMOVALS: tuple[tuple[tuple[str, str], tuple[str, ...], str], ...] = (
+    (("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"), ("DEEPGEMM", "BATCHED_DEEPGEMM"), "int"),
+    (("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MOE"), ("AITER",), "bool"),
+)
+ORACLE_ENVIRONMENT = (
+    "VLLM_USE_DEEP_GEMM",
+    "VLLM_MOE_USE_DEEP_GEMM",
+    "VLLM_TEST_FORCE_FP8_MARLIN",
+    "VLLM_ROCM_USE_AITER",
+    "VLLM_ROCM_USE_AITER_MOE",
+)
+
+
+def oracle_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The FP8 oracle's switches as set in ``environ`` (unset ones left out)."""
+    return {k: environ[k] for k in ORACLE_ENVIRONMENT if k in environ}
+
+
+def _env_true(raw: str | None, kind: str) -> bool:
+    if raw is None:
+        return kind == "int"  # the DeepGEMM pair defaults to on, the AITER pair to off
+    if kind == "int":
+        try:
+            return bool(int(raw))
+        except ValueError:
+            return True  # vLLM would fail to parse it; not a removal we can vouch for
+    return raw.strip().lower() in ("true", "1")
+
+
+def env_removals(environ: Mapping[str, str]) -> dict[str, str]:
+    """Backends vLLM's FP8 oracle removes from its walk because of the environment, with why."""
+    removed: dict[str, str] = {}
+    for names, backends, kind in _ENV_REMOVALS:
+        if not any(n in environ for n in names):
+            continue
+        off = [
+            f"{n}={environ[n]}" for n in names if n in environ and not _env_true(environ[n], kind)
+        ]
+        if off:
+            for backend in backends:
+                removed[backend] = f"removed by the environment: {', '.join(off)}"
+    return removed
+
+
 # float8_e4m3fn's largest finite value: a block's scale maps its absolute maximum onto it.
 _E4M3_MAX = 448.0
 
@@ -84,6 +138,8 @@ class Fp8Oracle:
     weight_key: str
     activation_key: str
     block_shape: tuple[int, int]
+    # The oracle's environment switches as set when it ran (unset ones left out).
+    environment: dict[str, str] = field(default_factory=dict)
 
     @property
     def backend_label(self) -> str:
@@ -100,6 +156,7 @@ class Fp8Oracle:
             "declined_before_selection": list(self.declined),
             "weight_key": self.weight_key,
             "activation_key": self.activation_key,
+            "environment": dict(self.environment),
         }
 
 
@@ -108,9 +165,16 @@ def _label(value: Any) -> str:
 
 
 def _declined(
-    surface: ApiSurface, moe_config: Any, chosen: Any, weight_key: Any, activation_key: Any
+    surface: ApiSurface,
+    moe_config: Any,
+    chosen: Any,
+    weight_key: Any,
+    activation_key: Any,
+    environ: Mapping[str, str],
 ) -> tuple[dict[str, str], ...]:
-    """Each backend ahead of ``chosen`` in vLLM's priority order, with vLLM's own reason."""
+    """Each backend ahead of ``chosen`` in vLLM's priority order, with vLLM's own reason
+    (or the environment switch that removed it before any reason was asked)."""
+    removed = env_removals(environ)
     parallel = getattr(moe_config, "moe_parallel_config", None)
     formats = surface["activation_format"]
     layout = (
@@ -135,6 +199,9 @@ def _declined(
                 }
             )
             continue
+        if label in removed:
+            found.append({"backend": label, "reason": removed[label]})
+            continue
         try:
             classes = list(surface["fp8_backend_classes"](backend))
         except Exception as exc:  # a backend whose module is absent from this install
@@ -158,8 +225,15 @@ def _declined(
     return tuple(found)
 
 
-def select_fp8(surface: ApiSurface, moe_config: Any, model: MoeModel) -> Fp8Oracle:
-    """vLLM's FP8 backend for this rank, as ``Fp8MoEMethod.__init__`` selects it."""
+def select_fp8(
+    surface: ApiSurface,
+    moe_config: Any,
+    model: MoeModel,
+    environ: Mapping[str, str] | None = None,
+) -> Fp8Oracle:
+    """vLLM's FP8 backend for this rank, as ``Fp8MoEMethod.__init__`` selects it
+    (``environ``: the process environment vLLM reads; given only by tests)."""
+    env = os.environ if environ is None else environ
     reasons = fp8_model_reasons(model)
     if reasons:
         raise CapabilityError(*reasons)
@@ -176,10 +250,11 @@ def select_fp8(surface: ApiSurface, moe_config: Any, model: MoeModel) -> Fp8Orac
     return Fp8Oracle(
         backend=backend,
         experts_cls=experts_cls,
-        declined=_declined(surface, moe_config, backend, weight_key, activation_key),
+        declined=_declined(surface, moe_config, backend, weight_key, activation_key, env),
         weight_key=str(weight_key),
         activation_key=str(activation_key),
         block_shape=model.weight_block_size,
+        environment=oracle_environment(env),
     )
 
 

@@ -44,7 +44,9 @@ def test_the_script_runs_its_parts_under_timeouts_and_packs_the_root(tmp_path: P
         "ROOT": str(root),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "MODULAR_S": "60",
+        "VLLM_USE_DEEP_GEMM": "0",
     }
+    env.pop("VLLM_MOE_USE_DEEP_GEMM", None)
     done = subprocess.run(
         ["bash", "scripts/h200_fp8.sh", "probe", "modular", "nonsense"],
         cwd=REPO,
@@ -56,6 +58,8 @@ def test_the_script_runs_its_parts_under_timeouts_and_packs_the_root(tmp_path: P
     assert done.returncode == 0, done.stderr
     log = (out / "fp8.log").read_text()
     assert "probe: exit 0" in log
+    # The oracle's switches are part of the run's record (the 2026-12-01 run needed one).
+    assert "environment: VLLM_USE_DEEP_GEMM=0 VLLM_MOE_USE_DEEP_GEMM=unset" in log
     # The modular part ran the acquisition command (it declines here: no GPU, no vLLM).
     assert (
         "modular (limit 60s): python3 -m acquisition slice Qwen/Qwen3-30B-A3B-Instruct-2507-FP8"

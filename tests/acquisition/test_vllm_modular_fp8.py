@@ -17,6 +17,7 @@ import vllm_fp8_fakes as f8
 from tiny_moe import write_model
 
 from acquisition.adapters.vllm_capabilities import CapabilityError
+from acquisition.adapters.vllm_fp8 import env_removals
 from acquisition.adapters.vllm_modular_backend import VllmModularBackend
 from acquisition.catalog import MoeModel, resolve_model, variant_for_dtype
 from acquisition.cli import build_parser
@@ -136,8 +137,10 @@ def test_it_declines_fp8_it_does_not_emulate(
 
 
 def test_it_asks_vllms_fp8_oracle_as_fp8_moe_method_does_and_records_the_declines(
-    model: MoeModel,
+    model: MoeModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for name in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"):
+        monkeypatch.delenv(name, raising=False)
     f8.CALLS.clear()
     session = backend().build(model, DP2_RANK1, fv.fake_runtime(), "bfloat16")
     try:
@@ -153,6 +156,48 @@ def test_it_asks_vllms_fp8_oracle_as_fp8_moe_method_does_and_records_the_decline
         assert "allow_vllm_cutlass=False" in declined["VLLM_CUTLASS"]
     finally:
         session.close()
+
+
+def test_a_backend_the_environment_removed_is_recorded_with_the_switch_not_a_device_reason(
+    model: MoeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H200 FP8 run (2026-12-01, docs/h200-runs.md) set VLLM_USE_DEEP_GEMM=0 because the
+    kit lacks DeepGEMM's JIT headers: vLLM's oracle then removes DEEPGEMM before its walk, and
+    is_supported_config would answer "kernel does not support current device", which is false
+    on an H200. The contract must name the switch and record the environment it ran under."""
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM", "0")
+    monkeypatch.delenv("VLLM_MOE_USE_DEEP_GEMM", raising=False)
+    session = backend().build(model, DP2_RANK1, fv.fake_runtime(), "bfloat16")
+    try:
+        oracle = session.describe()["quantization"]["oracle"]
+        declined = {d["backend"]: d["reason"] for d in oracle["declined_before_selection"]}
+        assert declined["DEEPGEMM"] == "removed by the environment: VLLM_USE_DEEP_GEMM=0"
+        assert oracle["environment"] == {"VLLM_USE_DEEP_GEMM": "0"}
+        assert "No module named 'flashinfer'" in declined["FLASHINFER_CUTLASS"]
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize(
+    ("environ", "removed"),
+    [
+        ({}, {}),
+        ({"VLLM_USE_DEEP_GEMM": "1"}, {}),
+        ({"VLLM_MOE_USE_DEEP_GEMM": "0"}, {"DEEPGEMM", "BATCHED_DEEPGEMM"}),
+        (
+            {"VLLM_USE_DEEP_GEMM": "1", "VLLM_MOE_USE_DEEP_GEMM": "0"},
+            {"DEEPGEMM", "BATCHED_DEEPGEMM"},
+        ),
+        ({"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MOE": "0"}, {"AITER"}),
+        ({"VLLM_ROCM_USE_AITER": "true", "VLLM_ROCM_USE_AITER_MOE": "1"}, set()),
+    ],
+)
+def test_environment_removals_follow_vllms_oracle(
+    environ: dict[str, str], removed: set[str]
+) -> None:
+    """vLLM 0.26.0 oracle/fp8.py: a switch pair that is set with either member false removes
+    its backends; unset pairs remove nothing (the DeepGEMM pair defaults to on)."""
+    assert set(env_removals(environ)) == set(removed)
 
 
 def test_no_fp8_backend_is_a_refusal_with_vllms_reason(model: MoeModel) -> None:
@@ -307,3 +352,60 @@ def test_the_protocol_measures_dispatch_quant_and_fp8_expert_points(model: MoeMo
             assert all(t > 0 for r in results for t in r.forwards_us)
     finally:
         session.close()
+
+
+# -- resume identity: one oracle setting per checkpoint --------------------------------------
+
+
+def _identity_of(model: MoeModel) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from acquisition.acquire import _identity
+
+    request = SimpleNamespace(
+        model=model,
+        hardware="H200",
+        dtype="bfloat16",
+        device="cuda",
+        settings=SimpleNamespace(identity=lambda: {"rounds": 3}),
+    )
+    plan = SimpleNamespace(target=DP1, sha256="plan")
+    return _identity(
+        request,  # type: ignore[arg-type]
+        plan,  # type: ignore[arg-type]
+        SimpleNamespace(name="vllm-modular"),  # type: ignore[arg-type]
+        4,
+        SimpleNamespace(cache_bytes=1),  # type: ignore[arg-type]
+    )
+
+
+def test_a_changed_fp8_oracle_switch_is_a_changed_resume_identity(
+    model: MoeModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 2026-12-01 H200 run re-published DP1 samples measured with DeepGEMM usable (E8M0
+    scales, unfused quantization) from a process with VLLM_USE_DEEP_GEMM=0, whose session wrote
+    a contract naming other kernels. The switch is now part of an FP8 target's resume identity,
+    so the checkpoint refuses the mix (a changed condition needs another --out-root)."""
+    from acquisition.protocol.samples import CheckpointError, SampleLog
+
+    for name in ("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"):
+        monkeypatch.delenv(name, raising=False)
+    first = _identity_of(model)
+    assert first["vllm_fp8_environment"] == {}
+    SampleLog.open(tmp_path, first, {}).close()
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM", "0")
+    second = _identity_of(model)
+    assert second["vllm_fp8_environment"] == {"VLLM_USE_DEEP_GEMM": "0"}
+    with pytest.raises(CheckpointError, match="changed: vllm_fp8_environment"):
+        SampleLog.open(tmp_path, second, {})
+
+
+def test_bf16_targets_keep_their_resume_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only block-FP8 targets carry the switches: bf16 checkpoints of earlier runs resume."""
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM", "0")
+    bf16 = resolve_model(
+        str(write_model(tmp_path / "bf16", hidden_size=256, moe_intermediate_size=128))
+    )
+    assert "vllm_fp8_environment" not in _identity_of(bf16)
