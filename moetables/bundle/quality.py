@@ -47,10 +47,15 @@ __all__ = [
     "QualityEvidence",
     "QualityRefs",
     "StabilityRow",
+    "csv_rows",
+    "float_cell",
     "format_conservation",
     "format_stability",
+    "int_cell",
     "load_quality",
     "parse_quality_refs",
+    "quality_file_ref",
+    "read_checked_text",
 ]
 
 STABILITY_FILE = "stability.csv"
@@ -189,7 +194,7 @@ def format_conservation(rows: Iterable[ConservationRow]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-def _file_ref(root: Path, tp: int, raw: Any, *, where: str) -> QualityFile:
+def quality_file_ref(root: Path, tp: int, raw: Any, *, where: str) -> QualityFile:
     if not isinstance(raw, dict):
         raise BundleError(where, "must be a mapping with file and sha256")
     path, _ = resolve_inside(root, f"tp{tp}", raw.get("file"), where=f"{where}.file")
@@ -203,7 +208,7 @@ def parse_quality_refs(root: Path, tp: int, raw: Any, *, where: str) -> QualityR
     """The ``quality`` mapping of a format-2 entry: stability file, conservation file or reason."""
     if not isinstance(raw, dict):
         raise BundleError(where, "is required in format 2: a mapping with stability, conservation")
-    stability = _file_ref(root, tp, raw.get("stability"), where=f"{where}.stability")
+    stability = quality_file_ref(root, tp, raw.get("stability"), where=f"{where}.stability")
     conservation = raw.get("conservation")
     if isinstance(conservation, dict) and "absent" in conservation:
         reason = conservation["absent"]
@@ -211,11 +216,11 @@ def parse_quality_refs(root: Path, tp: int, raw: Any, *, where: str) -> QualityR
             raise BundleError(f"{where}.conservation.absent", "must say why, as text")
         return QualityRefs(stability, None, reason)
     return QualityRefs(
-        stability, _file_ref(root, tp, conservation, where=f"{where}.conservation"), None
+        stability, quality_file_ref(root, tp, conservation, where=f"{where}.conservation"), None
     )
 
 
-def _read_checked(root: Path, ref: QualityFile) -> str:
+def read_checked_text(root: Path, ref: QualityFile) -> str:
     path = root / ref.path
     try:
         data = path.read_bytes()
@@ -230,7 +235,7 @@ def _read_checked(root: Path, ref: QualityFile) -> str:
         raise BundleError(ref.path, "is not UTF-8") from None
 
 
-def _rows(text: str, columns: Sequence[str], where: str) -> list[tuple[int, dict[str, str]]]:
+def csv_rows(text: str, columns: Sequence[str], where: str) -> list[tuple[int, dict[str, str]]]:
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None or tuple(header) != tuple(columns):
@@ -243,14 +248,14 @@ def _rows(text: str, columns: Sequence[str], where: str) -> list[tuple[int, dict
     return found
 
 
-def _int(cells: dict[str, str], key: str, where: str) -> int:
+def int_cell(cells: dict[str, str], key: str, where: str) -> int:
     try:
         return int(cells[key])
     except ValueError:
         raise BundleError(where, f"{key} {cells[key]!r} is not an integer") from None
 
 
-def _float(cells: dict[str, str], key: str, where: str, *, positive: bool = False) -> float:
+def float_cell(cells: dict[str, str], key: str, where: str, *, positive: bool = False) -> float:
     try:
         value = float(cells[key])
     except ValueError:
@@ -268,22 +273,22 @@ def _flag(cells: dict[str, str], key: str, where: str) -> bool:
 
 def read_stability(text: str, where: str) -> list[StabilityRow]:
     rows = []
-    for number, c in _rows(text, STABILITY_COLUMNS, where):
+    for number, c in csv_rows(text, STABILITY_COLUMNS, where):
         at = f"{where}:{number}"
         row = StabilityRow(
             component=c["component"],
-            tokens=_int(c, "tokens", at),
-            activated_experts=_int(c, "activated_experts", at),
-            local_assignments=_int(c, "local_assignments", at),
-            attempt=_int(c, "attempt", at),
-            b_sets=_int(c, "b_sets", at),
-            b_median_us=_float(c, "b_median_us", at, positive=True),
-            b_pooled_us=_float(c, "b_pooled_us", at, positive=True),
-            b2_sets=_int(c, "b2_sets", at),
-            b2_median_us=_float(c, "b2_median_us", at, positive=True),
-            b2_pooled_us=_float(c, "b2_pooled_us", at, positive=True),
-            relative_change=_float(c, "relative_change", at),
-            tolerance=_float(c, "tolerance", at, positive=True),
+            tokens=int_cell(c, "tokens", at),
+            activated_experts=int_cell(c, "activated_experts", at),
+            local_assignments=int_cell(c, "local_assignments", at),
+            attempt=int_cell(c, "attempt", at),
+            b_sets=int_cell(c, "b_sets", at),
+            b_median_us=float_cell(c, "b_median_us", at, positive=True),
+            b_pooled_us=float_cell(c, "b_pooled_us", at, positive=True),
+            b2_sets=int_cell(c, "b2_sets", at),
+            b2_median_us=float_cell(c, "b2_median_us", at, positive=True),
+            b2_pooled_us=float_cell(c, "b2_pooled_us", at, positive=True),
+            relative_change=float_cell(c, "relative_change", at),
+            tolerance=float_cell(c, "tolerance", at, positive=True),
             passed=_flag(c, "passed", at),
             published=_flag(c, "published", at),
         )
@@ -306,18 +311,18 @@ def read_stability(text: str, where: str) -> list[StabilityRow]:
 
 def read_conservation(text: str, where: str) -> list[ConservationRow]:
     rows = []
-    for number, c in _rows(text, CONSERVATION_COLUMNS, where):
+    for number, c in csv_rows(text, CONSERVATION_COLUMNS, where):
         at = f"{where}:{number}"
         components = {
-            name: _float(c, f"{name}_us", at)
+            name: float_cell(c, f"{name}_us", at)
             for name in CONSERVED_COMPONENTS
             if c[f"{name}_us"] != ""
         }
         row = ConservationRow(
-            forward=_int(c, "forward", at),
-            tokens=_int(c, "tokens", at),
-            native_total_us=_float(c, "native_total_us", at, positive=True),
-            outside_scopes_us=_float(c, "outside_scopes_us", at),
+            forward=int_cell(c, "forward", at),
+            tokens=int_cell(c, "tokens", at),
+            native_total_us=float_cell(c, "native_total_us", at, positive=True),
+            outside_scopes_us=float_cell(c, "outside_scopes_us", at),
             components_us=components,
         )
         if not components:
@@ -428,13 +433,13 @@ def load_quality(
             "only the compact conditioning summary"
         )
         return QualityEvidence(None, None, reason, reason, source="none")
-    controls = read_stability(_read_checked(root, refs.stability), refs.stability.path)
+    controls = read_stability(read_checked_text(root, refs.stability), refs.stability.path)
     if table is not None:
         _check_against_table(controls, table, refs.stability.path)
     conservation = None
     if refs.conservation is not None:
         conservation = tuple(
-            read_conservation(_read_checked(root, refs.conservation), refs.conservation.path)
+            read_conservation(read_checked_text(root, refs.conservation), refs.conservation.path)
         )
     return QualityEvidence(
         stability=tuple(controls),
