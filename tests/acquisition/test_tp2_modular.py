@@ -283,3 +283,36 @@ def test_a_tp2_dp1_target_cannot_be_declared_sequence_parallel() -> None:
     with pytest.raises(ValueError, match="sequence_parallel"):
         MoeTarget(tp=2, dp=1, ep=2, rank=0, sequence_parallel=True)
     assert dataclasses.replace(TP2[1], rank=0) == TP2[0]
+
+
+def test_the_analysis_compares_each_tp2_rank_with_the_dp2_rank_of_the_same_experts(
+    tmp_path: Path,
+) -> None:
+    """bench/tp2_vs_dp2.py: rank r against rank r, only at points both tables hold."""
+    from bench.tp2_vs_dp2 import compare
+    from moetables.bundle import write_bundle
+    from tests.moetables.conftest import HEADER, make_spec, raw_affine
+
+    tp2, dp2 = tmp_path / "tp2", tmp_path / "dp2"
+    write_bundle(
+        tp2,
+        HEADER,
+        [
+            make_spec(t, tokens=[1, 2, 4, 8], time_fn=lambda n, a, m: 1.1 * raw_affine(n, a, m))
+            for t in TP2
+        ],
+    )
+    write_bundle(dp2, HEADER, [make_spec(MoeTarget.for_rank(1, 2, r)) for r in (0, 1)])
+    report = compare(tp2, dp2)
+    assert [(line["rank"], line["component"]) for line in report] == [
+        (0, "experts"),
+        (0, "gate_routing"),
+        (1, "experts"),
+        (1, "gate_routing"),
+    ]
+    experts = report[0]
+    # Every TP2 expert point up to N=8 is also a DP2 point (same L, same plan rule).
+    assert 0 < experts["shared_points"] <= experts["tp2_points"]
+    positive = [w for w in experts["worst"] if w["A"] > 0]
+    assert positive and all(w["relative"] == pytest.approx(0.1) for w in positive)
+    assert report[1]["median"] == pytest.approx(0.0)
