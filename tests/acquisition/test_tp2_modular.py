@@ -188,6 +188,23 @@ def test_the_device_commands_plan_is_two_non_sp_ranks_of_64_whole_experts(
     dp2_args[dp2_args.index("--dp") + 1] = "2"
     _, dp2_plans = prepare(build_parser().parse_args(dp2_args), dp2_args)
     assert max(p.tokens for p in dp2_plans[0].points if p.component == "experts") == 4096
+    # bench/tp2_vs_dp2.py compares each TP2 rank with the shipped DP2 rank of the same
+    # experts: most TP2 points are points of that table (the same rule, N <= 2048 of 4096).
+    shipped = REPO / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    for plan in plans:
+        path = shipped / f"tp1/moe_components/dp2_ep2_rank{plan.target.rank}_sp0/components.csv"
+        rows = {tuple(line.split(",")[:5]) for line in path.read_text().splitlines()[1:]}
+        ours = {
+            (
+                p.component,
+                "eager",
+                str(p.tokens),
+                str(p.activated_experts),
+                str(p.local_assignments),
+            )
+            for p in plan.points
+        }
+        assert len(ours & rows) == 503  # 13 gate_routing + 490 of the 559 expert points
 
 
 def test_a_tp2_acquisition_publishes_both_ranks_and_the_estimate_adds_the_all_reduce(
