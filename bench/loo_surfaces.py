@@ -430,13 +430,13 @@ def analyse_bundles(roots: list[Path], worst: int) -> None:
     print("| bundle | target | points | plain: answered, median, p95, max | kernel-aware: "
           "answered, median, p95, max |")  # fmt: skip
     print("| --- | --- | --- | --- | --- |")
-    plain_all: list[SurfaceLoo] = []
+    plain_all: list[tuple[str, SurfaceLoo, KernelSteps]] = []
     for root in roots:
         bundle = open_bundle(root.resolve())
         for entry in bundle.entries:
             plain = leave_one_out(bundle, entry)
             aware = leave_one_out(bundle, entry, kernel_aware=True)
-            plain_all.append(plain)
+            plain_all.append((str(root), plain, kernel_steps(entry)))
 
             def stats(r: SurfaceLoo) -> str:
                 if not r.errors:
@@ -448,14 +448,8 @@ def analyse_bundles(roots: list[Path], worst: int) -> None:
 
             print(f"| {root} | {plain.target} | {plain.points} | {stats(plain)} | {stats(aware)} |")
     print()
-    for r in plain_all:
-        entry_steps = None
-        for root in roots:
-            for entry in open_bundle(root.resolve()).entries:
-                if entry.target.deployment == r.target:
-                    entry_steps = kernel_steps(entry)
-        assert entry_steps is not None
-        print(f"{r.target}: the {worst} largest plain errors\n")
+    for root_name, r, entry_steps in plain_all:
+        print(f"{root_name} {r.target} ({entry_steps.source}): the {worst} largest plain errors\n")
         print(
             "| N | A | M | kernel segment of N is one row | measured us | LOO answer us | error |"
         )
