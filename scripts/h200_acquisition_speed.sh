@@ -3,7 +3,7 @@
 # before/after tables of docs/benchmarks.md and the equivalence check.
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the device copy's root:
-#   bash .dev/acq/scripts/h200_acquisition_speed.sh LABEL=DIR:BACKEND:FACTOR:DPS:LIMIT_S ...
+#   bash .dev/acq/scripts/h200_acquisition_speed.sh LABEL=DIR:BACKEND:FACTOR:DPS:LIMIT_S[:TP] ...
 # DIR is a copy of the project (the "before" and "after" commits side by side); each run is
 # the Qwen3-30B-A3B-Instruct-2507 bf16 slice of docs/h200-runs.md (TP1, --dp DPS, 3 rounds x 3
 # iterations, 2048 tokens, 128 sequences, capture sizes 1..256 in powers of two) with
@@ -11,6 +11,8 @@
 # command resumes). Every run starts from empty Triton and vLLM caches (a lent machine starts
 # empty, so compile time is part of a run). Set RESUME_FROM=TARBALL to unpack an earlier
 # runs.tar.gz into the run root first (a resumed run continues its checkpoint).
+# TP (optional, default 1) is the target's TP degree: TP=2 slices the TP2 tables (--tp 1,2
+# --tp-refresh 2: whole experts over EP = TP x DPS, every rank on this one GPU; issue 20 item 3).
 # $OUT receives runs.tar.gz (per run: phases.jsonl, progress.jsonl, run.log, the bundle's
 # runtime files and the _acquisition checkpoint without writer locks) and speed.log.
 # BUDGET_S (optional): wall seconds for the whole script from its start; each run's limit is
@@ -44,7 +46,9 @@ if [ -n "${RESUME_FROM:-}" ]; then
 fi
 for spec in "$@"; do
   label=${spec%%=*}
-  IFS=: read -r dir backend factor dps limit <<<"${spec#*=}"
+  IFS=: read -r dir backend factor dps limit tp <<<"${spec#*=}"
+  tp=${tp:-1}
+  if [ "$tp" = 1 ]; then tp_args=(--tp 1 --tp-refresh 1); else tp_args=(--tp "1,$tp" --tp-refresh "$tp"); fi
   run=$ROOT/$label
   if [ -n "${BUDGET_S:-}" ]; then
     left=$(( BUDGET_S - ${RESERVE_S:-30} - ($(date +%s) - SCRIPT_START) ))
@@ -65,7 +69,7 @@ for spec in "$@"; do
   read -r -a more <<<"${EXTRA_ARGS:-}"
   extra+=("${more[@]}")
   cmd=(python3 -m acquisition.adapters.vllm_cli slice Qwen/Qwen3-30B-A3B-Instruct-2507
-    --hardware H200 --tp 1 --tp-refresh 1 --group moe --max-num-batched-tokens 2048
+    --hardware H200 "${tp_args[@]}" --group moe --max-num-batched-tokens 2048
     --max-num-seqs 128 --moe-rounds 3 --measurement-iterations 3 --moe-grid-factor "$factor"
     --cudagraph-capture-sizes "$CAPTURES" --no-progress-bar --dp "$dps" --backend "$backend"
     --out-root "$run/out" --progress-json "$run/progress.jsonl" --phase-log "$run/phases.jsonl"

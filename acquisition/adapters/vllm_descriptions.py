@@ -15,8 +15,9 @@ from acquisition.adapters.vllm_fp8 import DISPATCH_QUANT
 from acquisition.adapters.vllm_live_scopes import WRAPPER
 from acquisition.adapters.vllm_modular_native import NO_DP_EP
 from moetables.bundle import EXPERTS
+from moetables.comm import CollectiveStep, TensorWidths, build_trace
 
-__all__ = ["describe_live", "describe_modular"]
+__all__ = ["describe_live", "describe_modular", "excluded_collectives"]
 
 ATTRIBUTION = (
     "launch_correlation: CUDA kernels, copies and sets attributed by the "
@@ -48,6 +49,13 @@ def describe_modular(session: Any) -> dict[str, Any]:
             else "native prepare (verified input-preserving no-op) + experts.apply into the "
             "caller's buffer + native finalize with the no-op reduction (no copy)"
         )
+        if session.target.tp > 1:
+            # TP x DP1 with EP (vLLM folds TP into EP): each rank's experts leave a partial
+            # sum of every row, which the runner all-reduces over TP after the layer.
+            experts_boundary += (
+                "; the all-reduce over TP of the partial layer output that follows is a "
+                "collective and excluded"
+            )
     else:
         experts_boundary = (
             "experts.apply on the gathered rows"
@@ -162,6 +170,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
         },
         "synthetic_weights": "seeded normal values in the native layout",
         "excluded": ["collectives", "cpu_time", "launch_gaps", "shared_experts"],
+        "collectives": excluded_collectives(session),
         "attribution": ATTRIBUTION,
         "device_capability": (
             list(torch.cuda.get_device_capability(session.device))
@@ -170,6 +179,47 @@ def describe_modular(session: Any) -> dict[str, Any]:
         ),
     }
     return with_shared_expert_statement(described, session.model, component=None)
+
+
+def excluded_collectives(session: Any) -> dict[str, Any]:
+    """The logical collectives this rank's layer runs around its components (R44), named in
+    the contract because none of them is in the tables: the estimate charges them with its
+    link model (``moetables.comm.build_trace``, the same trace named here)."""
+    target = session.target
+    torch = session._torch
+    hidden_bytes = session.hidden * torch.empty((), dtype=session.dtype).element_size()
+    ids_bytes = torch.empty((), dtype=session.topk_dtype).element_size()
+    dispatched: int | None = None
+    scales = 0
+    if session.choice.fp8 is not None and session.choice.prepare_kind != NO_DP_EP:
+        # The all-gather moves FP8 rows and one float32 scale per 128-column group.
+        dispatched = session.hidden
+        scales = -(-session.hidden // session.choice.fp8.block_shape[1]) * 4
+    widths = TensorWidths(
+        hidden_states=hidden_bytes,
+        topk_weights=session.top_k * 4,
+        topk_ids=session.top_k * ids_bytes,
+        source="the session's dtypes",
+        dispatched_hidden_states=dispatched,
+        dispatched_scales=scales,
+    )
+    trace = build_trace(target.tp, target.dp, target.sequence_parallel, session.components, widths)
+    return {
+        "in_tables": False,
+        "charged_by": "moetables.comm link model (cluster description), at estimate time",
+        "trace_kind": trace.kind,
+        "steps": [
+            {
+                "op": step.op,
+                "tensor": step.tensor,
+                "scope": step.scope,
+                "groups": [list(group) for group in step.groups],
+                "row_bytes": step.row_bytes,
+            }
+            for step in trace.steps
+            if isinstance(step, CollectiveStep)
+        ],
+    }
 
 
 def _dtype(tensor: Any) -> str:

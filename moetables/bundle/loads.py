@@ -36,7 +36,13 @@ from moetables.bundle.model import (
     TableEntry,
     TileModel,
 )
-from moetables.bundle.quality import cell_float, cell_int, csv_rows, file_ref, read_checked
+from moetables.bundle.quality import (
+    csv_rows,
+    float_cell,
+    int_cell,
+    quality_file_ref,
+    read_checked_text,
+)
 from moetables.errors import BundleError
 
 __all__ = [
@@ -128,17 +134,17 @@ def read_load_spread(text: str, where: str) -> list[LoadSpreadRow]:
     for number, cells in csv_rows(text, LOAD_SPREAD_COLUMNS, where):
         at = f"{where}:{number}"
         row = LoadSpreadRow(
-            tokens=cell_int(cells, "tokens", at),
-            activated_experts=cell_int(cells, "activated_experts", at),
-            local_assignments=cell_int(cells, "local_assignments", at),
+            tokens=int_cell(cells, "tokens", at),
+            activated_experts=int_cell(cells, "activated_experts", at),
+            local_assignments=int_cell(cells, "local_assignments", at),
             distribution=cells["distribution"],
-            seed=cell_int(cells, "seed", at),
-            block_m=cell_int(cells, "block_m", at),
-            tiles=cell_int(cells, "tiles", at),
-            max_count=cell_int(cells, "max_count", at),
-            cv=cell_float(cells, "cv", at),
-            b_us=cell_float(cells, "b_us", at, positive=True),
-            b2_us=cell_float(cells, "b2_us", at, positive=True),
+            seed=int_cell(cells, "seed", at),
+            block_m=int_cell(cells, "block_m", at),
+            tiles=int_cell(cells, "tiles", at),
+            max_count=int_cell(cells, "max_count", at),
+            cv=float_cell(cells, "cv", at),
+            b_us=float_cell(cells, "b_us", at, positive=True),
+            b2_us=float_cell(cells, "b2_us", at, positive=True),
         )
         if min(row.tokens, row.activated_experts, row.block_m, row.tiles) < 1 or (
             row.local_assignments < row.activated_experts
@@ -203,7 +209,7 @@ def parse_expert_loads(root: Path, tp: int, raw: Any, *, version: int, where: st
     ):
         raise BundleError(f"{mwhere}.tile_cost_us", f"must be a finite number >= 0, got {cost!r}")
     evidence = (
-        file_ref(root, tp, model["evidence"], where=f"{mwhere}.evidence")
+        quality_file_ref(root, tp, model["evidence"], where=f"{mwhere}.evidence")
         if model.get("evidence") is not None
         else None
     )
@@ -226,7 +232,7 @@ def load_spread_evidence(root: Path, entry: TableEntry) -> tuple[LoadSpreadRow, 
     from moetables.tiles import TileError, fit_tile_cost
 
     ref = model.evidence
-    rows = read_load_spread(read_checked(root, ref), ref.path)
+    rows = read_load_spread(read_checked_text(root, ref), ref.path)
     try:
         fit = fit_tile_cost(rows, block_m=model.block_m)
     except TileError as exc:

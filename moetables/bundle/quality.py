@@ -47,10 +47,15 @@ __all__ = [
     "QualityEvidence",
     "QualityRefs",
     "StabilityRow",
+    "csv_rows",
+    "float_cell",
     "format_conservation",
     "format_stability",
+    "int_cell",
     "load_quality",
     "parse_quality_refs",
+    "quality_file_ref",
+    "read_checked_text",
 ]
 
 STABILITY_FILE = "stability.csv"
@@ -189,7 +194,7 @@ def format_conservation(rows: Iterable[ConservationRow]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-def file_ref(root: Path, tp: int, raw: Any, *, where: str) -> QualityFile:
+def quality_file_ref(root: Path, tp: int, raw: Any, *, where: str) -> QualityFile:
     if not isinstance(raw, dict):
         raise BundleError(where, "must be a mapping with file and sha256")
     path, _ = resolve_inside(root, f"tp{tp}", raw.get("file"), where=f"{where}.file")
@@ -203,7 +208,7 @@ def parse_quality_refs(root: Path, tp: int, raw: Any, *, where: str) -> QualityR
     """The ``quality`` mapping of a format-2 entry: stability file, conservation file or reason."""
     if not isinstance(raw, dict):
         raise BundleError(where, "is required in format 2: a mapping with stability, conservation")
-    stability = file_ref(root, tp, raw.get("stability"), where=f"{where}.stability")
+    stability = quality_file_ref(root, tp, raw.get("stability"), where=f"{where}.stability")
     conservation = raw.get("conservation")
     if isinstance(conservation, dict) and "absent" in conservation:
         reason = conservation["absent"]
@@ -211,11 +216,11 @@ def parse_quality_refs(root: Path, tp: int, raw: Any, *, where: str) -> QualityR
             raise BundleError(f"{where}.conservation.absent", "must say why, as text")
         return QualityRefs(stability, None, reason)
     return QualityRefs(
-        stability, file_ref(root, tp, conservation, where=f"{where}.conservation"), None
+        stability, quality_file_ref(root, tp, conservation, where=f"{where}.conservation"), None
     )
 
 
-def read_checked(root: Path, ref: QualityFile) -> str:
+def read_checked_text(root: Path, ref: QualityFile) -> str:
     path = root / ref.path
     try:
         data = path.read_bytes()
@@ -243,14 +248,14 @@ def csv_rows(text: str, columns: Sequence[str], where: str) -> list[tuple[int, d
     return found
 
 
-def cell_int(cells: dict[str, str], key: str, where: str) -> int:
+def int_cell(cells: dict[str, str], key: str, where: str) -> int:
     try:
         return int(cells[key])
     except ValueError:
         raise BundleError(where, f"{key} {cells[key]!r} is not an integer") from None
 
 
-def cell_float(cells: dict[str, str], key: str, where: str, *, positive: bool = False) -> float:
+def float_cell(cells: dict[str, str], key: str, where: str, *, positive: bool = False) -> float:
     try:
         value = float(cells[key])
     except ValueError:
@@ -272,18 +277,18 @@ def read_stability(text: str, where: str) -> list[StabilityRow]:
         at = f"{where}:{number}"
         row = StabilityRow(
             component=c["component"],
-            tokens=cell_int(c, "tokens", at),
-            activated_experts=cell_int(c, "activated_experts", at),
-            local_assignments=cell_int(c, "local_assignments", at),
-            attempt=cell_int(c, "attempt", at),
-            b_sets=cell_int(c, "b_sets", at),
-            b_median_us=cell_float(c, "b_median_us", at, positive=True),
-            b_pooled_us=cell_float(c, "b_pooled_us", at, positive=True),
-            b2_sets=cell_int(c, "b2_sets", at),
-            b2_median_us=cell_float(c, "b2_median_us", at, positive=True),
-            b2_pooled_us=cell_float(c, "b2_pooled_us", at, positive=True),
-            relative_change=cell_float(c, "relative_change", at),
-            tolerance=cell_float(c, "tolerance", at, positive=True),
+            tokens=int_cell(c, "tokens", at),
+            activated_experts=int_cell(c, "activated_experts", at),
+            local_assignments=int_cell(c, "local_assignments", at),
+            attempt=int_cell(c, "attempt", at),
+            b_sets=int_cell(c, "b_sets", at),
+            b_median_us=float_cell(c, "b_median_us", at, positive=True),
+            b_pooled_us=float_cell(c, "b_pooled_us", at, positive=True),
+            b2_sets=int_cell(c, "b2_sets", at),
+            b2_median_us=float_cell(c, "b2_median_us", at, positive=True),
+            b2_pooled_us=float_cell(c, "b2_pooled_us", at, positive=True),
+            relative_change=float_cell(c, "relative_change", at),
+            tolerance=float_cell(c, "tolerance", at, positive=True),
             passed=_flag(c, "passed", at),
             published=_flag(c, "published", at),
         )
@@ -309,15 +314,15 @@ def read_conservation(text: str, where: str) -> list[ConservationRow]:
     for number, c in csv_rows(text, CONSERVATION_COLUMNS, where):
         at = f"{where}:{number}"
         components = {
-            name: cell_float(c, f"{name}_us", at)
+            name: float_cell(c, f"{name}_us", at)
             for name in CONSERVED_COMPONENTS
             if c[f"{name}_us"] != ""
         }
         row = ConservationRow(
-            forward=cell_int(c, "forward", at),
-            tokens=cell_int(c, "tokens", at),
-            native_total_us=cell_float(c, "native_total_us", at, positive=True),
-            outside_scopes_us=cell_float(c, "outside_scopes_us", at),
+            forward=int_cell(c, "forward", at),
+            tokens=int_cell(c, "tokens", at),
+            native_total_us=float_cell(c, "native_total_us", at, positive=True),
+            outside_scopes_us=float_cell(c, "outside_scopes_us", at),
             components_us=components,
         )
         if not components:
@@ -428,13 +433,13 @@ def load_quality(
             "only the compact conditioning summary"
         )
         return QualityEvidence(None, None, reason, reason, source="none")
-    controls = read_stability(read_checked(root, refs.stability), refs.stability.path)
+    controls = read_stability(read_checked_text(root, refs.stability), refs.stability.path)
     if table is not None:
         _check_against_table(controls, table, refs.stability.path)
     conservation = None
     if refs.conservation is not None:
         conservation = tuple(
-            read_conservation(read_checked(root, refs.conservation), refs.conservation.path)
+            read_conservation(read_checked_text(root, refs.conservation), refs.conservation.path)
         )
     return QualityEvidence(
         stability=tuple(controls),

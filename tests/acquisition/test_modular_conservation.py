@@ -48,10 +48,12 @@ def test_it_traces_one_row_a_decode_step_and_the_budget() -> None:
     assert trace_tokens(1) == (1,)
 
 
-def test_a_dp1_rank_traces_vllms_own_kernel_apply(model: MoeModel) -> None:
-    """DP1: gate + router, then FusedMoEKernel.apply with prepare, experts.apply and finalize
-    scoped as the experts boundary (R22); the sums conserve the forward's whole activity."""
-    session = build(model, DP1)
+@pytest.mark.parametrize("target", [DP1, MoeTarget.for_rank(2, 1, 1)], ids=["tp1", "tp2_rank1"])
+def test_a_dp1_rank_traces_vllms_own_kernel_apply(model: MoeModel, target: MoeTarget) -> None:
+    """DP1 (also TP2/DP1/EP2, whose prepare/finalize is DP1's): gate + router, then
+    FusedMoEKernel.apply with prepare, experts.apply and finalize scoped as the experts
+    boundary (R22); the sums conserve the forward's whole activity."""
+    session = build(model, target)
     try:
         traced = session.describe()["launch_ownership"]
     finally:

@@ -24,15 +24,34 @@ from moetables.tiles import fit_tile_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+F2 = ROOT / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+TORCH_REFERENCE = ROOT / "bundles/H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 HISTORICAL = ROOT / "bundles/llmservingsim-rtxpro6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 EVIDENCE = ROOT / "docs/evidence/h200-load-spread/load_spread.json"
 RAW = json.loads(EVIDENCE.read_text())
 
 
 @pytest.fixture
-def fitted(tmp_path: Path) -> Path:
-    bundle = tmp_path / "bf16"
+def unfitted(tmp_path: Path) -> Path:
+    """The shipped H200 bundle as it was before issue 18 recorded its tile costs (format 2): the
+    same tables and quality evidence, no ``expert_loads``, no ``load_spread.csv``."""
+    bundle = tmp_path / "unfitted" / "bf16"
     shutil.copytree(H200, bundle)
+    meta = _meta(bundle)
+    owner = meta["per_tp"][1]["moe_components"]
+    owner["format_version"] = 2
+    for entry in owner["entries"]:
+        entry.pop("expert_loads", None)
+    (bundle / "meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    for path in bundle.rglob("load_spread.csv"):
+        path.unlink()
+    return bundle
+
+
+@pytest.fixture
+def fitted(unfitted: Path, tmp_path: Path) -> Path:
+    bundle = tmp_path / "bf16"
+    shutil.copytree(unfitted, bundle)
     costs = attach(bundle, RAW)
     assert costs == {
         "tp1": pytest.approx(1.416, abs=5e-4),
@@ -46,13 +65,17 @@ def _meta(bundle: Path) -> dict:  # type: ignore[type-arg]
 
 
 def test_it_records_each_tables_fitted_cost_keeping_every_file_byte_for_byte(
-    fitted: Path,
+    fitted: Path, unfitted: Path
 ) -> None:
     """Tables and quality evidence keep their bytes; the TP's format becomes 3; each entry says
     its rows are balanced and carries its deployment's cost with the evidence beside it."""
-    for path in H200.rglob("*"):
+    for path in unfitted.rglob("*"):
         if path.is_file() and path.name != "meta.yaml":
-            assert (fitted / path.relative_to(H200)).read_bytes() == path.read_bytes(), path
+            assert (fitted / path.relative_to(unfitted)).read_bytes() == path.read_bytes(), path
+    # The shipped bundle was re-published the same way (bundles/README.md): the same files.
+    for path in fitted.rglob("*"):
+        if path.is_file():
+            assert (H200 / path.relative_to(fitted)).read_bytes() == path.read_bytes(), path
     owner = _meta(fitted)["per_tp"][1]["moe_components"]
     assert owner["format_version"] == 3
     report = validate_bundle(fitted)
@@ -72,19 +95,33 @@ def test_it_records_each_tables_fitted_cost_keeping_every_file_byte_for_byte(
     assert costs == {1: 1.416, 2: 1.764}
 
 
-def test_older_bundles_read_as_balanced_rows_without_a_model() -> None:
-    for bundle in (H200, HISTORICAL):
+def test_older_bundles_read_as_balanced_rows_without_a_model(unfitted: Path) -> None:
+    for bundle in (unfitted, HISTORICAL, TORCH_REFERENCE):
         for entry in open_bundle(bundle).entries:
             assert entry.expert_loads.rows == "balanced" and entry.expert_loads.tile_model is None
-    assert not validate_bundle(H200).loads
+    assert not validate_bundle(unfitted).loads
+
+
+@pytest.mark.parametrize("bundle", [H200, F2], ids=["H200", "H200-vllm-modular-f2"])
+def test_the_shipped_modular_h200_bundles_record_the_measured_costs(bundle: Path) -> None:
+    """Issue 18: the TP1/DP1 table carries tp1's 1.416 us per tile, both DP2/EP2 ranks ep2's
+    1.764, each refitted by the reader from the load_spread.csv beside it."""
+    report = validate_bundle(bundle)
+    assert report.ok, report.problems
+    costs = {
+        (e.target.dp, e.target.rank): e.expert_loads.tile_model.tile_cost_us  # type: ignore[union-attr]
+        for e in report.bundle.entries  # type: ignore[union-attr]
+    }
+    assert costs == {(1, 0): 1.416, (2, 0): 1.764, (2, 1): 1.764}
+    assert all(len(rows) == 78 for rows in report.loads.values())
 
 
 def test_a_described_lookup_defaults_to_the_tables_cost_and_balanced_stays_bit_for_bit(
-    fitted: Path,
+    fitted: Path, unfitted: Path
 ) -> None:
     """Issue 18: a load description without tile_cost_us is charged at the table's own cost;
     a bundle without a model still refuses it; balanced answers are today's."""
-    new, old = ComponentTables(fitted), ComponentTables(H200)
+    new, old = ComponentTables(fitted), ComponentTables(unfitted)
     for dp, rank, point, cost in (
         (1, 0, (2000, 128, 16000), 1.416),
         (2, 1, (3000, 64, 12000), 1.764),
@@ -110,10 +147,12 @@ def test_a_described_lookup_defaults_to_the_tables_cost_and_balanced_stays_bit_f
         assert batch.time_us[0] == default and batch.code[0] == 0
 
 
-def test_the_estimate_charges_each_rank_at_its_tables_cost_when_asked(fitted: Path) -> None:
+def test_the_estimate_charges_each_rank_at_its_tables_cost_when_asked(
+    fitted: Path, unfitted: Path
+) -> None:
     rng = np.random.default_rng(3)
     counts = np.bincount(rng.integers(0, 128, 8 * 2 * 2048), minlength=128)
-    new, old = ComponentTables(fitted), ComponentTables(H200)
+    new, old = ComponentTables(fitted), ComponentTables(unfitted)
     kwargs = {"tp": 1, "dp": 2, "policy": "histogram", "expert_counts": counts.tolist()}
     table = new.estimate([2048, 2048], tile_cost_us="table", **kwargs)
     explicit = old.estimate([2048, 2048], tile_cost_us=1.764, **kwargs)

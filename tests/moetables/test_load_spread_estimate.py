@@ -19,6 +19,8 @@ F2 = (
     Path(__file__).resolve().parents[2]
     / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 )
+# A shipped bundle of the same targets without a fitted tile cost (format 2).
+UNFITTED = F2.parents[3] / "H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 
 
 def _counts(seed: int, n: int) -> np.ndarray:
@@ -141,8 +143,13 @@ def test_it_names_bad_load_descriptions() -> None:
     t = ComponentTables(F2).deployment(1, 2, 0)
     with pytest.raises(QueryError, match="loads must be"):
         t.experts_time_us(2048, 64, 8192, loads="zipf", tile_cost_us=1.6)
+    # The shipped F2 tables record their fitted cost (format 3): only a table without one refuses.
+    bare = ComponentTables(UNFITTED).deployment(1, 2, 0)
     with pytest.raises(QueryError, match="needs tile_cost_us"):
-        t.experts_time_us(2048, 64, 8192, loads="uniform")
+        bare.experts_time_us(2048, 64, 8192, loads="uniform")
+    assert t.experts_time_us(2048, 64, 8192, loads="uniform") == t.experts_time_us(
+        2048, 64, 8192, loads="uniform", tile_cost_us=1.764
+    )
     with pytest.raises(QueryError, match="8000 pairs on 64"):
         t.experts_time_us(2048, 64, 8192, loads=[125] * 64, tile_cost_us=1.6)
     with pytest.raises(QueryError, match="alpha"):

@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[2] / "bundles"
 F2 = ROOT / "H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 H200 = ROOT / "H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 RANK = ComponentTables(F2).deployment(1, 2, 0)
+# Same targets, no fitted tile cost (format 2): the one that refuses a description without a cost.
+BARE = ComponentTables(
+    ROOT / "H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+).deployment(1, 2, 0)
 EXPERT = {
     "component": "experts",
     "tokens": 2048,
@@ -88,13 +92,18 @@ def test_it_refuses_a_bad_description_naming_the_problem(
 ) -> None:
     """Issue 18: a bad description, counts that miss (A, M), a cost without a description or a
     description on a local component is the query's own ``invalid`` answer; the rest answer."""
-    answers = RANK.answer([EXPERT] * (count - 1) + [query])
+    tables = BARE if fragment == "needs tile_cost_us" else RANK
+    answers = tables.answer([EXPERT] * (count - 1) + [query])
     assert all("time_us" in a for a in answers[:-1])
     assert answers[-1]["error"] == "invalid"
     assert fragment in answers[-1]["message"], answers[-1]["message"]
     if fragment == "needs tile_cost_us":
         # The cost may be the table's own (bundle format 3): only the table can refuse it.
         assert parse_query(query).loads == "uniform"
+        # The shipped F2 rank records 1.764 us per tile (format 3): it answers at that cost.
+        assert RANK.answer([query])[0]["time_us"] == RANK.experts_time_us(
+            2048, 64, 8192, loads="uniform", tile_cost_us=1.764
+        )
         return
     with pytest.raises(QueryError):
         parse_query(query)
@@ -198,8 +207,14 @@ def test_batch_takes_one_description_or_one_per_row() -> None:
     assert rows.time_us[1] == RANK.experts_time_us(2048, 64, 8192, loads=SKEW, tile_cost_us=1.6)
     assert rows.time_us[2] == uniform.time_us[2]
     assert rows.code.tolist() == [0, 0, 0, 2] and np.isnan(rows.time_us[3])
+    with pytest.raises(QueryError, match="needs tile_cost_us"):
+        BARE.batch("experts", n, a, m, loads="uniform")
+    own = RANK.batch("experts", n, a, m, loads="uniform")  # the table's own 1.764 us
+    assert (
+        own.time_us.tolist()
+        == RANK.batch("experts", n, a, m, loads="uniform", tile_cost_us=1.764).time_us.tolist()
+    )
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"loads": "uniform"}, "needs tile_cost_us"),
         ({"tile_cost_us": 1.0}, "needs loads"),
         ({"loads": ["uniform"], "tile_cost_us": 1.0}, "one description per row"),
         ({"loads": [128] * 4, "tile_cost_us": 1.0}, "each row's description"),
@@ -228,4 +243,8 @@ def test_the_cli_reads_descriptions_from_jsonl(tmp_path: Path, capsys: Any) -> N
     assert code == 0
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines == RANK.answer(queries)
-    assert lines[1]["time_us"] > lines[0]["time_us"] and lines[2]["error"] == "invalid"
+    assert lines[1]["time_us"] > lines[0]["time_us"]
+    # No cost given: the table's own (1.764 us per tile, recorded in the shipped F2 bundle).
+    assert lines[2]["time_us"] == RANK.experts_time_us(
+        2048, 64, 8192, loads="uniform", tile_cost_us=1.764
+    )

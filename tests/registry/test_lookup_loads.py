@@ -38,7 +38,7 @@ QUERIES: list[Any] = [
     {**EXPERT, "loads": SKEW, "tile_cost_us": 1.6},
     {**EXPERT, "tokens": 3000, "local_assignments": 12000, "loads": "uniform", "tile_cost_us": 2},
     {**EXPERT, "tokens": 10**6, "loads": "uniform", "tile_cost_us": 1.6},  # out of support
-    {**EXPERT, "loads": "uniform"},  # no cost
+    {**EXPERT, "loads": "uniform"},  # no cost: the table's own (1.764 us, format 3)
     {**EXPERT, "tile_cost_us": 1.6},  # no description
     {**EXPERT, "loads": [1] * 64, "tile_cost_us": 1.6},  # counts miss M
     {"component": "gate_routing", "tokens": 4, "loads": "uniform", "tile_cost_us": 1},
@@ -64,8 +64,10 @@ def test_rest_answers_described_queries_as_moetables(api: Any, f2: Bundle) -> No
         assert answers == json.loads(json.dumps(LOCAL.answer(QUERIES * copies)))
     assert answers[0] == answers[1] and answers[2]["time_us"] > answers[0]["time_us"]
     assert answers[6]["error"] == "out_of_support"
-    assert [a["error"] for a in answers[7:11]] == ["invalid"] * 4
-    assert "needs tile_cost_us" in answers[7]["message"]
+    assert answers[7]["time_us"] == LOCAL.experts_time_us(
+        2048, 64, 8192, loads="uniform", tile_cost_us=1.764
+    )
+    assert [a["error"] for a in answers[8:11]] == ["invalid"] * 3
     assert "for experts only" in answers[10]["message"]
 
 
@@ -137,8 +139,12 @@ def test_remote_tables_pass_descriptions_through_bit_for_bit(remote: Any) -> Non
         )
         assert np.array_equal(mine.time_us, theirs.time_us, equal_nan=True)
         assert np.array_equal(mine.code, theirs.code)
+    own = (
+        LOCAL.batch("experts", n, a, m, loads="uniform"),
+        remote.batch("experts", n, a, m, loads="uniform"),
+    )
+    assert np.array_equal(own[0].time_us, own[1].time_us, equal_nan=True)
     for kwargs in (
-        {"loads": "uniform"},
         {"tile_cost_us": 1.0},
         {"loads": ["uniform"], "tile_cost_us": 1.0},
         {"loads": [128] * 4, "tile_cost_us": 1.0},
@@ -152,6 +158,8 @@ def test_remote_tables_pass_descriptions_through_bit_for_bit(remote: Any) -> Non
 
 
 H200 = F2.parents[3] / "H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+# Same targets without a fitted tile cost (format 2).
+UNFITTED = F2.parents[3] / "H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 SPREAD = F2.parents[4] / "docs/evidence/h200-load-spread/load_spread.json"
 
 
@@ -199,12 +207,15 @@ def test_a_tables_own_cost_answers_described_queries_on_every_path(
     theirs = remote.batch("experts", n, a, m, loads="uniform")
     assert np.array_equal(mine.time_us, theirs.time_us) and (mine.code == 0).all()
     # A bundle without a model still refuses on both paths, alike.
-    plain_remote = RemoteTables(live_server.url, bundle=publish_bundle(F2).bundle.pk)
+    plain_remote = RemoteTables(live_server.url, bundle=publish_bundle(UNFITTED).bundle.pk)
     OPENED.append(plain_remote)
-    assert _outcome(
-        plain_remote.deployment(1, 2, 1).batch, "experts", n, a, m, loads="uniform"
-    ) == (
-        _outcome(ComponentTables(F2).deployment(1, 2, 1).batch, "experts", n, a, m, loads="uniform")
+    refused = _outcome(
+        ComponentTables(UNFITTED).deployment(1, 2, 1).batch, "experts", n, a, m, loads="uniform"
+    )
+    assert isinstance(refused, tuple) and "needs tile_cost_us" in refused[1]
+    assert (
+        _outcome(plain_remote.deployment(1, 2, 1).batch, "experts", n, a, m, loads="uniform")
+        == refused
     )
     body = {
         "bundle": bundle.pk,

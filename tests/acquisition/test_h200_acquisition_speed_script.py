@@ -1,0 +1,75 @@
+"""scripts/h200_acquisition_speed.sh on CPU: the command line each LABEL=... spec becomes.
+
+``python3`` and ``nvidia-smi`` are stubs on PATH; the stub acquisition records its arguments.
+The optional sixth field of a spec is the target's TP degree (issue 20 item 3: TP2/DP1/EP2
+ranks on one GPU), which must reach the acquisition as ``--tp 1,2 --tp-refresh 2`` (R6: TP1
+stays in the session list; the slice measures only the refreshed degree).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_acquisition_speed.sh"
+
+STUB = r"""#!/usr/bin/env bash
+# python3 stand-in: `-` (the bytecode census) and `-c` (versions) print a line; a run
+# (`-m acquisition.adapters.vllm_cli slice ...`) appends its arguments to $ARGV_LOG.
+case $1 in
+  -) cat >/dev/null; echo "stub census"; exit 0 ;;
+  -c) echo "torch stub vllm stub"; exit 0 ;;
+esac
+echo "$*" >> "$ARGV_LOG"
+echo "published"
+"""
+
+
+def test_a_sixth_field_slices_that_tp_degree_and_others_stay_tp1(tmp_path: Path) -> None:
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "python3").write_text(STUB)
+    (stubs / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    project = tmp_path / "project"
+    (project / "acquisition").mkdir(parents=True)
+    log = tmp_path / "argv.log"
+    environment = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "OUT": str(tmp_path / "out"),
+        "ROOT": str(tmp_path / "root"),
+        "ARGV_LOG": str(log),
+        "EXTRA_ARGS": "--moe-kernel-steps off",
+    }
+    result = subprocess.run(
+        [
+            "bash",
+            str(SCRIPT),
+            f"tp2={project}:vllm-modular:2:1:60:2",
+            f"dp2={project}:vllm-modular:2:2:60",
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    tp2, dp2 = (line.split() for line in log.read_text().splitlines())
+
+    def value(argv: list[str], flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert (value(tp2, "--tp"), value(tp2, "--tp-refresh"), value(tp2, "--dp")) == ("1,2", "2", "1")
+    assert (value(dp2, "--tp"), value(dp2, "--tp-refresh"), value(dp2, "--dp")) == ("1", "1", "2")
+    for argv in (tp2, dp2):
+        assert argv.count("--tp") == 1
+        assert value(argv, "--moe-grid-factor") == "2"
+        assert value(argv, "--backend") == "vllm-modular"
+        assert value(argv, "--moe-kernel-steps") == "off"
+    assert value(tp2, "--out-root") == str(tmp_path / "root" / "tp2" / "out")
+    speed_log = (tmp_path / "out" / "speed.log").read_text()
+    assert "tp2: exit 0" in speed_log and "dp2: exit 0" in speed_log
