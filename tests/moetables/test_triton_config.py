@@ -214,3 +214,25 @@ def test_the_choice_equals_try_get_optimal_moe_config(monkeypatch: pytest.Monkey
             assert ours.config(rows) == expected, (shape, rows)
             checked += 1
     assert checked == len(SHAPES) * 8192
+
+
+def test_a_tables_kernel_shape_comes_from_its_contract() -> None:
+    """The lookups' tile model (issue 18): whole experts at any TP (full expert parallelism,
+    vLLM's MoE TP size 1), the checkpoint's quantization choosing the FP8 file."""
+    from moetables.tiles import contract_kernel_shape
+
+    bf16 = {"hardware": "H200", "geometry": {"expert_intermediate_size": 768, "dtype": "bfloat16"}}
+    assert contract_kernel_shape(bf16, 128).source == "E=128,N=768,device_name=NVIDIA_H200.json"
+    assert contract_kernel_shape(bf16, 64).width == 768  # a TP2/DP1/EP2 rank too
+    fp8 = {
+        "hardware": "H200",
+        "geometry": {
+            "expert_intermediate_size": 768,
+            "dtype": "bfloat16",
+            "quantization": "fp8",
+            "weight_block_size": [128, 128],
+        },
+    }
+    shape = contract_kernel_shape(fp8, 128)
+    assert (shape.dtype, shape.block_shape) == ("fp8_w8a8", (128, 128))
+    assert shape.tuned is not None
