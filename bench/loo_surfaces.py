@@ -49,27 +49,13 @@ from acquisition.plan.kernel import KernelSteps
 from moetables.bundle import Bundle, TableEntry, load_table, open_bundle
 from moetables.geometry import ExpertGeometry
 from moetables.lookup.surface import ExpertSurface
-
-# vLLM 0.26.0 fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json: BLOCK_SIZE_M per key.
-TUNED_H200_E128_I768 = {
-    1: 16, 2: 16, 4: 16, 8: 16, 16: 16, 24: 16, 32: 16, 48: 16, 64: 16, 96: 16, 128: 16,
-    256: 32, 512: 64, 1024: 128, 1536: 128, 2048: 128, 3072: 128, 4096: 128,
-}  # fmt: skip
+from moetables.triton_config import KernelShape
 
 
-def block_m(rows: int, local_experts: int) -> int:
-    """BLOCK_SIZE_M vLLM 0.26.0's TritonExperts uses for ``rows`` token rows (bf16, H200)."""
-    if local_experts == 128:
-        key = min(TUNED_H200_E128_I768, key=lambda k: abs(k - rows))
-        return TUNED_H200_E128_I768[key]
-    # get_default_config, bf16: the general defaults.
-    if rows <= 32:
-        return 16
-    if rows <= 96:
-        return 32
-    if rows <= 512:
-        return 64
-    return 128
+def block_m(rows: int, local_experts: int, width: int = 768) -> int:
+    """BLOCK_SIZE_M vLLM 0.26.0's TritonExperts uses for ``rows`` token rows (bf16, H200):
+    `moetables.triton_config`'s choice, the planner's and the tile model's table."""
+    return KernelShape("NVIDIA_H200", local_experts, width).config(rows).block_m
 
 
 def row_tiles(rows: int, active: int, pairs: int, local_experts: int) -> int:
@@ -124,20 +110,26 @@ class SurfaceLoo:
 
 
 def kernel_steps(entry: TableEntry) -> KernelSteps:
-    """The kernel-step rule of a table's target (H200, bf16, the contract's expert width)."""
+    """The kernel-step rule of a table's target: its hardware, expert width and quantization
+    (block FP8 reads the ``dtype=fp8_w8a8,block_shape=[..]`` files), as the contract records."""
     g = entry.geometry
     geometry = entry.contract.get("geometry") or {}
+    block = geometry.get("weight_block_size")
     return KernelSteps.for_target(
-        hardware="H200",
-        dtype="bf16",
+        hardware=str(entry.contract.get("hardware", "H200")),
+        dtype=str(geometry.get("dtype") or "bf16"),
         local_experts=g.local_experts,
         global_experts=g.global_experts,
         top_k=g.top_k,
         width=int(geometry.get("expert_intermediate_size", 768)),
+        quantization=geometry.get("quantization"),
+        weight_block=(int(block[0]), int(block[1])) if block else None,
     )
 
 
-def leave_one_out(bundle: Bundle, entry: TableEntry, *, kernel_aware: bool = False) -> SurfaceLoo:
+def leave_one_out(
+    bundle: Bundle, entry: TableEntry, *, kernel_aware: bool = False, label_model: bool = False
+) -> SurfaceLoo:
     """Leave-one-out over the positive expert points; ``kernel_aware``: each point answered
     from the other points of its own kernel segment only (refused where they do not enclose it)."""
     table = load_table(bundle.root, entry)
@@ -175,6 +167,8 @@ def leave_one_out(bundle: Bundle, entry: TableEntry, *, kernel_aware: bool = Fal
         name = str(bundle.root.relative_to(ROOT / "bundles").parts[0])
     except ValueError:
         name = str(bundle.root)
+    if label_model:
+        name = f"{name} {entry.contract.get('model', {}).get('name', '?')}"
     measured = [(int(x), int(y), int(z)) for x, y, z in zip(n, a, m, strict=True)]
     return SurfaceLoo(name, factor, entry.target.deployment, len(n), errors, measured)
 
@@ -266,11 +260,11 @@ def predict_kernel_steps(
         "answered exactly when kept, only across its bend when left out.\n"
     )
     print(
-        "| bundle | target | points now | points with the rule | > 5 % now | of them bracketed "
+        "| bundle | target | kernel configuration | points now | points with the rule | > 5 % now | of them bracketed "
         "with the rule | of them a bend themselves | neither | bracketed today: answered, "
         "median, p95 | not bracketed today: median, p95 |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         if r.factor != 2 or not r.bundle.startswith("H200-vllm"):
             continue
@@ -290,7 +284,8 @@ def predict_kernel_steps(
             return f"{pct(float(np.median(x)))}, {pct(float(np.percentile(x, 95)))}"
 
         print(
-            f"| {r.bundle} | {r.target} | {r.points} | {sum(1 for p in planned if p[1] > 0)} | "
+            f"| {r.bundle} | {r.target} | {steps.source} | {r.points} | "
+            f"{sum(1 for p in planned if p[1] > 0)} | "
             f"{len(big)} | {fixed} | {knots} | {len(big) - fixed - knots} | {len(inside)}, "
             f"{stats(inside)} | {stats(outside)} |"
         )
@@ -328,10 +323,11 @@ def main() -> None:
     if args.predict_kernel_steps:
         bundles = [
             b for b in current_bundles() if b.root.relative_to(ROOT / "bundles").parts[0]
-            in ("H200-vllm-modular-f2", "H200-vllm-live-f2")
+            in ("H200-vllm-modular-f2", "H200-vllm-live-f2", "H200-vllm-modular-fp8-f2",
+                "H200-vllm-live-fp8-f2")
         ]  # fmt: skip
         pairs = [(b, e) for b in bundles for e in b.entries]
-        results = [leave_one_out(b, e) for b, e in pairs]
+        results = [leave_one_out(b, e, label_model=True) for b, e in pairs]
         entries = {(r.bundle, r.target): e for r, (_, e) in zip(results, pairs, strict=True)}
         predict_kernel_steps(results, entries)
         return
@@ -434,13 +430,13 @@ def analyse_bundles(roots: list[Path], worst: int) -> None:
     print("| bundle | target | points | plain: answered, median, p95, max | kernel-aware: "
           "answered, median, p95, max |")  # fmt: skip
     print("| --- | --- | --- | --- | --- |")
-    plain_all: list[SurfaceLoo] = []
+    plain_all: list[tuple[str, SurfaceLoo, KernelSteps]] = []
     for root in roots:
         bundle = open_bundle(root.resolve())
         for entry in bundle.entries:
             plain = leave_one_out(bundle, entry)
             aware = leave_one_out(bundle, entry, kernel_aware=True)
-            plain_all.append(plain)
+            plain_all.append((str(root), plain, kernel_steps(entry)))
 
             def stats(r: SurfaceLoo) -> str:
                 if not r.errors:
@@ -452,14 +448,8 @@ def analyse_bundles(roots: list[Path], worst: int) -> None:
 
             print(f"| {root} | {plain.target} | {plain.points} | {stats(plain)} | {stats(aware)} |")
     print()
-    for r in plain_all:
-        entry_steps = None
-        for root in roots:
-            for entry in open_bundle(root.resolve()).entries:
-                if entry.target.deployment == r.target:
-                    entry_steps = kernel_steps(entry)
-        assert entry_steps is not None
-        print(f"{r.target}: the {worst} largest plain errors\n")
+    for root_name, r, entry_steps in plain_all:
+        print(f"{root_name} {r.target} ({entry_steps.source}): the {worst} largest plain errors\n")
         print(
             "| N | A | M | kernel segment of N is one row | measured us | LOO answer us | error |"
         )

@@ -35,6 +35,7 @@ from moetables.errors import CoverageError, QueryError
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
+from moetables.triton_config import KernelShape
 
 
 # What the estimate reads of the lookup tables, as protocols: `moetables.lookup.tables` calls
@@ -67,7 +68,7 @@ class DeploymentTables(Protocol):
 
     def answer(self, queries: Sequence[Any]) -> list[dict[str, Any]]: ...
 
-    def tile_shape(self) -> tuple[int, int, str]: ...
+    def tile_shape(self) -> KernelShape: ...
 
     @property
     def fitted_tile_cost_us(self) -> float | None: ...
@@ -863,7 +864,7 @@ class LayerEstimator:
         notes: list[str],
     ) -> None:
         """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged."""
-        from moetables.tiles import MODEL_BLOCK_M, block_size_m
+        from moetables.tiles import MODEL_BLOCK_M
 
         if cost_us == TABLE_TILE_COST:
             costs = [t.fitted_tile_cost_us for t in self.ranks]
@@ -887,14 +888,12 @@ class LayerEstimator:
         times = components[EXPERTS]
         ranges = self.deployment.expert_ranges()
         for rank, tables in enumerate(self.ranks):
-            local, width, device = tables.tile_shape()
+            shape = tables.tile_shape()
             start, stop = ranges[rank]
             n = routing.tokens
             a = routing.activated_experts[:, rank]
             m = routing.local_assignments[:, rank]
-            blocks = np.array(
-                [block_size_m(int(x), local, width, device=device) for x in n.tolist()]
-            )
+            blocks = np.array([shape.config(int(x)).block_m for x in n.tolist()])
             pick = np.flatnonzero((blocks >= MODEL_BLOCK_M) & np.isfinite(times[:, rank]) & (a > 0))
             if pick.size == 0:
                 continue

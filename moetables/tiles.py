@@ -8,22 +8,13 @@ an expert with 129 pairs costs a whole tile more than one with 128. The acquisit
 stimulus gives every active expert M/A pairs (as evenly as integers allow); a router's counts
 scatter, and the scatter costs tiles.
 
-This module reproduces, from vLLM 0.26.0 (``vllm/model_executor/layers/fused_moe/fused_moe.py``
-and ``moe_align_block_size.py``), the block size the kernel chooses for a shape and the number of
-row tiles it runs for given per-expert counts:
-
-- ``try_get_optimal_moe_config(w1_shape, w2_shape, top_k, dtype, M)``: the tuned config file
-  ``E={local experts},N={w2's last dim, the expert width per partition},device_name=...`` if it
-  exists (nearest tuned M to the call's M, ties to the smaller key, as ``min(keys, key=abs)``
-  resolves them), else ``get_default_config(M, E, N, K, top_k, dtype, block_shape)``;
-- ``M`` there is the number of token rows the expert kernel sees (``hidden_states.size(0)``:
-  the gathered rows N of the method's vocabulary), not the pair count;
-- ``_prepare_expert_assignment``: without an expert map and with ``N * top_k * 4 <= E_global``
-  the sort is skipped and every pair is its own block (``naive_block_assignment``).
-
-Only the tuned tables this project measures against are embedded (H200, 128 local experts,
-width 768, bf16: Qwen3-30B-A3B at TP1/EP1); any other shape falls back to vLLM's default config,
-which is what vLLM itself does when no file exists (e.g. 64 local experts at EP2 on the H200).
+The kernel's configuration (and so the block size) for a shape is `moetables.triton_config`'s,
+the table the planner's kernel-step rule reads too: vLLM 0.26.0's tuned H200 file for (local
+experts E, expert width N, dtype, block shape), nearest key to the kernel's token rows M, else
+``get_default_config``. ``M`` is the number of token rows the expert kernel sees
+(``hidden_states.size(0)``: the gathered rows N of the method's vocabulary), not the pair count.
+Without an expert map and with ``N * top_k * 4 <= E_global`` the sort is skipped and every pair
+is its own block (``naive_block_assignment``).
 
 Expected tiles under a load *distribution* use the marginal per-expert count distribution: with
 ``m`` pairs over ``a`` experts and expert shares ``p_e``, count_e ~ Binomial(m, p_e) (a token's k
@@ -44,23 +35,42 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-VLLM_VERSION = "0.26.0"
+from moetables.triton_config import (
+    VLLM_VERSION,
+    KernelShape,
+    TritonConfigError,
+    config_dtype,
+    default_config,
+    device_family,
+)
+
+__all__ = [
+    "MODEL_BLOCK_M",
+    "VLLM_VERSION",
+    "TileCount",
+    "TileError",
+    "TileFit",
+    "TimedLoad",
+    "balanced_counts",
+    "block_size_m",
+    "contract_expert_width",
+    "contract_kernel_shape",
+    "default_block_m",
+    "device_family",
+    "expected_row_tiles",
+    "fit_tile_cost",
+    "kernel_row_tiles",
+    "load_tiles",
+    "naive_assignment",
+    "parse_loads",
+    "power_law_shares",
+    "row_tiles",
+]
+
 # The tile model charges tiles of this many rows only: there the kernel is compute-bound and a
 # tile costs about the same everywhere (docs/benchmarks.md, "Per-expert load spread"); smaller
 # blocks stream each expert's weights per tile, a cost the table already carries through A.
 MODEL_BLOCK_M = 128
-
-# vllm/model_executor/layers/fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json (0.26.0):
-# tuned M -> BLOCK_SIZE_M (the other keys of the config do not change the row tiling).
-_H200_E128_N768_BF16: dict[int, int] = {
-    1: 16, 2: 16, 4: 16, 8: 16, 16: 16, 24: 16, 32: 16, 48: 16, 64: 16, 96: 16, 128: 16,
-    256: 32, 512: 64, 1024: 128, 1536: 128, 2048: 128, 3072: 128, 4096: 128,
-}  # fmt: skip
-
-# (device family, local experts, expert width per partition, config dtype) -> tuned table.
-TUNED_BLOCK_M: Mapping[tuple[str, int, int, str | None], Mapping[int, int]] = {
-    ("NVIDIA_H200", 128, 768, None): _H200_E128_N768_BF16,
-}
 
 
 class TileError(ValueError):
@@ -77,17 +87,11 @@ def default_block_m(
     """
     if rows < 1:
         raise TileError(f"rows must be >= 1, got {rows}")
-    if dtype == "fp8_w8a8" and block_shape is not None:
-        return 16 if rows <= 64 else 64
-    if dtype in ("int4_w4a16", "int8_w8a16") and block_shape is not None:
-        raise TileError(f"{dtype} with a block shape uses the WNA16 kernels: not modelled")
-    if rows <= 32:
-        return 16
-    if rows <= 96:
-        return 32
-    if rows <= 512:
-        return 64
-    return 128
+    block = _block(block_shape)
+    try:
+        return default_config(rows, 1, _key_dtype(dtype), block).block_m
+    except TritonConfigError as exc:
+        raise TileError(str(exc)) from None
 
 
 def block_size_m(
@@ -102,24 +106,31 @@ def block_size_m(
     """``try_get_optimal_moe_config(...)['BLOCK_SIZE_M']`` for a shape (vLLM 0.26.0).
 
     ``local_experts`` is the first dimension of the rank's w2 (E in the config file name),
-    ``width`` its last (the expert width per tensor-parallel partition, N in the file name),
-    ``rows`` the token rows the kernel sees. ``device`` names the config family (vLLM maps every
-    H200 variant to ``NVIDIA_H200``). No embedded tuned table: vLLM's default config.
+    ``width`` its last (the expert width; whole under expert parallelism, N in the file name),
+    ``dtype`` the config dtype (None or bf16/fp16 for unquantized, ``fp8_w8a8``), ``rows`` the
+    token rows the kernel sees. ``device`` names the config family (vLLM maps every H200 variant
+    to ``NVIDIA_H200``). A shape without an embedded tuned file gets vLLM's default config (on
+    the H200 exactly what vLLM does: all its H200 files are embedded).
     """
     if rows < 1:
         raise TileError(f"rows must be >= 1, got {rows}")
-    if local_experts < 1 or width < 1:
-        raise TileError(f"local_experts and width must be >= 1, got {local_experts}, {width}")
-    key_dtype = dtype if dtype not in ("bf16", "bfloat16", "fp16", "float16") else None
-    table = (
-        None
-        if block_shape is not None
-        else TUNED_BLOCK_M.get((device, local_experts, width, key_dtype))
-    )
-    if table:
-        nearest = min(table.keys(), key=lambda m: abs(m - rows))  # ties: the smaller key
-        return int(table[nearest])
-    return default_block_m(rows, key_dtype, block_shape)
+    try:
+        shape = KernelShape(device, local_experts, width, _key_dtype(dtype), _block(block_shape))
+        return shape.config(rows).block_m
+    except TritonConfigError as exc:
+        raise TileError(str(exc)) from None
+
+
+def _key_dtype(dtype: str | None) -> str | None:
+    return None if dtype in (None, "bf16", "bfloat16", "fp16", "float16") else dtype
+
+
+def _block(block_shape: Sequence[int] | None) -> tuple[int, int] | None:
+    if block_shape is None:
+        return None
+    if len(block_shape) != 2:
+        raise TileError(f"block_shape must be [N, K], got {list(block_shape)}")
+    return int(block_shape[0]), int(block_shape[1])
 
 
 def row_tiles(counts: Sequence[int] | npt.ArrayLike, block_m: int) -> int:
@@ -216,9 +227,33 @@ def contract_expert_width(contract: Mapping[str, Any], where: str = "this table"
     return found
 
 
-def device_family(hardware: str) -> str:
-    """vLLM's config file device name for a bundle's hardware (every H200 is ``NVIDIA_H200``)."""
-    return "NVIDIA_H200" if "H200" in hardware else hardware
+def contract_kernel_shape(
+    contract: Mapping[str, Any], local_experts: int, where: str = "this table"
+) -> KernelShape:
+    """The expert kernel's shape of a table (issue 18): its device family, local experts, whole
+    expert width (full expert parallelism keeps experts whole at any TP) and quantization, as
+    the contract records them; the configuration is then `moetables.triton_config`'s."""
+    width = contract_expert_width(contract, where)
+    geometry = contract.get("geometry")
+    geometry = geometry if isinstance(geometry, Mapping) else {}
+    quantization = geometry.get("quantization")
+    block = geometry.get("weight_block_size")
+    dtype = str(geometry.get("dtype") or "bf16")
+    try:
+        kernel_dtype, block_shape = config_dtype(
+            dtype,
+            str(quantization) if quantization else None,
+            _block(block) if isinstance(block, Sequence) else None,
+        )
+        return KernelShape(
+            device_family(str(contract.get("hardware", ""))),
+            local_experts,
+            width,
+            kernel_dtype,
+            block_shape,
+        )
+    except TritonConfigError as exc:
+        raise TileError(f"{where}: {exc}") from None
 
 
 _POWER_LAW = re.compile(r"^power_law\(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*\)$")

@@ -2,7 +2,7 @@
 # Issue 20, item 4: Qwen3-30B-A3B-Instruct-2507-FP8 (block-wise FP8) on one H200.
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
-#   [FACTOR=2] [MODULAR_S=420] [MODULAR_DPS=1,2] [LIVE_S=240] [ROOT=/tmp/h200-fp8] [RESUME_FROM=runs.tar.gz] \
+#   [FACTOR=2] [MODULAR_S=420] [MODULAR_DPS=1,2] [LIVE_S=240] [KERNEL_STEPS=off] [ROOT=/tmp/h200-fp8] [RESUME_FROM=runs.tar.gz] \
 #     bash scripts/h200_fp8.sh [probe] [modular] [live]          (default: probe modular)
 # Parts, with their expected wall time on a warm H200 (each also bounded by its own timeout):
 #   probe    ~1-2 min   scripts/h200_fp8_probe.py: imports, the FP8 oracle's choice for
@@ -33,6 +33,9 @@ LIVE_S=${LIVE_S:-240}
 MODULAR_DPS=${MODULAR_DPS:-1,2}  # e.g. 1: re-measure DP1 alone (with a fresh ROOT)
 PROBE_S=${PROBE_S:-150}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
+# off: the plan of the shipped FP8 bundles and their checkpoints (measured before the kernel-step
+# rule, which is now on by default for block FP8 on the H200; a checkpoint refuses another plan).
+KERNEL_STEPS=${KERNEL_STEPS:-off}
 MODEL=Qwen/Qwen3-30B-A3B-Instruct-2507-FP8
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(probe modular)
@@ -52,7 +55,7 @@ fi
 common=("$MODEL" --hardware H200 --tp 1 --tp-refresh 1 --group moe
   --max-num-batched-tokens 2048 --max-num-seqs 128
   --moe-rounds 3 --measurement-iterations 3 --moe-grid-factor "$FACTOR"
-  --cudagraph-capture-sizes "$CAPTURES" --no-progress-bar)
+  --moe-kernel-steps "$KERNEL_STEPS" --cudagraph-capture-sizes "$CAPTURES" --no-progress-bar)
 acquire() {  # label limit_s dps backend [extra args...]
   local label=$1 limit=$2 dps=$3 backend=$4
   shift 4

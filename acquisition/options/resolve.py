@@ -153,7 +153,9 @@ def kernel_steps_for(request: AcquisitionRequest, geometry: ExpertGeometry) -> K
     """The kernel-step rule of a target (issue 20), or None where it is off.
 
     ``auto``: on for the vLLM backends where the kernel's configuration is modelled (H200,
-    bf16/fp16), off elsewhere; ``on`` raises `KernelStepsError` where it is not modelled.
+    bf16/fp16 and block FP8), off elsewhere; ``on`` raises `KernelStepsError` where it is not
+    modelled. The model's quantization decides the config file (``dtype=fp8_w8a8,
+    block_shape=[128,128]``), not the activations' dtype.
     """
     if request.kernel_steps == "off":
         return None
@@ -167,6 +169,8 @@ def kernel_steps_for(request: AcquisitionRequest, geometry: ExpertGeometry) -> K
             global_experts=geometry.global_experts,
             top_k=geometry.top_k,
             width=request.model.expert_intermediate_size,
+            quantization=request.model.quantization,
+            weight_block=request.model.weight_block_size,
         )
     except KernelStepsError:
         if request.kernel_steps == "on":

@@ -24,10 +24,10 @@ The rule adds, before anything is measured (R10):
   every j, the last row before and the first row after each ramp (cheap: one target, and the
   staircase of a few experts' tiles is the largest error there).
 
-Only configurations this module embeds are modelled: the H200 tuned file for 128 experts of
-width 768 in bf16 (Qwen3-30B-A3B at EP1) and vLLM's bf16/fp16 default elsewhere on the H200
-(no tuned H200 file exists in vLLM 0.26.0 for 64, 32 or 16 experts of width 768). Other
-hardware and dtypes are declined (`KernelStepsError`): their tuned files are not embedded.
+The configuration itself comes from `moetables.triton_config` (vLLM 0.26.0's every tuned H200
+file, embedded, and ``get_default_config``), the same table the lookups' tile model reads. The
+rule is modelled for bf16/fp16 and block FP8 (``fp8_w8a8``, the Triton path: DeepGEMM off) on the
+H200; other hardware and quantizations are declined (`KernelStepsError`).
 """
 
 from __future__ import annotations
@@ -36,16 +36,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from moetables.triton_config import (
+    KernelShape,
+    TritonConfig,
+    TritonConfigError,
+    config_dtype,
+    default_config,
+    device_family,
+)
+
 __all__ = [
     "KERNEL_STEPS_RULE",
     "KernelSteps",
     "KernelStepsError",
     "TritonConfig",
     "default_config",
+    "device_family",
     "tuned_config",
 ]
 
-KERNEL_STEPS_RULE = "vllm-0.26.0-triton-config-steps-v1"
+# v2: every tuned H200 file of vLLM 0.26.0 (v1 knew E=128,N=768 bf16 only) and block FP8.
+KERNEL_STEPS_RULE = "vllm-0.26.0-triton-config-steps-v2"
 # Corners A*B*j, A*B*j + A for j up to this: the first steps are 100 %, 50 %, 33 % of the tiles
 # before them; later ones are within what the geometric grid already resolves.
 DEFAULT_ASSIGNMENT_STEPS = 3
@@ -55,101 +66,26 @@ class KernelStepsError(ValueError):
     """The kernel's configuration for this target is not modelled (named in the message)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TritonConfig:
-    """One kernel configuration of ``fused_moe_kernel`` (every key that changes the kernel)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
-
-
-def _c(bm: int, bn: int, bk: int, gm: int, w: int, s: int) -> TritonConfig:
-    return TritonConfig(bm, bn, bk, gm, w, s)
-
-
-# vllm/model_executor/layers/fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json (0.26.0),
-# key -> (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages).
-_H200_E128_N768_BF16: dict[int, TritonConfig] = {
-    1: _c(16, 64, 64, 1, 4, 5),
-    2: _c(16, 64, 64, 1, 4, 4),
-    4: _c(16, 64, 128, 16, 4, 2),
-    8: _c(16, 64, 128, 1, 4, 3),
-    16: _c(16, 64, 256, 1, 4, 2),
-    24: _c(16, 64, 128, 1, 4, 4),
-    32: _c(16, 64, 128, 16, 4, 2),
-    48: _c(16, 128, 128, 16, 4, 3),
-    64: _c(16, 256, 128, 1, 8, 2),
-    96: _c(16, 128, 128, 1, 4, 2),
-    128: _c(16, 128, 128, 1, 4, 2),
-    256: _c(32, 256, 128, 16, 4, 2),
-    512: _c(64, 128, 64, 1, 4, 3),
-    1024: _c(128, 256, 64, 16, 8, 4),
-    1536: _c(128, 256, 64, 1, 8, 4),
-    2048: _c(128, 256, 64, 1, 8, 4),
-    3072: _c(128, 256, 64, 1, 8, 4),
-    4096: _c(128, 256, 64, 16, 8, 4),
-}
-
-# (device family, local experts, expert width, config dtype) -> tuned configurations.
-_TUNED: dict[tuple[str, int, int, str | None], dict[int, TritonConfig]] = {
-    ("NVIDIA_H200", 128, 768, None): _H200_E128_N768_BF16,
-}
-# Device families whose complete set of tuned bf16 files for the modelled shapes is known.
-_MODELLED_DEVICES = ("NVIDIA_H200",)
-_UNQUANTIZED = {"bf16", "bfloat16", "fp16", "float16"}
-
-
 def tuned_config(
-    rows: int, local_experts: int, width: int, device: str = "NVIDIA_H200"
+    rows: int,
+    local_experts: int,
+    width: int,
+    device: str = "NVIDIA_H200",
+    dtype: str | None = None,
+    block_shape: tuple[int, int] | None = None,
 ) -> TritonConfig | None:
-    """The tuned file's configuration for ``rows`` (nearest key, ties to the smaller), if any."""
-    table = _TUNED.get((device, local_experts, width, None))
-    if table is None:
-        return None
-    # vLLM: configs[min(configs.keys(), key=lambda x: abs(x - M))], keys in ascending order.
-    return table[min(table, key=lambda key: abs(key - rows))]
-
-
-def default_config(rows: int, local_experts: int) -> TritonConfig:
-    """``get_default_config(M=rows, E=local_experts, ...)`` for bf16/fp16 on CUDA (0.26.0)."""
-    if rows < 1:
-        raise KernelStepsError(f"rows must be >= 1, got {rows}")
-    if rows <= 32:
-        block_m = 16
-    elif rows <= 96:
-        block_m = 32
-    elif rows <= 512:
-        block_m = 64
-    else:
-        block_m = 128
-    return TritonConfig(
-        block_m=block_m,
-        block_n=64 if rows <= 64 else 128,
-        block_k=128 if rows <= 64 else 64,
-        group_m=16 if rows // max(local_experts, 1) > 128 else 1,
-        num_warps=4 if rows <= 128 else 8,
-        num_stages=4 if rows <= 32 else 3,
-    )
-
-
-def device_family(hardware: str) -> str:
-    """vLLM's config file device name for a hardware label (every H200 is ``NVIDIA_H200``)."""
-    return "NVIDIA_H200" if "H200" in hardware.upper() else hardware
+    """The tuned file's configuration for ``rows`` (nearest key, ties to the first), if any."""
+    shape = KernelShape(device, local_experts, width, dtype, block_shape)
+    return shape.config(rows) if shape.tuned is not None else None
 
 
 @dataclass(frozen=True, slots=True)
 class KernelSteps:
     """What the kernel's configuration depends on, for one target; derives the added points."""
 
-    device: str
-    local_experts: int
+    shape: KernelShape
     global_experts: int
     top_k: int
-    width: int
     expert_map: bool
     assignment_steps: int = DEFAULT_ASSIGNMENT_STEPS
 
@@ -163,42 +99,57 @@ class KernelSteps:
         global_experts: int,
         top_k: int,
         width: int,
+        quantization: str | None = None,
+        weight_block: tuple[int, int] | None = None,
         assignment_steps: int = DEFAULT_ASSIGNMENT_STEPS,
     ) -> KernelSteps:
-        """The rule for a target, or `KernelStepsError` where its configuration is not known."""
+        """The rule for a target, or `KernelStepsError` where its configuration is not known.
+
+        ``width`` is the model's expert width: every target here runs full expert parallelism,
+        where vLLM keeps experts whole (its MoE tensor-parallel size is 1), so it is also N of
+        the config file name at any TP.
+        """
         device = device_family(hardware)
-        if device not in _MODELLED_DEVICES:
+        try:
+            kernel_dtype, block_shape = config_dtype(dtype, quantization, weight_block)
+            shape = KernelShape(device, local_experts, width, kernel_dtype, block_shape)
+        except TritonConfigError as exc:
+            raise KernelStepsError(str(exc)) from None
+        if not shape.embedded:
             raise KernelStepsError(
                 f"hardware {hardware!r}: vLLM's tuned Triton configurations for it are not "
-                "embedded in the planner"
-            )
-        if dtype not in _UNQUANTIZED:
-            raise KernelStepsError(
-                f"dtype {dtype!r}: only the bf16/fp16 Triton configurations are embedded"
+                "embedded (moetables/triton_config.py embeds the H200's)"
             )
         if assignment_steps < 0:
             raise KernelStepsError(f"assignment_steps must be >= 0, got {assignment_steps}")
         return cls(
-            device=device,
-            local_experts=local_experts,
+            shape=shape,
             global_experts=global_experts,
             top_k=top_k,
-            width=width,
             # vLLM builds an expert map whenever experts are split over EP ranks.
             expert_map=local_experts < global_experts,
             assignment_steps=assignment_steps,
         )
 
     @property
+    def device(self) -> str:
+        return self.shape.device
+
+    @property
+    def local_experts(self) -> int:
+        return self.shape.local_experts
+
+    @property
+    def width(self) -> int:
+        return self.shape.width
+
+    @property
     def source(self) -> str:
         """Which configuration vLLM uses for this shape: a tuned file's name or the default."""
-        if (self.device, self.local_experts, self.width, None) in _TUNED:
-            return f"E={self.local_experts},N={self.width},device_name={self.device}.json"
-        return "get_default_config"
+        return self.shape.source
 
     def config(self, rows: int) -> TritonConfig:
-        found = tuned_config(rows, self.local_experts, self.width, self.device)
-        return found if found is not None else default_config(rows, self.local_experts)
+        return self.shape.config(rows)
 
     def naive(self, rows: int) -> bool:
         """``_prepare_expert_assignment``: no expert map and ``rows * top_k * 4 <= E_global``."""
@@ -255,12 +206,9 @@ class KernelSteps:
         return {
             "rule": KERNEL_STEPS_RULE,
             "kernel": "vllm TritonExperts (fused_moe_kernel)",
-            "config_source": self.source,
-            "device": self.device,
-            "local_experts": self.local_experts,
+            **self.shape.as_dict(),
             "global_experts": self.global_experts,
             "top_k": self.top_k,
-            "expert_width": self.width,
             "expert_map": self.expert_map,
             "assignment_steps": self.assignment_steps,
             "rows": "t and t+1 at every change of the kernel configuration or of "

@@ -31,6 +31,7 @@ from moetables.lookup.queries import (
     read_columns,
 )
 from moetables.lookup.surface import Coordinates, ExpertSurface
+from moetables.triton_config import KernelShape
 
 if TYPE_CHECKING:
     from moetables.comm import Cluster
@@ -158,18 +159,16 @@ class DeploymentTables:
         model = self.entry.expert_loads.tile_model
         return None if model is None else model.tile_cost_us
 
-    def tile_shape(self) -> tuple[int, int, str]:
-        """(local experts, expert width per tensor-parallel partition, vLLM device family) of
-        this rank's expert kernel, from the contract (issue 18)."""
-        from moetables.tiles import contract_expert_width, device_family
+    def tile_shape(self) -> KernelShape:
+        """The expert kernel's shape of this rank (local experts, whole expert width, dtype,
+        vLLM device family), from the contract: what its configuration depends on (issue 18)."""
+        from moetables.tiles import contract_kernel_shape
 
         e = self.entry
         try:
-            width = contract_expert_width(e.contract, e.where)
+            return contract_kernel_shape(e.contract, e.geometry.local_experts, e.where)
         except ValueError as exc:
             raise QueryError(str(exc)) from None
-        hardware = str(e.contract.get("hardware", ""))
-        return e.geometry.local_experts, width // self.target.tp, device_family(hardware)
 
     def _tile_surface(self, mode: str) -> ExpertSurface | BalancedExpertSurface:
         """The table's own points with the stimulus' row tiles in place of time: interpolated
@@ -177,16 +176,16 @@ class DeploymentTables:
         surface = self._tile_surfaces.get(mode)
         if surface is not None:
             return surface
-        from moetables.tiles import balanced_counts, block_size_m, row_tiles
+        from moetables.tiles import balanced_counts, row_tiles
 
         self._known(EXPERTS, mode)
-        local, width, device = self.tile_shape()
+        shape = self.tile_shape()
         n, a, m = self._expert_points[mode]
         tiles = np.array(
             [
                 row_tiles(
                     balanced_counts(int(mi), int(ai)),
-                    block_size_m(int(ni), local, width, device=device),
+                    shape.config(int(ni)).block_m,
                 )
                 if ai > 0 and mi >= ai
                 else 0
@@ -247,7 +246,7 @@ class DeploymentTables:
         vLLM's block is 128 rows (`moetables.tiles`); any load but balanced needs the cost,
         given or the table's own fitted one (``fitted_tile_cost_us``, bundle format 3).
         """
-        from moetables.tiles import MODEL_BLOCK_M, TileError, block_size_m, load_tiles
+        from moetables.tiles import MODEL_BLOCK_M, TileError, load_tiles
 
         fitted = self.fitted_tile_cost_us
         problem = load_problem(
@@ -260,8 +259,7 @@ class DeploymentTables:
             return base
         cost = tile_cost_us if tile_cost_us is not None else fitted
         assert cost is not None  # load_problem: any load but balanced needs a cost
-        local, width, device = self.tile_shape()
-        bm = block_size_m(tokens, local, width, device=device)
+        bm = self.tile_shape().config(tokens).block_m
         if bm < MODEL_BLOCK_M:
             return base
         try:

@@ -315,3 +315,76 @@ def test_the_contract_records_the_rule(tmp_path: Path) -> None:
         if present:
             assert sampling["kernel_steps"] == plans[0].kernel_record()
             assert sampling["kernel_steps"]["expert_rows_added"][:3] == [3, 5, 6]
+
+
+# -- the other shipped models: Mixtral's tuned file, block FP8 ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "dp", "source"),
+    [
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 1, "E=8,N=14336,device_name=NVIDIA_H200.json"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 2, "get_default_config"),
+        (
+            "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8",
+            1,
+            "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+        ),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507-FP8", 2, "get_default_config"),
+        ("Qwen/Qwen1.5-MoE-A2.7B", 1, "get_default_config"),
+    ],
+)
+def test_auto_plans_each_model_with_the_file_vllm_reads(
+    tmp_path: Path, model: str, dp: int, source: str
+) -> None:
+    """auto is on for block FP8 too, keyed by the weights' quantization, not the activations'
+    bf16; the record names the config file (or the default) the rule bracketed."""
+    args = argv(tmp_path, "--backend", "vllm-modular")
+    args[1] = model
+    if dp > 1:
+        args += ["--dp", str(dp), "--ranks", "0"]
+    _, plans = prepare(build_parser().parse_args(args), args)
+    record = plans[0].kernel_record()
+    assert record is not None
+    assert record["config_source"] == source
+    if "FP8" in model:
+        assert (record["config_dtype"], record["block_shape"]) == ("fp8_w8a8", [128, 128])
+    else:
+        assert record["config_dtype"] is None
+
+
+def test_mixtral_dp1_brackets_its_tuned_switches_not_the_defaults() -> None:
+    steps = KernelSteps.for_target(
+        hardware="H200", dtype="bfloat16", local_experts=8, global_experts=8, top_k=2, width=14336
+    )
+    rows = set(steps.row_steps(2048))
+    # Keys 1, 2, 4 of E=8,N=14336 differ (BLOCK_SIZE_M 16, 32, 16): switches at 1|2 and 3|4.
+    assert {1, 2, 3, 4} <= rows
+    # The default config's first BLOCK_SIZE_M switch (32 | 33) is not one of this file's.
+    assert steps.config(32) == steps.config(33) or {32, 33} <= rows
+
+
+def test_block_fp8_rows_bracket_the_fp8_files_switch() -> None:
+    fp8 = KernelSteps.for_target(
+        hardware="H200",
+        dtype="bfloat16",
+        local_experts=128,
+        global_experts=128,
+        top_k=8,
+        width=768,
+        quantization="fp8",
+        weight_block=(128, 128),
+    )
+    bf16 = steps_for(1)
+    assert {192, 193} <= set(fp8.row_steps(2048))
+    assert (fp8.config(193).block_m, bf16.config(193).block_m) == (64, 32)
+    with pytest.raises(KernelStepsError, match="quantization"):
+        KernelSteps.for_target(
+            hardware="H200",
+            dtype="bfloat16",
+            local_experts=8,
+            global_experts=8,
+            top_k=2,
+            width=14336,
+            quantization="fp8",
+        )

@@ -153,8 +153,9 @@ def test_balanced_equals_no_description_bit_for_bit(point: tuple[int, int, int])
         # Explicit balanced counts run the stimulus' tiles; the reference is the table's balanced
         # tiles interpolated as time is: between measured N they differ, and so do the answers,
         # by the cost per tile of the difference; with blocks under 128 rows, not at all.
-        local, width, device = rank.tile_shape()
-        block = block_size_m(n, local, width, device=device)
+        shape = rank.tile_shape()
+        block = block_size_m(n, shape.local_experts, shape.width, device=shape.device)
+        assert block == shape.config(n).block_m
         for x, cost in zip(answers[3:], (1.6, 0.7), strict=True):
             assert x.keys() == answers[0].keys()
             if "time_us" not in x:

@@ -1,0 +1,170 @@
+"""scripts/h200_next.sh on CPU: the next burst's parts, their plans (kernel steps on for the new
+Qwen3 tables, off where a shipped plan is resumed or completed), limits, packing and resume.
+
+``python3`` and ``nvidia-smi`` are stubs on PATH: the stub acquisition records its argv and
+``VLLM_USE_DEEP_GEMM``, writes a ``components.csv`` per deployment of its ``--dp`` into
+``--out-root`` (or sleeps past its limit when asked), so the script runs as on the device.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_next.sh"
+
+STUB = r"""#!/usr/bin/env bash
+if [ "$1" = -c ]; then echo "torch stub vllm stub"; exit 0; fi
+all="$*"
+shift 3
+model=$1; shift
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out-root) out=$2; shift ;;
+    --dp) dps=$2; shift ;;
+    --backend) backend=$2; shift ;;
+    --progress-json) progress=$2; shift ;;
+  esac
+  shift
+done
+echo "$all VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM-unset}" >> "$(dirname "$out")/argv.txt"
+case "$model/$backend" in *"$STUB_SLOW"*) sleep 30 ;; esac
+for dp in ${dps//,/ }; do
+  for rank in $(seq 0 $((dp - 1))); do
+    d="$out/H200/$model/bf16/tp1/moe_components/dp${dp}_ep${dp}_rank${rank}_sp0"
+    mkdir -p "$d" && echo "component,mode,tokens" > "$d/components.csv"
+    touch "$d/writer.lock"
+  done
+done
+echo '{"event": "done"}' >> "$progress"
+echo "published"
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(STUB)
+    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    return bin_dir
+
+
+def run(stubs: Path, tmp_path: Path, *parts: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {
+        **{k: v for k, v in os.environ.items() if k != "VLLM_USE_DEEP_GEMM"},
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "OUT": str(tmp_path / "out"),
+        "ROOT": str(tmp_path / "root"),
+        "STUB_SLOW": "none",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT), *parts],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def members(archive: Path) -> set[str]:
+    with tarfile.open(archive) as tar:
+        return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
+
+
+def summary(tmp_path: Path) -> list[str]:
+    return (tmp_path / "out" / "summary.txt").read_text().splitlines()
+
+
+def test_qwen3_modular_runs_dp1_then_both_dp2_ranks_with_the_rule(
+    stubs: Path, tmp_path: Path
+) -> None:
+    result = run(stubs, tmp_path, "qwen3-modular")
+    assert result.returncode == 0, result.stderr
+    line = summary(tmp_path)[0]
+    assert line.startswith("qwen3-modular: exit 0")
+    for deployment in ("dp1_ep1_rank0_sp0", "dp2_ep2_rank0_sp0", "dp2_ep2_rank1_sp0"):
+        assert deployment in line
+    argv = (tmp_path / "root" / "qwen3-modular" / "argv.txt").read_text()
+    assert "Qwen/Qwen3-30B-A3B-Instruct-2507 " in argv
+    assert "--moe-kernel-steps on" in argv and "--moe-grid-factor 2" in argv
+    assert "--dp 1,2 --backend vllm-modular" in argv
+    packed = members(tmp_path / "out" / "qwen3-modular.tar.gz")
+    assert any(n.startswith("qwen3-modular/out/H200/") for n in packed)
+    assert not any(n.endswith("writer.lock") for n in packed)
+
+
+def test_a_part_past_its_limit_is_stopped_and_the_next_still_runs(
+    stubs: Path, tmp_path: Path
+) -> None:
+    result = run(
+        stubs, tmp_path, "qwen3-live", "fp8-dp1", "bogus", STUB_SLOW="2507/vllm-live",
+        QWEN3_LIVE_S="1",
+    )  # fmt: skip
+    assert "unknown part bogus" in result.stdout
+    lines = summary(tmp_path)
+    assert lines[0].startswith("qwen3-live: exit 124")
+    assert "qwen3-live/run.log" in members(tmp_path / "out" / "qwen3-live.tar.gz")
+    assert lines[1].startswith("fp8-dp1: exit 0")
+    assert lines[1].endswith("dp1_ep1_rank0_sp0 ")
+    # The FP8 DP1 re-measure: the shipped plan (rule off), DP1 alone, DeepGEMM off for it only.
+    argv = (tmp_path / "root" / "fp8-dp1" / "modular" / "argv.txt").read_text()
+    assert "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8 " in argv
+    assert "--moe-kernel-steps off" in argv and "--dp 1 --backend vllm-modular" in argv
+    assert argv.strip().endswith("VLLM_USE_DEEP_GEMM=0")
+    live = (tmp_path / "root" / "qwen3-live" / "argv.txt").read_text()
+    assert live.strip().endswith("VLLM_USE_DEEP_GEMM=unset")
+
+
+def state_tarball(path: Path, top: str) -> Path:
+    """A checkpoint archive: call 12's layout (top mixtral-modular/) or a bundle's (top out/)."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name in (f"{top}out/_acquisition/x/samples.jsonl", f"{top}run.log"):
+            data = b"{}\n"
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("top", ["./mixtral-modular/", "mixtral-modular/", ""])
+def test_mixtral_rank1_resumes_the_carried_checkpoint_with_the_shipped_plan(
+    stubs: Path, tmp_path: Path, top: str
+) -> None:
+    carried = state_tarball(tmp_path / "state.tar.gz", top)
+    result = run(stubs, tmp_path, "mixtral-rank1", MIXTRAL_FROM=str(carried))
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "root" / "mixtral-rank1" / "mixtral-modular"
+    assert (run_dir / "out" / "_acquisition" / "x" / "samples.jsonl").is_file()
+    argv = (run_dir / "argv.txt").read_text()
+    assert "mistralai/Mixtral-8x7B-Instruct-v0.1 " in argv and "--moe-kernel-steps off" in argv
+    assert summary(tmp_path)[0].startswith("mixtral-rank1: exit 0")
+    packed = members(tmp_path / "out" / "mixtral-rank1.tar.gz")
+    assert "mixtral-rank1/mixtral-modular/out/_acquisition/x/samples.jsonl" in packed
+    assert not any(n.endswith("runs.tar.gz") for n in packed)
+
+
+def test_a_later_call_resumes_a_packed_part(stubs: Path, tmp_path: Path) -> None:
+    run(stubs, tmp_path, "qwen3-live", STUB_SLOW="2507/vllm-live", QWEN3_LIVE_S="1")
+    first = tmp_path / "first.tar.gz"
+    (tmp_path / "out" / "qwen3-live.tar.gz").rename(first)
+    later = tmp_path / "later"
+    result = run(stubs, later, "qwen3-live", RESUME_FROM=str(first))
+    assert result.returncode == 0, result.stderr
+    assert f"resumed state from {first}" in result.stdout
+    log = (later / "root" / "qwen3-live" / "run.log").read_text()
+    assert log.count("published") == 1  # the stopped call's log travelled on
+    assert (later / "root" / "qwen3-live" / "argv.txt").read_text().count("slice") == 2
+
+
+def test_nothing_to_run_is_an_error(stubs: Path, tmp_path: Path) -> None:
+    assert run(stubs, tmp_path).returncode == 2
