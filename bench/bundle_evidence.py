@@ -19,6 +19,7 @@ from typing import Any
 
 from moetables.bounds import ExpertBounds, entry_bounds
 from moetables.bundle import Bundle, ComponentTable, TableEntry, load_table
+from moetables.bundle.quality import StabilityRow
 
 # (component, N tokens, A activated experts, M local token-expert pairs)
 Key = tuple[str, int, int, int]
@@ -37,6 +38,33 @@ def eager_rows(table: ComponentTable) -> dict[Key, float]:
             )
             out[key] = float(table.time_us[i])
     return out
+
+
+@dataclass(frozen=True)
+class Checks:
+    """A table's B/2B controls (``stability.csv``): the published ones and the failed ones kept."""
+
+    published: int
+    passed: int
+    later: int  # published at a later attempt
+    failed_attempts: int
+    largest_change: float  # of the published controls
+
+    @classmethod
+    def of(cls, stability: Iterable[StabilityRow]) -> Checks:
+        rows = list(stability)
+        published = [r for r in rows if r.published]
+        return cls(
+            published=len(published),
+            passed=sum(1 for r in published if r.passed),
+            later=sum(1 for r in published if r.attempt > 0),
+            failed_attempts=len(rows) - len(published),
+            largest_change=max(r.relative_change for r in published),
+        )
+
+    def cells(self) -> str:
+        """``checked | passed | passed at a later attempt | largest published change``."""
+        return f"{self.published} | {self.passed} | {self.later} | {self.largest_change:.1%}"
 
 
 def heaviest_at_largest_n(measured: Iterable[Key]) -> Key:

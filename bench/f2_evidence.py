@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bundle_evidence import (
+    Checks,
     Key,
     eager_rows,
     print_bounds_table,
@@ -58,12 +59,8 @@ def points_and_checks() -> None:
             experts = int((table.component == "experts").sum())
             quality = load_quality(b.root, entry, table)
             if quality.stability:
-                published = [r for r in quality.stability if r.published]
-                later = sum(1 for r in published if r.attempt > 0)
-                passed = sum(1 for r in published if r.passed)
-                change = max(r.relative_change for r in published)
                 source = "stability.csv" if quality.source == "files" else "coverage.json controls"
-                cells = f"{len(published)} | {passed} | {later} | {change:.1%} | {source}"
+                cells = f"{Checks.of(quality.stability).cells()} | {source}"
             else:
                 summary = entry.coverage.get("conditioning_summary", {})
                 checked, failed = summary.get("checked_points"), summary.get("failed_points")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from loo_surfaces import leave_one_out
 
 from bench.bundle_evidence import (
+    Checks,
     Key,
     eager_rows,
     print_bounds_table,
@@ -61,14 +62,11 @@ def points_checks_and_loo() -> None:
         for entry in b.entries:
             table = load_table(b.root, entry)
             experts = int((table.component == "experts").sum())
-            published = [r for r in load_quality(b.root, entry, table).stability if r.published]
-            passed = sum(1 for r in published if r.passed)
-            later = sum(1 for r in published if r.attempt > 0)
-            change = max(r.relative_change for r in published)
+            checks = Checks.of(load_quality(b.root, entry, table).stability or ())
             loo = leave_one_out(b, entry)
             print(
                 f"| {name} | {entry.target.deployment} | {len(table)} | {experts} | "
-                f"{len(published)} | {passed} | {later} | {change:.1%} | {loo.answered} | "
+                f"{checks.cells()} | {loo.answered} | "
                 f"{loo.quantile(50):.1%} | {loo.quantile(95):.1%} | {loo.quantile(100):.1%} |"
             )
     print()

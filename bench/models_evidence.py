@@ -19,14 +19,15 @@ import json
 import sys
 import tarfile
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bundle_evidence import bounds_at_largest_n as largest_n_row
 from bench.bundle_evidence import (
+    Checks,
     eager_rows,
     pyplot,
     ratios,
@@ -34,7 +35,8 @@ from bench.bundle_evidence import (
     save_figure,
     spread_cells,
 )
-from moetables.bundle import Bundle, load_quality, load_table, open_bundle
+from bench.bundle_evidence import bounds_at_largest_n as largest_n_row
+from moetables.bundle import Bundle, TableEntry, load_quality, load_table, open_bundle
 
 MODELS = ("Qwen/Qwen1.5-MoE-A2.7B", "mistralai/Mixtral-8x7B-Instruct-v0.1")
 BACKENDS = ("H200-vllm-modular-f2", "H200-vllm-live-f2")
@@ -44,6 +46,15 @@ def bundle(folder: str, model: str) -> Bundle:
     return open_bundle(ROOT / "bundles" / folder / model / "bf16")
 
 
+def tables() -> Iterator[tuple[str, str, Bundle, TableEntry]]:
+    """Every table of the two models' bundles: (bundle folder, model, bundle, entry)."""
+    for model in MODELS:
+        for folder in BACKENDS:
+            b = bundle(folder, model)
+            for entry in b.entries:
+                yield folder, model, b, entry
+
+
 def points_and_checks() -> None:
     print("### Points and B/2B checks per table\n")
     print(
@@ -51,27 +62,21 @@ def points_and_checks() -> None:
         "passed at a later attempt | failed attempts kept | largest published change |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for model in MODELS:
-        for folder in BACKENDS:
-            b = bundle(folder, model)
-            for entry in b.entries:
-                table = load_table(b.root, entry)
-                parts: dict[str, int] = defaultdict(int)
-                for c in table.component:
-                    parts[str(c)] += 1
-                counts = ", ".join(f"{c} {n}" for c, n in sorted(parts.items()))
-                quality = load_quality(b.root, entry, table)
-                assert quality.stability is not None, f"{folder} {model}: no stability.csv"
-                published = [r for r in quality.stability if r.published]
-                failed = [r for r in quality.stability if not r.published]
-                later = sum(1 for r in published if r.attempt > 0)
-                passed = sum(1 for r in published if r.passed)
-                change = max(r.relative_change for r in published)
-                print(
-                    f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
-                    f"{len(table)} ({counts}) | {parts['experts']} | {len(published)} | {passed} | "
-                    f"{later} | {len(failed)} | {change:.1%} |"
-                )
+    for folder, model, b, entry in tables():
+        table = load_table(b.root, entry)
+        parts: dict[str, int] = defaultdict(int)
+        for c in table.component:
+            parts[str(c)] += 1
+        counts = ", ".join(f"{c} {n}" for c, n in sorted(parts.items()))
+        quality = load_quality(b.root, entry, table)
+        assert quality.stability is not None, f"{folder} {model}: no stability.csv"
+        checks = Checks.of(quality.stability)
+        print(
+            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+            f"{len(table)} ({counts}) | {parts['experts']} | {checks.published} | "
+            f"{checks.passed} | {checks.later} | {checks.failed_attempts} | "
+            f"{checks.largest_change:.1%} |"
+        )
     print()
 
 
@@ -82,25 +87,22 @@ def bounds_at_largest_n() -> None:
         "compute bound us | memory/measured | compute/measured | tightest row anywhere |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for model in MODELS:
-        for folder in BACKENDS:
-            b = bundle(folder, model)
-            for entry in b.entries:
-                row = largest_n_row(b, entry)
-                assert row is not None, f"{folder} {model}: no expert rows"
-                bounds = row.bounds
-                # bound / measured of every row: how close to a peak the closest row runs
-                closeness = {
-                    k: max(float(bounds.memory_us(k[2])), float(bounds.compute_us(k[3]))) / t_k
-                    for k, t_k in row.measured.items()
-                    if k[2] > 0
-                }
-                tight = max(closeness, key=lambda k: closeness[k])
-                print(
-                    f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
-                    f"{row.cells()} | "
-                    f"N={tight[1]} A={tight[2]} M={tight[3]}: {closeness[tight]:.2f} |"
-                )
+    for folder, model, b, entry in tables():
+        row = largest_n_row(b, entry)
+        assert row is not None, f"{folder} {model}: no expert rows"
+        bounds = row.bounds
+        # bound / measured of every row: how close to a peak the closest row runs
+        closeness = {
+            k: max(float(bounds.memory_us(k[2])), float(bounds.compute_us(k[3]))) / t_k
+            for k, t_k in row.measured.items()
+            if k[2] > 0
+        }
+        tight = max(closeness, key=lambda k: closeness[k])
+        print(
+            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+            f"{row.cells()} | "
+            f"N={tight[1]} A={tight[2]} M={tight[3]}: {closeness[tight]:.2f} |"
+        )
     print()
 
 
