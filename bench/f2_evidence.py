@@ -12,16 +12,24 @@ figure of the expert surface per factor-2 vLLM bundle (measured rows only, no in
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moetables.bounds import entry_bounds
-from moetables.bundle import Bundle, ComponentTable, load_quality, load_table, open_bundle
+from bench.bundle_evidence import (
+    Checks,
+    Key,
+    eager_rows,
+    print_bounds_table,
+    pyplot,
+    ratios,
+    run_with_figures,
+    save_figure,
+    spread_cells,
+)
+from moetables.bundle import Bundle, load_quality, load_table, open_bundle
 
 MODEL = "Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 H200_BUNDLES = (
@@ -31,25 +39,10 @@ H200_BUNDLES = (
     "H200-vllm-live-f2",
     "H200-torch-reference",
 )
-Key = tuple[str, int, int, int]
 
 
 def bundle(name: str) -> Bundle:
     return open_bundle(ROOT / "bundles" / name / MODEL)
-
-
-def rows(table: ComponentTable) -> dict[Key, float]:
-    out: dict[Key, float] = {}
-    for i in range(len(table)):
-        if table.mode[i] == "eager":
-            key = (
-                str(table.component[i]),
-                int(table.tokens[i]),
-                int(table.activated_experts[i]),
-                int(table.local_assignments[i]),
-            )
-            out[key] = float(table.time_us[i])
-    return out
 
 
 def points_and_checks() -> None:
@@ -66,12 +59,8 @@ def points_and_checks() -> None:
             experts = int((table.component == "experts").sum())
             quality = load_quality(b.root, entry, table)
             if quality.stability:
-                published = [r for r in quality.stability if r.published]
-                later = sum(1 for r in published if r.attempt > 0)
-                passed = sum(1 for r in published if r.passed)
-                change = max(r.relative_change for r in published)
                 source = "stability.csv" if quality.source == "files" else "coverage.json controls"
-                cells = f"{len(published)} | {passed} | {later} | {change:.1%} | {source}"
+                cells = f"{Checks.of(quality.stability).cells()} | {source}"
             else:
                 summary = entry.coverage.get("conditioning_summary", {})
                 checked, failed = summary.get("checked_points"), summary.get("failed_points")
@@ -85,65 +74,33 @@ def points_and_checks() -> None:
 
 
 def bounds_at_largest_n() -> None:
-    print("### Expert time at the largest N against the two physical bounds\n")
-    print(
-        "| bundle | target | N | A | M | measured us | memory bound us | compute bound us | "
-        "memory/measured | compute/measured |"
+    print_bounds_table(
+        "Expert time at the largest N against the two physical bounds",
+        ((name, bundle(name)) for name in (*H200_BUNDLES, "llmservingsim-rtxpro6000")),
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name in (*H200_BUNDLES, "llmservingsim-rtxpro6000"):
-        b = open_bundle(ROOT / "bundles" / name / MODEL)
-        for entry in b.entries:
-            bounds = entry_bounds(b, entry)
-            measured = {
-                k: v for k, v in rows(load_table(b.root, entry)).items() if k[0] == "experts"
-            }
-            if not measured:
-                continue
-            top = max(k[1] for k in measured)
-            # the heaviest row there: most experts, then most pairs
-            key = max((k for k in measured if k[1] == top), key=lambda k: (k[2], k[3]))
-            t = measured[key]
-            mem = float(bounds.memory_us(key[2]))
-            comp = float(bounds.compute_us(key[3]))
-            print(
-                f"| {name} | {entry.target.deployment} | {key[1]} | {key[2]} | {key[3]} | "
-                f"{t:.1f} | {mem:.1f} | {comp:.1f} | {mem / t:.2f} | {comp / t:.2f} |"
-            )
-    print()
 
 
 def live_against_modular() -> None:
-    live = rows(
+    live = eager_rows(
         load_table(bundle("H200-vllm-live-f2").root, bundle("H200-vllm-live-f2").entries[0])
     )
     mod_b = bundle("H200-vllm-modular-f2")
     entry = next(e for e in mod_b.entries if e.target.dp == 1)
-    modular = rows(load_table(mod_b.root, entry))
-    common = sorted(set(live) & set(modular))
+    modular = eager_rows(load_table(mod_b.root, entry))
     print("### Factor 2, TP1: vllm-live against vllm-modular at the same (N, A, M)\n")
     print("| component | points | median live/modular | min | max |")
     print("| --- | --- | --- | --- | --- |")
     for component in ("gate_routing", "experts"):
-        ratios = [live[k] / modular[k] for k in common if k[0] == component]
-        print(
-            f"| {component} | {len(ratios)} | {statistics.median(ratios):.3f} | "
-            f"{min(ratios):.3f} | {max(ratios):.3f} |"
-        )
+        print(f"| {component} | {spread_cells(ratios(live, modular, component))} |")
     print()
 
 
 def figures(out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot(out)
     mod_b = bundle("H200-vllm-modular-f2")
-    by_dp = {e.target.deployment: rows(load_table(mod_b.root, e)) for e in mod_b.entries}
+    by_dp = {e.target.deployment: eager_rows(load_table(mod_b.root, e)) for e in mod_b.entries}
     live_b = bundle("H200-vllm-live-f2")
-    live = rows(load_table(live_b.root, live_b.entries[0]))
+    live = eager_rows(load_table(live_b.root, live_b.entries[0]))
 
     def per_a(table: dict[Key, float]) -> dict[int, list[tuple[int, float]]]:
         lines: dict[int, list[tuple[int, float]]] = {}
@@ -184,9 +141,7 @@ def figures(out: Path) -> None:
     fig.suptitle(
         "H200 vllm-modular, grid factor 2: measured expert rows (Qwen3-30B-A3B bf16, vLLM 0.26.0)"
     )
-    fig.tight_layout()
-    fig.savefig(out / "h200_vllm_modular_f2_experts.png", dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out / "h200_vllm_modular_f2_experts.png")
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     modular_lines = per_a(by_dp["dp1_ep1_rank0_sp0"])
@@ -207,20 +162,11 @@ def figures(out: Path) -> None:
         title="H200 vllm-live TP1, grid factor 2 (dashed: vllm-modular f2)",
     )
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "h200_vllm_live_f2_experts.png", dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out / "h200_vllm_live_f2_experts.png")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--figures", type=Path, default=None)
-    args = parser.parse_args()
-    points_and_checks()
-    bounds_at_largest_n()
-    live_against_modular()
-    if args.figures is not None:
-        figures(args.figures)
+    run_with_figures((points_and_checks, bounds_at_largest_n, live_against_modular), figures)
 
 
 if __name__ == "__main__":

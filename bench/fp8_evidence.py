@@ -14,8 +14,6 @@ at the (component, N, A, M) points both measured. ``--figures`` draws the FP8 ex
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,10 +21,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from f2_evidence import Key, rows
 from loo_surfaces import leave_one_out
 
-from moetables.bounds import entry_bounds
+from bench.bundle_evidence import (
+    Checks,
+    Key,
+    eager_rows,
+    print_bounds_table,
+    pyplot,
+    ratios,
+    run_with_figures,
+    save_figure,
+    spread_cells,
+)
 from moetables.bundle import Bundle, load_quality, load_table, open_bundle
 
 FP8 = "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
@@ -40,7 +47,7 @@ def fp8_bundle(name: str) -> Bundle:
 
 
 def tables(b: Bundle) -> dict[str, dict[Key, float]]:
-    return {e.target.deployment: rows(load_table(b.root, e)) for e in b.entries}
+    return {e.target.deployment: eager_rows(load_table(b.root, e)) for e in b.entries}
 
 
 def points_checks_and_loo() -> None:
@@ -55,53 +62,26 @@ def points_checks_and_loo() -> None:
         for entry in b.entries:
             table = load_table(b.root, entry)
             experts = int((table.component == "experts").sum())
-            published = [r for r in load_quality(b.root, entry, table).stability if r.published]
-            passed = sum(1 for r in published if r.passed)
-            later = sum(1 for r in published if r.attempt > 0)
-            change = max(r.relative_change for r in published)
+            checks = Checks.of(load_quality(b.root, entry, table).stability or ())
             loo = leave_one_out(b, entry)
             print(
                 f"| {name} | {entry.target.deployment} | {len(table)} | {experts} | "
-                f"{len(published)} | {passed} | {later} | {change:.1%} | {loo.answered} | "
+                f"{checks.cells()} | {loo.answered} | "
                 f"{loo.quantile(50):.1%} | {loo.quantile(95):.1%} | {loo.quantile(100):.1%} |"
             )
     print()
 
 
 def bounds_at_largest_n() -> None:
-    print("### FP8 expert time at the largest N against the two physical bounds\n")
-    print(
-        "| bundle | target | N | A | M | measured us | memory bound us | compute bound us | "
-        "memory/measured | compute/measured |"
+    print_bounds_table(
+        "FP8 expert time at the largest N against the two physical bounds",
+        ((name, fp8_bundle(name)) for name in (MODULAR, LIVE)),
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name in (MODULAR, LIVE):
-        b = fp8_bundle(name)
-        for entry in b.entries:
-            bounds = entry_bounds(b, entry)
-            measured = {
-                k: v for k, v in rows(load_table(b.root, entry)).items() if k[0] == "experts"
-            }
-            top = max(k[1] for k in measured)
-            key = max((k for k in measured if k[1] == top), key=lambda k: (k[2], k[3]))
-            t = measured[key]
-            mem = float(bounds.memory_us(key[2]))
-            comp = float(bounds.compute_us(key[3]))
-            print(
-                f"| {name} | {entry.target.deployment} | {key[1]} | {key[2]} | {key[3]} | "
-                f"{t:.1f} | {mem:.1f} | {comp:.1f} | {mem / t:.2f} | {comp / t:.2f} |"
-            )
-    print()
 
 
 def ratio_rows(title: str, num: dict[Key, float], den: dict[Key, float]) -> None:
-    common = sorted(set(num) & set(den))
-    for component in sorted({k[0] for k in common}):
-        ratios = [num[k] / den[k] for k in common if k[0] == component]
-        print(
-            f"| {title} | {component} | {len(ratios)} | {statistics.median(ratios):.3f} | "
-            f"{min(ratios):.3f} | {max(ratios):.3f} |"
-        )
+    for component in sorted({k[0] for k in set(num) & set(den)}):
+        print(f"| {title} | {component} | {spread_cells(ratios(num, den, component))} |")
 
 
 def comparisons() -> None:
@@ -109,7 +89,7 @@ def comparisons() -> None:
     live = tables(fp8_bundle(LIVE))["dp1_ep1_rank0_sp0"]
     bf16 = tables(open_bundle(ROOT / "bundles" / "H200-vllm-modular-f2" / BF16))
     bf16_live_b = open_bundle(ROOT / "bundles" / "H200-vllm-live-f2" / BF16)
-    bf16_live = rows(load_table(bf16_live_b.root, bf16_live_b.entries[0]))
+    bf16_live = eager_rows(load_table(bf16_live_b.root, bf16_live_b.entries[0]))
     print("### FP8: live against modular (TP1), and FP8 against bf16 at the same points\n")
     print("| ratio (target) | component | common points | median | min | max |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -133,12 +113,7 @@ def comparisons() -> None:
 
 def figures(out: Path) -> None:
     """FP8 against bf16 expert time over N per A, measured rows only (no interpolation)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot(out)
     fp8 = tables(fp8_bundle(MODULAR))
     bf16 = tables(open_bundle(ROOT / "bundles" / "H200-vllm-modular-f2" / BF16))
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -169,20 +144,11 @@ def figures(out: Path) -> None:
         "H200 vllm-modular, grid factor 2: Qwen3-30B-A3B FP8 (block 128x128, TritonExperts) "
         "solid, bf16 dashed; measured rows only"
     )
-    fig.tight_layout()
-    fig.savefig(out / "h200_vllm_modular_fp8_f2_experts.png", dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out / "h200_vllm_modular_fp8_f2_experts.png")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--figures", type=Path, default=None)
-    args = parser.parse_args()
-    points_checks_and_loo()
-    bounds_at_largest_n()
-    comparisons()
-    if args.figures is not None:
-        figures(args.figures)
+    run_with_figures((points_checks_and_loo, bounds_at_largest_n, comparisons), figures)
 
 
 if __name__ == "__main__":

@@ -15,42 +15,44 @@ come from ``bench/loo_surfaces.py --bundle`` (one surface code path for every bu
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import sys
 import tarfile
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from moetables.bounds import entry_bounds
-from moetables.bundle import Bundle, ComponentTable, load_quality, load_table, open_bundle
+from bench.bundle_evidence import (
+    Checks,
+    eager_rows,
+    pyplot,
+    ratios,
+    run_with_figures,
+    save_figure,
+    spread_cells,
+)
+from bench.bundle_evidence import bounds_at_largest_n as largest_n_row
+from moetables.bundle import Bundle, TableEntry, load_quality, load_table, open_bundle
 
 MODELS = ("Qwen/Qwen1.5-MoE-A2.7B", "mistralai/Mixtral-8x7B-Instruct-v0.1")
 BACKENDS = ("H200-vllm-modular-f2", "H200-vllm-live-f2")
-Key = tuple[str, int, int, int]
 
 
 def bundle(folder: str, model: str) -> Bundle:
     return open_bundle(ROOT / "bundles" / folder / model / "bf16")
 
 
-def rows(table: ComponentTable) -> dict[Key, float]:
-    out: dict[Key, float] = {}
-    for i in range(len(table)):
-        if table.mode[i] == "eager":
-            key = (
-                str(table.component[i]),
-                int(table.tokens[i]),
-                int(table.activated_experts[i]),
-                int(table.local_assignments[i]),
-            )
-            out[key] = float(table.time_us[i])
-    return out
+def tables() -> Iterator[tuple[str, str, Bundle, TableEntry]]:
+    """Every table of the two models' bundles: (bundle folder, model, bundle, entry)."""
+    for model in MODELS:
+        for folder in BACKENDS:
+            b = bundle(folder, model)
+            for entry in b.entries:
+                yield folder, model, b, entry
 
 
 def points_and_checks() -> None:
@@ -60,27 +62,21 @@ def points_and_checks() -> None:
         "passed at a later attempt | failed attempts kept | largest published change |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for model in MODELS:
-        for folder in BACKENDS:
-            b = bundle(folder, model)
-            for entry in b.entries:
-                table = load_table(b.root, entry)
-                parts: dict[str, int] = defaultdict(int)
-                for c in table.component:
-                    parts[str(c)] += 1
-                counts = ", ".join(f"{c} {n}" for c, n in sorted(parts.items()))
-                quality = load_quality(b.root, entry, table)
-                assert quality.stability is not None, f"{folder} {model}: no stability.csv"
-                published = [r for r in quality.stability if r.published]
-                failed = [r for r in quality.stability if not r.published]
-                later = sum(1 for r in published if r.attempt > 0)
-                passed = sum(1 for r in published if r.passed)
-                change = max(r.relative_change for r in published)
-                print(
-                    f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
-                    f"{len(table)} ({counts}) | {parts['experts']} | {len(published)} | {passed} | "
-                    f"{later} | {len(failed)} | {change:.1%} |"
-                )
+    for folder, model, b, entry in tables():
+        table = load_table(b.root, entry)
+        parts: dict[str, int] = defaultdict(int)
+        for c in table.component:
+            parts[str(c)] += 1
+        counts = ", ".join(f"{c} {n}" for c, n in sorted(parts.items()))
+        quality = load_quality(b.root, entry, table)
+        assert quality.stability is not None, f"{folder} {model}: no stability.csv"
+        checks = Checks.of(quality.stability)
+        print(
+            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+            f"{len(table)} ({counts}) | {parts['experts']} | {checks.published} | "
+            f"{checks.passed} | {checks.later} | {checks.failed_attempts} | "
+            f"{checks.largest_change:.1%} |"
+        )
     print()
 
 
@@ -91,33 +87,22 @@ def bounds_at_largest_n() -> None:
         "compute bound us | memory/measured | compute/measured | tightest row anywhere |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for model in MODELS:
-        for folder in BACKENDS:
-            b = bundle(folder, model)
-            for entry in b.entries:
-                bounds = entry_bounds(b, entry)
-                measured = {
-                    k: v for k, v in rows(load_table(b.root, entry)).items() if k[0] == "experts"
-                }
-                top = max(k[1] for k in measured)
-                key = max((k for k in measured if k[1] == top), key=lambda k: (k[2], k[3]))
-                t = measured[key]
-                mem = float(bounds.memory_us(key[2]))
-                comp = float(bounds.compute_us(key[3]))
-
-                # bound / measured of every row: how close to a peak the closest row runs
-                ratios = {
-                    k: max(float(bounds.memory_us(k[2])), float(bounds.compute_us(k[3]))) / t_k
-                    for k, t_k in measured.items()
-                    if k[2] > 0
-                }
-                tight = max(ratios, key=lambda k: ratios[k])
-                print(
-                    f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
-                    f"{key[1]} | {key[2]} | {key[3]} | {t:.1f} | {mem:.1f} | {comp:.1f} | "
-                    f"{mem / t:.2f} | {comp / t:.2f} | "
-                    f"N={tight[1]} A={tight[2]} M={tight[3]}: {ratios[tight]:.2f} |"
-                )
+    for folder, model, b, entry in tables():
+        row = largest_n_row(b, entry)
+        assert row is not None, f"{folder} {model}: no expert rows"
+        bounds = row.bounds
+        # bound / measured of every row: how close to a peak the closest row runs
+        closeness = {
+            k: max(float(bounds.memory_us(k[2])), float(bounds.compute_us(k[3]))) / t_k
+            for k, t_k in row.measured.items()
+            if k[2] > 0
+        }
+        tight = max(closeness, key=lambda k: closeness[k])
+        print(
+            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+            f"{row.cells()} | "
+            f"N={tight[1]} A={tight[2]} M={tight[3]}: {closeness[tight]:.2f} |"
+        )
     print()
 
 
@@ -127,24 +112,20 @@ def live_against_modular() -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     for model in MODELS:
         live_b = bundle("H200-vllm-live-f2", model)
-        live = rows(load_table(live_b.root, live_b.entries[0]))
+        live = eager_rows(load_table(live_b.root, live_b.entries[0]))
         mod_b = bundle("H200-vllm-modular-f2", model)
         entry = next(e for e in mod_b.entries if e.target.dp == 1)
-        modular = rows(load_table(mod_b.root, entry))
-        common = sorted(set(live) & set(modular))
+        modular = eager_rows(load_table(mod_b.root, entry))
         for component in ("gate_routing", "experts"):
-            ratios = [live[k] / modular[k] for k in common if k[0] == component]
-            print(
-                f"| {model.split('/')[1]} | {component} | {len(ratios)} | "
-                f"{statistics.median(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} |"
-            )
+            cells = spread_cells(ratios(live, modular, component))
+            print(f"| {model.split('/')[1]} | {component} | {cells} |")
     print()
 
 
 def qwen15_wrapper() -> None:
     live_b = bundle("H200-vllm-live-f2", MODELS[0])
     entry = live_b.entries[0]
-    live = rows(load_table(live_b.root, entry))
+    live = eager_rows(load_table(live_b.root, entry))
     wrapper = {k[1]: v for k, v in live.items() if k[0] == "wrapper"}
     gate = {k[1]: v for k, v in live.items() if k[0] == "gate_routing"}
     experts: dict[int, float] = {}
@@ -236,19 +217,14 @@ def span(xs: list[float]) -> str:
 
 
 def figures(out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot(out)
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
     for ax, model in zip(axes, MODELS, strict=True):
         mod_b = bundle("H200-vllm-modular-f2", model)
         entry = next(e for e in mod_b.entries if e.target.dp == 1)
-        modular = rows(load_table(mod_b.root, entry))
+        modular = eager_rows(load_table(mod_b.root, entry))
         live_b = bundle("H200-vllm-live-f2", model)
-        live = rows(load_table(live_b.root, live_b.entries[0]))
+        live = eager_rows(load_table(live_b.root, live_b.entries[0]))
         lines: dict[int, list[tuple[int, float]]] = defaultdict(list)
         for (c, n, a, _m), t in sorted(modular.items()):
             if c == "experts" and a > 0:
@@ -274,22 +250,20 @@ def figures(out: Path) -> None:
         )
         ax.legend(fontsize=7)
     fig.suptitle("H200, vLLM 0.26.0, grid factor 2: measured expert rows (no interpolation)")
-    fig.tight_layout()
-    fig.savefig(out / "h200_models_f2_experts.png", dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out / "h200_models_f2_experts.png")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--figures", type=Path, default=None)
-    args = parser.parse_args()
-    points_and_checks()
-    bounds_at_largest_n()
-    live_against_modular()
-    qwen15_wrapper()
-    unstable_points()
-    if args.figures is not None:
-        figures(args.figures)
+    run_with_figures(
+        (
+            points_and_checks,
+            bounds_at_largest_n,
+            live_against_modular,
+            qwen15_wrapper,
+            unstable_points,
+        ),
+        figures,
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bundle_evidence import Key, eager_rows, ratios, spread_cells  # noqa: E402
 from bench.lookup_bench import loo_bundle  # noqa: E402
 from moetables.bundle import load_table  # noqa: E402
 from moetables.lookup import ComponentTables  # noqa: E402
@@ -34,21 +35,8 @@ RTX = ROOT / "bundles/llmservingsim-rtxpro6000" / MODEL / "bf16"
 BANDWIDTH = 4.8e12  # H200 HBM3e, bytes per second
 
 
-def rows(path: Path, tp: int, dp: int, rank: int) -> dict[tuple[str, int, int, int], float]:
-    entry = ComponentTables(path).deployment(tp, dp, rank).entry
-    table = load_table(path, entry)
-    out = {}
-    for i in range(len(table.tokens)):
-        if table.mode[i] != "eager":
-            continue
-        key = (
-            str(table.component[i]),
-            int(table.tokens[i]),
-            int(table.activated_experts[i]),
-            int(table.local_assignments[i]),
-        )
-        out[key] = float(table.time_us[i])
-    return out
+def rows(path: Path, tp: int, dp: int, rank: int) -> dict[Key, float]:
+    return eager_rows(load_table(path, ComponentTables(path).deployment(tp, dp, rank).entry))
 
 
 def side_by_side() -> None:
@@ -60,12 +48,9 @@ def side_by_side() -> None:
         print("| component | points | median H200/RTX | min | max |")
         print("| --- | --- | --- | --- | --- |")
         for component in ("gate_routing", "experts", "finalize_copy"):
-            ratios = [ours[k] / theirs[k] for k in common if k[0] == component]
-            if ratios:
-                print(
-                    f"| {component} | {len(ratios)} | {statistics.median(ratios):.2f} | "
-                    f"{min(ratios):.2f} | {max(ratios):.2f} |"
-                )
+            found = ratios(ours, theirs, component)
+            if found:
+                print(f"| {component} | {spread_cells(found, digits=2)} |")
         print()
         picks = [
             k for k in common if k[0] == "experts" and k[2] == 64 and k[1] in (1, 64, 512, 4096)
@@ -80,16 +65,11 @@ def side_by_side() -> None:
 
 def live_against_modular() -> None:
     live, modular = rows(LIVE, 1, 1, 0), rows(MODULAR, 1, 1, 0)
-    common = sorted(set(live) & set(modular))
     print("### Two boundaries of one TP1 layer: vllm-live against vllm-modular\n")
     print("| component | points | median live/modular | min | max |")
     print("| --- | --- | --- | --- | --- |")
     for component in ("gate_routing", "experts"):
-        ratios = [live[k] / modular[k] for k in common if k[0] == component]
-        print(
-            f"| {component} | {len(ratios)} | {statistics.median(ratios):.3f} | "
-            f"{min(ratios):.3f} | {max(ratios):.3f} |"
-        )
+        print(f"| {component} | {spread_cells(ratios(live, modular, component))} |")
     print()
 
 

@@ -207,7 +207,12 @@ class FusedMoEPrepareAndFinalizeModular:
         quant_config: Any,
         defer_input_quant: bool = False,
     ) -> tuple[Any, ...]:
-        return a1, None, None, None, None
+        a1q, a1q_scale = self.quantize(a1, quant_config)
+        return a1q, a1q_scale, None, None, None
+
+    def quantize(self, a1: Any, quant_config: Any) -> tuple[Any, Any]:
+        """The activations and their scales as the experts read them (quantizing fakes override)."""
+        return a1, None
 
     def finalize(
         self,
@@ -316,6 +321,20 @@ class FusedMoEExpertsModular:
         expert_tokens_meta: Any,
         apply_router_weight_on_input: bool,
     ) -> None:
+        self.compute(output, hidden_states, w1, w2, topk_weights, topk_ids, expert_map, a1q_scale)
+
+    def compute(
+        self,
+        output: Any,
+        hidden_states: Any,
+        w1: Any,
+        w2: Any,
+        topk_weights: Any,
+        topk_ids: Any,
+        expert_map: Any,
+        a1q_scale: Any,
+    ) -> None:
+        """The experts' arithmetic behind ``apply`` (quantized fakes override it)."""
         launch("fused_moe_kernel")
         moe_reference(output, hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
 
@@ -408,11 +427,19 @@ class FusedMoEKernel:
         shared_experts: Any = None,
         shared_experts_input: Any = None,
     ) -> Any:
+        a1q, a1q_scale = self.prepare_input(
+            hidden_states,
+            topk_weights,
+            topk_ids,
+            global_num_experts,
+            expert_map,
+            apply_router_weight_on_input,
+        )
         output = torch.empty_like(hidden_states)
         fused_out = torch.empty_like(hidden_states)
         self.fused_experts.apply(
             output=fused_out,
-            hidden_states=hidden_states,
+            hidden_states=a1q,
             w1=w1,
             w2=w2,
             topk_weights=topk_weights,
@@ -420,7 +447,7 @@ class FusedMoEKernel:
             activation=activation,
             global_num_experts=global_num_experts,
             expert_map=expert_map,
-            a1q_scale=None,
+            a1q_scale=a1q_scale,
             a2_scale=None,
             workspace13=None,
             workspace2=None,
@@ -436,6 +463,18 @@ class FusedMoEKernel:
             self.fused_experts.finalize_weight_and_reduce_impl(),
         )
         return output
+
+    def prepare_input(
+        self,
+        hidden_states: Any,
+        topk_weights: Any,
+        topk_ids: Any,
+        global_num_experts: int,
+        expert_map: Any,
+        apply_router_weight_on_input: bool,
+    ) -> tuple[Any, Any]:
+        """The experts' input and its scales: the unquantized kernel skips the prepare."""
+        return hidden_states, None
 
 
 class FusedTopKRouter:

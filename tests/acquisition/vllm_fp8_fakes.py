@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import vllm_fakes as fv
@@ -47,6 +47,7 @@ class Fp8QuantConfig:
 
 def quantize_groups(a1: Any) -> tuple[Any, Any]:
     """Dynamic per-token, per-128-column FP8 quantization (``per_token_group_fp8_quant``)."""
+    fv.launch("per_token_group_fp8_quant")
     rows, cols = a1.shape
     groups = a1.float().reshape(rows, cols // BLOCK, BLOCK)
     scale = groups.abs().amax(dim=2, keepdim=True).clamp(min=1e-12) / 448.0
@@ -57,7 +58,6 @@ def quantize_groups(a1: Any) -> tuple[Any, Any]:
 def quantize_and_setup_dispatch(
     a1: Any, quant_config: Any, defer_input_quant: bool = False
 ) -> tuple[Any, Any, Any]:
-    fv.launch("per_token_group_fp8_quant")
     q, scale = quantize_groups(a1)
     return q, [scale], scale
 
@@ -65,41 +65,24 @@ def quantize_and_setup_dispatch(
 class Fp8NoDPEP(fv.NoDPEP):
     """The no-DP prepare of a quantized kernel: it quantizes the activations."""
 
-    def prepare(
-        self,
-        a1: Any,
-        topk_weights: Any,
-        topk_ids: Any,
-        num_experts: int,
-        expert_map: Any,
-        apply_router_weight_on_input: bool,
-        quant_config: Any,
-        defer_input_quant: bool = False,
-    ) -> tuple[Any, ...]:
+    def quantize(self, a1: Any, quant_config: Any) -> tuple[Any, Any]:
         if getattr(quant_config, "quant_dtype", None) is None:
-            return a1, None, None, None, None
-        fv.launch("per_token_group_fp8_quant")
-        q, scale = quantize_groups(a1)
-        return q, scale, None, None, None
+            return a1, None
+        return quantize_groups(a1)
 
 
 class Fp8Kernel(fv.FusedMoEKernel):
     """vLLM's FusedMoEKernel.apply: prepare (quantizing), experts into its workspace, finalize."""
 
-    def apply(
+    def prepare_input(
         self,
         hidden_states: Any,
-        w1: Any,
-        w2: Any,
         topk_weights: Any,
         topk_ids: Any,
-        activation: Any,
         global_num_experts: int,
         expert_map: Any,
         apply_router_weight_on_input: bool,
-        shared_experts: Any = None,
-        shared_experts_input: Any = None,
-    ) -> Any:
+    ) -> tuple[Any, Any]:
         a1q, scale, _, _, _ = self.prepare_finalize.prepare(
             hidden_states,
             topk_weights,
@@ -109,34 +92,7 @@ class Fp8Kernel(fv.FusedMoEKernel):
             apply_router_weight_on_input,
             self.fused_experts.quant_config,
         )
-        output = torch.empty_like(hidden_states)
-        fused_out = torch.empty_like(hidden_states)
-        self.fused_experts.apply(
-            output=fused_out,
-            hidden_states=a1q,
-            w1=w1,
-            w2=w2,
-            topk_weights=topk_weights,
-            topk_ids=topk_ids,
-            activation=activation,
-            global_num_experts=global_num_experts,
-            expert_map=expert_map,
-            a1q_scale=scale,
-            a2_scale=None,
-            workspace13=None,
-            workspace2=None,
-            expert_tokens_meta=None,
-            apply_router_weight_on_input=apply_router_weight_on_input,
-        )
-        self.prepare_finalize.finalize(
-            output,
-            fused_out,
-            topk_weights,
-            topk_ids,
-            apply_router_weight_on_input,
-            self.fused_experts.finalize_weight_and_reduce_impl(),
-        )
-        return output
+        return a1q, scale
 
 
 def _dequantize_weight(q: Any, scale: Any) -> Any:
@@ -144,16 +100,23 @@ def _dequantize_weight(q: Any, scale: Any) -> Any:
     return q.float() * expanded
 
 
-class Fp8TritonExperts(fv.FusedMoEExpertsModular):
-    """Block-FP8 experts: dequantize the activations and this quant config's weights."""
+class _Fp8Experts(fv.FusedMoEExpertsModular):
+    """Experts that the FP8 oracle asks ``is_supported_config`` (``SUPPORTED`` answers)."""
+
+    SUPPORTED: ClassVar[tuple[bool, str | None]] = (True, None)
 
     @staticmethod
     def is_supported_config(
         cls: Any, moe_config: Any, weight_key: Any, activation_key: Any, layout: Any
     ) -> tuple[bool, str | None]:
-        return True, None
+        supported: tuple[bool, str | None] = cls.SUPPORTED
+        return supported
 
-    def apply(
+
+class Fp8TritonExperts(_Fp8Experts):
+    """Block-FP8 experts: dequantize the activations and this quant config's weights."""
+
+    def compute(
         self,
         output: Any,
         hidden_states: Any,
@@ -161,15 +124,8 @@ class Fp8TritonExperts(fv.FusedMoEExpertsModular):
         w2: Any,
         topk_weights: Any,
         topk_ids: Any,
-        activation: Any,
-        global_num_experts: int,
         expert_map: Any,
         a1q_scale: Any,
-        a2_scale: Any,
-        workspace13: Any,
-        workspace2: Any,
-        expert_tokens_meta: Any,
-        apply_router_weight_on_input: bool,
     ) -> None:
         fv.launch("fused_moe_kernel_fp8")
         rows, cols = hidden_states.shape
@@ -183,12 +139,8 @@ class Fp8TritonExperts(fv.FusedMoEExpertsModular):
         output.copy_(result.to(output.dtype))
 
 
-class DeepGemmExperts(fv.FusedMoEExpertsModular):
-    @staticmethod
-    def is_supported_config(
-        cls: Any, moe_config: Any, weight_key: Any, activation_key: Any, layout: Any
-    ) -> tuple[bool, str | None]:
-        return False, "DeepGEMM is not available (no deep_gemm kernels for this Python)"
+class DeepGemmExperts(_Fp8Experts):
+    SUPPORTED = (False, "DeepGEMM is not available (no deep_gemm kernels for this Python)")
 
 
 def backend_to_kernel_cls(backend: Fp8MoeBackend) -> list[type]:

@@ -13,8 +13,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from registry.bundles.services import PublishError, publish_bundle
+from registry.bundles.services import PublishResult, publish_bundle
 from registry.choices import BundleSource
+from registry.management.publishing import publish_each
 
 
 def bundle_sources(path: Path) -> list[Path]:
@@ -45,37 +46,30 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        failed = 0
         sources = [s for path in options["paths"] for s in bundle_sources(path)]
         if not sources:
             raise CommandError("no bundles found (no meta.yaml below the given paths)")
-        for source in sources:
-            try:
-                result = publish_bundle(
-                    source, source_kind=options["source"], source_detail=str(source)
-                )
-            except PublishError as exc:
-                failed += 1
-                self.stderr.write(f"refused {source}:")
-                for problem in exc.problems:
-                    self.stderr.write(f"  - {problem}")
-                continue
-            bundle = result.bundle
-            state = "imported" if result.created else "already present"
+
+        def publish(source: Path) -> PublishResult:
+            return publish_bundle(source, source_kind=options["source"], source_detail=str(source))
+
+        publish_each(self, sources, publish, self._report, what="bundles")
+
+    def _report(self, source: Path, result: PublishResult) -> None:
+        bundle = result.bundle
+        state = "imported" if result.created else "already present"
+        self.stdout.write(
+            f"{state}: bundle {bundle.pk} {bundle.sha256} "
+            f"{bundle.hardware} {bundle.model} {bundle.variant} ({source})"
+        )
+        for rel in result.left_out:
+            self.stdout.write(f"  left out (not part of a published bundle): {rel}")
+        if result.missing_files:
+            # One line: these are other profile categories' files, not a fault of the MoE
+            # tables (docs/bundle-format.md, "Files the metadata names but the bundle lacks").
+            names = ", ".join(result.missing_files)
             self.stdout.write(
-                f"{state}: bundle {bundle.pk} {bundle.sha256} "
-                f"{bundle.hardware} {bundle.model} {bundle.variant} ({source})"
+                f"  note: meta.yaml also names {len(result.missing_files)} files of other "
+                f"profile categories that are not part of its MoE tables (kept as given, "
+                f"reported as missing): {names}"
             )
-            for rel in result.left_out:
-                self.stdout.write(f"  left out (not part of a published bundle): {rel}")
-            if result.missing_files:
-                # One line: these are other profile categories' files, not a fault of the MoE
-                # tables (docs/bundle-format.md, "Files the metadata names but the bundle lacks").
-                names = ", ".join(result.missing_files)
-                self.stdout.write(
-                    f"  note: meta.yaml also names {len(result.missing_files)} files of other "
-                    f"profile categories that are not part of its MoE tables (kept as given, "
-                    f"reported as missing): {names}"
-                )
-        if failed:
-            raise CommandError(f"{failed} of {len(sources)} bundles refused")

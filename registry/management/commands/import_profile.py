@@ -14,8 +14,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from registry.bundles.services import PublishError
-from registry.services.profiles import import_profile_file
+from registry.management.publishing import publish_each
+from registry.services.profiles import ProfileUploadResult, import_profile_file
 
 SUFFIX = ".routing.npz"
 
@@ -42,21 +42,12 @@ class Command(BaseCommand):
         sources = [s for path in options["paths"] for s in profile_sources(path)]
         if not sources:
             raise CommandError(f"no routing profiles found (no *{SUFFIX} below the given paths)")
-        failed = 0
-        for source in sources:
-            try:
-                result = import_profile_file(source)
-            except PublishError as exc:
-                failed += 1
-                self.stderr.write(f"refused {source}:")
-                for problem in exc.problems:
-                    self.stderr.write(f"  - {problem}")
-                continue
-            record = result.record
-            state = "imported" if result.created else "already present"
-            self.stdout.write(
-                f"{state}: routing profile {record.pk} {record.sha256} {record.model} "
-                f"({record.router}; {record.layers} layers, {record.steps} steps) ({source})"
-            )
-        if failed:
-            raise CommandError(f"{failed} of {len(sources)} routing profiles refused")
+        publish_each(self, sources, import_profile_file, self._report, what="routing profiles")
+
+    def _report(self, source: Path, result: ProfileUploadResult) -> None:
+        record = result.record
+        state = "imported" if result.created else "already present"
+        self.stdout.write(
+            f"{state}: routing profile {record.pk} {record.sha256} {record.model} "
+            f"({record.router}; {record.layers} layers, {record.steps} steps) ({source})"
+        )
