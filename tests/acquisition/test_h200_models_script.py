@@ -1,82 +1,26 @@
 """scripts/h200_models.sh on CPU: parts, per-part timeouts, packing after each part, resume.
 
-``python3`` and ``nvidia-smi`` are replaced by stubs on PATH: the stub acquisition writes a
-``components.csv`` per deployment of its ``--dp`` into ``--out-root`` (or sleeps past its
-limit when asked), so what the script does around the acquisitions runs as on the device.
+``python3`` and ``nvidia-smi`` are the stand-ins of ``script_stubs``.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
+from script_stubs import make_stubs, members, run_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_models.sh"
-
-STUB = r"""#!/usr/bin/env bash
-# python3 stand-in: `-c ...` prints versions; `-m acquisition slice MODEL ...` fakes a run.
-if [ "$1" = -c ]; then echo "torch stub vllm stub"; exit 0; fi
-shift 3
-model=$1; shift
-while [ $# -gt 0 ]; do
-  case $1 in
-    --out-root) out=$2; shift ;;
-    --dp) dps=$2; shift ;;
-    --backend) backend=$2; shift ;;
-    --progress-json) progress=$2; shift ;;
-  esac
-  shift
-done
-echo "$model $backend $TRITON_CACHE_DIR" >> "$(dirname "$out")/argv.txt"
-case "$model/$backend" in *"$STUB_SLOW"*) sleep 30 ;; esac
-for dp in ${dps//,/ }; do
-  for rank in $(seq 0 $((dp - 1))); do
-    d="$out/H200/$model/bf16/tp1/moe_components/dp${dp}_ep${dp}_rank${rank}_sp0"
-    mkdir -p "$d" && echo "component,mode,tokens" > "$d/components.csv"
-    touch "$d/writer.lock"
-  done
-done
-echo '{"event": "done"}' >> "$progress"
-echo "published"
-"""
 
 
 @pytest.fixture
 def stubs(tmp_path: Path) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python3").write_text(STUB)
-    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
-    for stub in bin_dir.iterdir():
-        stub.chmod(0o755)
-    return bin_dir
+    return make_stubs(tmp_path)
 
 
 def run(stubs: Path, tmp_path: Path, *parts: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {
-        **os.environ,
-        "PATH": f"{stubs}:{os.environ['PATH']}",
-        "OUT": str(tmp_path / "out"),
-        "ROOT": str(tmp_path / "root"),
-        "STUB_SLOW": "none",
-        **env,
-    }
-    return subprocess.run(
-        ["bash", str(SCRIPT), *parts],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def members(archive: Path) -> set[str]:
-    with tarfile.open(archive) as tar:
-        return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
+    return run_script(SCRIPT, stubs, tmp_path, *parts, **env)
 
 
 def test_a_model_part_runs_both_adapters_and_packs_small(stubs: Path, tmp_path: Path) -> None:
@@ -94,8 +38,8 @@ def test_a_model_part_runs_both_adapters_and_packs_small(stubs: Path, tmp_path: 
     assert f"qwen15-live/{tail}/dp1_ep1_rank0_sp0/components.csv" in packed
     assert not any(name.endswith("writer.lock") for name in packed)
     argv = (tmp_path / "root" / "qwen15-modular" / "argv.txt").read_text()
-    assert "Qwen/Qwen1.5-MoE-A2.7B vllm-modular" in argv
-    assert argv.split()[-1] == str(tmp_path / "root" / "triton")  # one cache per call
+    assert "slice Qwen/Qwen1.5-MoE-A2.7B " in argv and "--backend vllm-modular" in argv
+    assert f"TRITON_CACHE_DIR={tmp_path / 'root' / 'triton'} " in argv  # one cache per call
 
 
 def test_a_part_past_its_limit_is_stopped_and_the_next_part_still_runs(

@@ -1,84 +1,29 @@
 """scripts/h200_next.sh on CPU: the next burst's parts, their plans (kernel steps on for the new
 Qwen3 tables, off where a shipped plan is resumed or completed), limits, packing and resume.
 
-``python3`` and ``nvidia-smi`` are stubs on PATH: the stub acquisition records its argv and
-``VLLM_USE_DEEP_GEMM``, writes a ``components.csv`` per deployment of its ``--dp`` into
-``--out-root`` (or sleeps past its limit when asked), so the script runs as on the device.
+``python3`` and ``nvidia-smi`` are the stand-ins of ``script_stubs``.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+from script_stubs import make_stubs, members, run_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_next.sh"
-
-STUB = r"""#!/usr/bin/env bash
-if [ "$1" = -c ]; then echo "torch stub vllm stub"; exit 0; fi
-all="$*"
-shift 3
-model=$1; shift
-while [ $# -gt 0 ]; do
-  case $1 in
-    --out-root) out=$2; shift ;;
-    --dp) dps=$2; shift ;;
-    --backend) backend=$2; shift ;;
-    --progress-json) progress=$2; shift ;;
-  esac
-  shift
-done
-echo "$all VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM-unset}" >> "$(dirname "$out")/argv.txt"
-case "$model/$backend" in *"$STUB_SLOW"*) sleep 30 ;; esac
-for dp in ${dps//,/ }; do
-  for rank in $(seq 0 $((dp - 1))); do
-    d="$out/H200/$model/bf16/tp1/moe_components/dp${dp}_ep${dp}_rank${rank}_sp0"
-    mkdir -p "$d" && echo "component,mode,tokens" > "$d/components.csv"
-    touch "$d/writer.lock"
-  done
-done
-echo '{"event": "done"}' >> "$progress"
-echo "published"
-"""
 
 
 @pytest.fixture
 def stubs(tmp_path: Path) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python3").write_text(STUB)
-    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
-    for stub in bin_dir.iterdir():
-        stub.chmod(0o755)
-    return bin_dir
+    return make_stubs(tmp_path)
 
 
 def run(stubs: Path, tmp_path: Path, *parts: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {
-        **{k: v for k, v in os.environ.items() if k != "VLLM_USE_DEEP_GEMM"},
-        "PATH": f"{stubs}:{os.environ['PATH']}",
-        "OUT": str(tmp_path / "out"),
-        "ROOT": str(tmp_path / "root"),
-        "STUB_SLOW": "none",
-        **env,
-    }
-    return subprocess.run(
-        ["bash", str(SCRIPT), *parts],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-def members(archive: Path) -> set[str]:
-    with tarfile.open(archive) as tar:
-        return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
+    return run_script(SCRIPT, stubs, tmp_path, *parts, **env)
 
 
 def summary(tmp_path: Path) -> list[str]:
