@@ -19,7 +19,7 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
 from registry.api.throttles import UploadThrottle
-from registry.bundles.services.publish import PublishError, QuotaExceeded
+from registry.api.uploads import publish_field
 from registry.permissions import NotAllowed
 from registry.profile_models import RoutingProfileRecord
 from registry.services.profiles import delete_profile, publish_profile
@@ -99,22 +99,9 @@ class RoutingProfileViewSet(
         """Upload a routing profile, validated in full (schema, checksums, counts) first."""
         if not request.user or not request.user.is_authenticated:
             raise NotAuthenticated("uploading a routing profile needs a token")
-        upload = request.FILES.get("profile")
-        if upload is None:
-            return Response(
-                {"problems": ["send the profile file as the multipart field 'profile'"]},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
-        try:
-            result = publish_profile(upload, published_by=request.user)
-        except NotAllowed as exc:
-            raise PermissionDenied(str(exc)) from None
-        except QuotaExceeded as exc:
-            return Response(
-                {"problems": exc.problems}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-            )
-        except PublishError as exc:
-            return Response({"problems": exc.problems}, status=status.HTTP_400_BAD_REQUEST)
+        result = publish_field(request, "profile", "the profile file", publish_profile)
+        if isinstance(result, Response):
+            return result
         body = dict(self.get_serializer(result.record).data)
         body["created"] = result.created
         return Response(

@@ -29,6 +29,7 @@ from registry.bundles.api.serializers import (
     bundle_summaries,
 )
 from registry.api.throttles import UploadThrottle
+from registry.api.uploads import publish_field
 from registry.filtersets import BundleFilterSet
 from registry.bundles.models import Bundle
 from registry.permissions import NotAllowed
@@ -137,22 +138,9 @@ class BundleViewSet(
     )
     def create(self, request: Request) -> Response:
         """Upload a bundle archive (.tar.gz or .zip), validated in full before anything is kept."""
-        upload = request.FILES.get("archive")
-        if upload is None:
-            return Response(
-                {"problems": ["send the bundle archive as the multipart field 'archive'"]},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
-        try:
-            result = publish_upload(upload, published_by=request.user)
-        except NotAllowed as exc:
-            raise PermissionDenied(str(exc)) from None
-        except QuotaExceeded as exc:
-            return Response(
-                {"problems": exc.problems}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-            )
-        except PublishError as exc:
-            return Response({"problems": exc.problems}, status=status.HTTP_400_BAD_REQUEST)
+        result = publish_field(request, "archive", "the bundle archive", publish_upload)
+        if isinstance(result, Response):
+            return result
         bundle = (
             Bundle.objects.select_related("published_by")
             .prefetch_related("tables")
