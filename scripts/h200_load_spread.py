@@ -27,6 +27,16 @@ than 3 % is flagged ``unstable``.
     python3 scripts/h200_load_spread.py $OUT/load_spread.json        # GPU machine, kit staged
     python3 scripts/h200_load_spread.py $OUT/load_spread.json --quick  # 2 N values, 2 draws
 
+``--dtype fp8`` times Qwen3-30B-A3B-Instruct-2507-FP8's kernel instead: block-wise FP8 (e4m3
+weights, one float32 scale per 128 x 128 block, quantized as `acquisition.adapters.vllm_fp8`
+does; activations quantized per token and 128-wide group inside the call), vLLM's
+``fp8_w8a8_moe_quant_config`` with ``block_shape=[128, 128]``: the Triton path (``TritonExperts``)
+vLLM's FP8 oracle picks at DP1 on the H200, whose block size comes from the tuned
+``E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json`` (64-row
+blocks from 200 rows on: never the bf16 path's 128). Run it with ``VLLM_USE_DEEP_GEMM=0``, as
+the shipped FP8 tables were (docs/h200-runs.md, "FP8 on one H200"). ``--deployments`` and
+``--tokens`` pick a subset (scripts/h200_spread_rest.sh).
+
 Then, here (CPU): the time against tiles and against spread (bench/load_spread.py reads the
 engine evidence; extend it with this file's records: fit c = d(time)/d(tiles) at fixed (N, A, M)
 per deployment, leave one distribution out).
@@ -37,6 +47,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import sys
 import traceback
@@ -54,13 +65,19 @@ ALPHAS = (0.6, 1.2)
 DRAWS, QUICK_DRAWS = 4, 2
 ITERS = 10
 STABLE = 0.03
+# Qwen3-30B-A3B-Instruct-2507-FP8's weight_block_size.
+FP8_BLOCK = (128, 128)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
+    ap.add_argument("--deployments", default=",".join(DEPLOYMENTS), help="e.g. tp1 or tp1,ep2")
+    ap.add_argument("--tokens", default=None, help="comma-separated N (default: TOKENS)")
     args = ap.parse_args(argv)
+    deployments = {d: DEPLOYMENTS[d] for d in args.deployments.split(",")}
 
     import numpy as np
     import torch
@@ -80,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(7)
     tokens = QUICK_TOKENS if args.quick else TOKENS
+    if args.tokens:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+    fp8 = args.dtype == "fp8"
+    kernel_dtype, fp8_block = ("fp8_w8a8", FP8_BLOCK) if fp8 else (None, None)
     draws = QUICK_DRAWS if args.quick else DRAWS
 
     def kernel_sum(call: Any, iters: int) -> tuple[float, dict[str, float]]:
@@ -118,7 +139,20 @@ def main(argv: list[str] | None = None) -> int:
         return torch.multinomial(probs, K, replacement=False, generator=g)
 
     results: list[dict[str, Any]] = []
-    for name, local in DEPLOYMENTS.items():
+    meta = {
+        "gpu": torch.cuda.get_device_name(0),
+        "uuid": str(torch.cuda.get_device_properties(0).uuid),
+        "torch": torch.__version__,
+        "vllm_tiles_model": "moetables.tiles (vLLM 0.26.0)",
+        "dtype": args.dtype,
+        "vllm_use_deep_gemm": os.environ.get("VLLM_USE_DEEP_GEMM"),
+    }
+
+    def save() -> None:
+        # Rewritten after every N: a run stopped by its time limit keeps what it measured.
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+
+    for name, local in deployments.items():
         emap_list = list(range(local)) + [-1] * (E - local)
         emap = torch.tensor(emap_list, dtype=torch.int32, device=dev) if local < E else None
         geometry = ExpertGeometry(global_experts=E, top_k=K, local_experts=local)
@@ -128,9 +162,20 @@ def main(argv: list[str] | None = None) -> int:
         w2 = (torch.randn((local, H, INTER), generator=gen, device=dev) * INTER**-0.5).to(
             torch.bfloat16
         )
+        quant: dict[str, Any] = {}
+        if fp8:
+            from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
+
+            from acquisition.adapters.vllm_fp8 import _block_quantize
+
+            w13, s13 = _block_quantize(w13, FP8_BLOCK, torch.float8_e4m3fn)
+            w2, s2 = _block_quantize(w2, FP8_BLOCK, torch.float8_e4m3fn)
+            quant["quant_config"] = fp8_w8a8_moe_quant_config(
+                w1_scale=s13, w2_scale=s2, block_shape=list(FP8_BLOCK)
+            )
         for n in tokens:
             x = torch.randn((n, H), generator=gen, device=dev).to(torch.bfloat16)
-            bm = block_size_m(n, local, INTER)
+            bm = block_size_m(n, local, INTER, dtype=kernel_dtype, block_shape=fp8_block)
             arms = [("balanced", 0)] + [
                 (d, s)
                 for d in ("uniform", *(f"power_law({a})" for a in ALPHAS))
@@ -139,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             for dist, seed in arms:
                 rec: dict[str, Any] = {
                     "deployment": name,
+                    "dtype": args.dtype,
                     "local_experts": local,
                     "N": n,
                     "distribution": dist,
@@ -167,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                         tiles=row_tiles(counts, bm),
                         counts=counts.tolist(),
                     )
-                    kw: dict[str, Any] = {"global_num_experts": E}
+                    kw: dict[str, Any] = {"global_num_experts": E, **quant}
                     if emap is not None:
                         kw["expert_map"] = emap
                     call = functools.partial(fused_experts, x, w13, w2, tw, ids, **kw)
@@ -183,13 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                     json.dumps({k: v for k, v in rec.items() if k not in ("counts", "by_kernel")}),
                     flush=True,
                 )
-    meta = {
-        "gpu": torch.cuda.get_device_name(0),
-        "uuid": str(torch.cuda.get_device_properties(0).uuid),
-        "torch": torch.__version__,
-        "vllm_tiles_model": "moetables.tiles (vLLM 0.26.0)",
-    }
-    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+            save()
+    save()
     return 0
 
 
