@@ -48,6 +48,7 @@ __all__ = [
     "ConserveError",
     "Target",
     "add_arguments",
+    "identity_mismatches",
     "out_path",
     "plan_targets",
     "run",
@@ -228,20 +229,29 @@ def runtime_mismatches(target: Target, runtime: RuntimeInfo, vllm_version: str |
     return found
 
 
-def _identity_mismatches(
-    contract_backend: Mapping[str, Any], built: Mapping[str, Any]
-) -> list[str]:
+def identity_mismatches(contract_backend: Mapping[str, Any], built: Mapping[str, Any]) -> list[str]:
     found = [
         f"{key}: the table's {contract_backend[key]!r}, built {built.get(key)!r}"
         for key in IDENTITY_KEYS
         if key in contract_backend and contract_backend[key] != built.get(key)
     ]
+    want_layout, got_layout = contract_backend.get("expert_layout"), built.get("expert_layout")
+    if not isinstance(want_layout, dict):
+        # The torch reference describes its layout in words: the words must agree.
+        if want_layout is not None and want_layout != got_layout:
+            found.append(f"expert_layout: the table's {want_layout!r}, built {got_layout!r}")
+        return found
     for weight in ("w13", "w2"):
-        want = (contract_backend.get("expert_layout") or {}).get(weight, {}).get("shape")
-        got = (built.get("expert_layout") or {}).get(weight, {}).get("shape")
+        want = _shape(want_layout, weight)
+        got = _shape(got_layout, weight)
         if want is not None and want != got:
             found.append(f"expert_layout.{weight}.shape: the table's {want}, built {got}")
     return found
+
+
+def _shape(layout: Any, weight: str) -> Any:
+    record = layout.get(weight) if isinstance(layout, dict) else None
+    return record.get("shape") if isinstance(record, dict) else None
 
 
 def _installed_vllm() -> str | None:
@@ -290,7 +300,7 @@ def trace_target(
         session.close()
         release_target_memory(runtime.device)
     seconds = time.perf_counter() - started
-    wrong = _identity_mismatches(target.contract["backend"], built)
+    wrong = identity_mismatches(target.contract["backend"], built)
     if wrong:
         raise ConserveError(f"{target.label}: the built path is not the table's: {wrong}")
     rows, absent = conservation_evidence(built)
@@ -395,6 +405,12 @@ def run(
                     f"{target.label}: traced {len(rows)} forwards in "
                     f"{time.perf_counter() - started:.1f}s"
                 )
+                for row in rows:
+                    parts = ", ".join(f"{c} {t:.1f}" for c, t in row.components_us.items())
+                    progress.write(
+                        f"  {row.tokens} rows: whole {row.native_total_us:.1f} us = {parts}, "
+                        f"outside the scopes {row.outside_scopes_us:.1f}"
+                    )
             dest = None if out is None else out_path(out, bundle)
             progress.event("publish", f"attaching {len(traced)} targets' traces to {bundle}")
             note = {

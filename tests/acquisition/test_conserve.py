@@ -18,68 +18,14 @@ from typing import Any
 import pytest
 import vllm_fakes as fv
 import yaml
+from conserve_fakes import Admitting, acquire
 
-from acquisition.adapters.base import Admission, EngineLimits
 from acquisition.adapters.vllm_modular_backend import VllmModularBackend
 from acquisition.cli import main
 from acquisition.conserve import ConserveError, plan_targets, run
 from acquisition.progress import ProgressReporter
 from moetables.bundle import open_bundle, validate_bundle
 from moetables.bundle.model import SUPPLEMENT_KEY
-
-LIMITS = EngineLimits(max_num_batched_tokens=4, max_num_seqs=2)
-
-
-class _Admitting(VllmModularBackend):
-    """The fake modular path admitted on CPU (its real admission asks for CUDA)."""
-
-    def __init__(self, *, traced: bool = True, fail_rank: int | None = None) -> None:
-        super().__init__(
-            resolve=fv.resolver(fv.modular_namespace()),
-            activities=fv.activities,
-            trace=fv.trace if traced else None,
-        )
-        self.fail_rank = fail_rank
-        self.built: list[str] = []
-
-    def admit(self, model: Any, target: Any, runtime: Any) -> Admission:
-        return Admission.accept(self.name)
-
-    def build(self, model: Any, target: Any, runtime: Any, dtype: str) -> Any:
-        if target.dp > 1 and target.rank == self.fail_rank:
-            raise RuntimeError("the device fell over")
-        self.built.append(target.deployment)
-        assert runtime.limits.max_num_batched_tokens == 4  # the contract's limits, not a guess
-        return super().build(model, target, runtime, dtype)
-
-
-def _acquire(model_dir: Path, out: Path, *, traced: bool) -> Path:
-    """A small real acquisition (DP1 and DP2 ranks 0, 1) of the fake modular path."""
-    from acquisition.acquire import acquire_target
-    from acquisition.adapters import AdmissionReport
-    from acquisition.cli import build_parser
-    from acquisition.options import from_namespace, prepare
-
-    args = [
-        "slice", str(model_dir), "--hardware", "CPU-TEST", "--tp-refresh", "1", "--dp", "1,2",
-        "--max-num-seqs", "2", "--max-num-batched-tokens", "4", "--moe-rounds", "1",
-        "--measurement-iterations", "1", "--warmup-cycles", "0", "--backend", "vllm-modular",
-        "--device", "cpu", "--cache-bytes", "1", "--quality-tolerance", "0.9",
-        "--cudagraph-mode", "NONE", "--no-progress-bar", "--out-root", str(out),
-    ]  # fmt: skip
-    request, plans = prepare(from_namespace(build_parser().parse_args(args)), "")
-    backend = _Admitting(traced=traced)
-    runtime = fv.fake_runtime(limits=LIMITS)
-    progress = ProgressReporter(None, bar=False, total=0)
-    try:
-        for plan in plans:
-            report = AdmissionReport(plan.target, backend.name, (Admission.accept(backend.name),))
-            few = [next(p for p in plan.points if p.component == c) for c in plan.components]
-            small = dataclasses.replace(plan, points=tuple(few))
-            assert acquire_target(request, small, backend, runtime, report, progress).published
-    finally:
-        progress.close()
-    return request.bundle_dir
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +34,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_moe import write_model
 
     root = tmp_path_factory.mktemp("conserve")
-    bundle = _acquire(write_model(root / "tiny", num_experts=8), root / "out", traced=False)
+    bundle = acquire(write_model(root / "tiny", num_experts=8), root / "out", traced=False)
     for entry in open_bundle(bundle).entries:
         assert entry.quality is not None and entry.quality.conservation is None
     return bundle
@@ -125,7 +71,7 @@ def _conserve(
     out: Path | None = None,
     replace: bool = False,
 ) -> tuple[list[Path], list[str]]:
-    backend = backend or _Admitting()
+    backend = backend or Admitting()
     progress = ProgressReporter(None, bar=False, total=3)
     try:
         return run(
@@ -192,7 +138,7 @@ def test_the_contract_says_the_rows_were_measured_separately(bundle: Path) -> No
 def test_a_different_gpu_is_refused_and_the_bundle_is_kept(bundle: Path) -> None:
     before = _files(bundle)
     other = dataclasses.replace(fv.fake_runtime(), device_name="NVIDIA H100 80GB HBM3")
-    backend = _Admitting()
+    backend = Admitting()
     written, failures = _conserve(bundle, runtime=other, backend=backend)
     assert written == [] and len(failures) == 1
     assert "device_name" in failures[0] and "NVIDIA H100" in failures[0]
@@ -223,7 +169,7 @@ def test_a_failure_midway_leaves_the_bundle_whole(bundle: Path) -> None:
     """DP1 and DP2 rank 0 traced, rank 1's build fails: nothing of the bundle is written and
     no staging folder is left beside it."""
     before = _files(bundle)
-    backend = _Admitting(fail_rank=1)
+    backend = Admitting(fail_rank=1)
     written, failures = _conserve(bundle, backend=backend)
     assert written == [] and "the device fell over" in failures[0]
     assert backend.built == ["dp1_ep1_rank0_sp0", "dp2_ep2_rank0_sp0"]
@@ -270,7 +216,7 @@ def test_existing_rows_are_refused_unless_replaced(bundle: Path) -> None:
 def test_rows_measured_with_the_table_are_never_replaced(tmp_path: Path) -> None:
     from tiny_moe import write_model
 
-    traced = _acquire(write_model(tmp_path / "tiny", num_experts=8), tmp_path / "o", traced=True)
+    traced = acquire(write_model(tmp_path / "tiny", num_experts=8), tmp_path / "o", traced=True)
     for replace in (False, True):
         with pytest.raises(ConserveError, match="measured with its table"):
             plan_targets([traced], replace=replace)
@@ -332,3 +278,44 @@ def test_the_reader_refuses_an_unmarked_or_unexplained_supplement(bundle: Path) 
     (bundle / "meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
     report = validate_bundle(bundle)
     assert not report.ok and "measured_at" in " ".join(report.problems)
+
+
+# -- the path identity check against the shipped contracts ---------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = [
+    f"bundles/{root}/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    for root in (
+        "H200",
+        "H200-torch-reference",
+        "H200-vllm-modular-f2",
+        "H200-vllm-modular-dp4-f4",
+        "H200-vllm-modular-dp8-f4",
+    )
+]
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_the_shipped_tables_plan_and_their_own_description_passes(path: str) -> None:
+    """Every shipped table without traces is accepted by the planner (21 in all), and the
+    identity check reads its contract's description whatever its shape (the torch reference
+    states its layout in words), finding a changed class or layout."""
+    from acquisition.conserve import identity_mismatches
+
+    targets = plan_targets([REPO / path])
+    assert targets and all(t.provenance["device_name"] == "NVIDIA H200" for t in targets)
+    for target in targets:
+        backend = target.contract["backend"]
+        assert identity_mismatches(backend, backend) == []
+        changed = {**backend, "native": not backend["native"]}
+        assert identity_mismatches(backend, changed) != []
+        layout = backend["expert_layout"]
+        if isinstance(layout, dict):
+            other = {**layout, "w13": {"shape": [1, 2, 3]}}
+        else:
+            other = layout + ", other"
+        assert identity_mismatches(backend, {**backend, "expert_layout": other}) != []
+
+
+def test_all_shipped_h200_targets_without_traces_are_planned() -> None:
+    assert sum(len(plan_targets([REPO / p])) for p in SHIPPED) == 21
