@@ -82,6 +82,13 @@ class ConservationSerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
     source = serializers.CharField()  # type: ignore[assignment]
     absent = serializers.CharField(allow_null=True, help_text="why no forward was traced")
+    supplement = serializers.DictField(
+        allow_null=True,
+        help_text="null when the forwards were traced in the table's own build; otherwise they "
+        "were traced later, separately (python -m acquisition conserve), and this says when "
+        "(measured_at, beside table_measured_at), how (command_line) and on what (device_name, "
+        "uuid, torch_version, cuda_version, vllm_version)",
+    )
     forwards = ForwardSerializer(many=True)
 
 
