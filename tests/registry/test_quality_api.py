@@ -86,8 +86,6 @@ def test_supplementary_forwards_say_when_and_how_they_were_traced(
     shutil.copytree(H200["H200"], copy)
     traced = {}
     for entry in open_bundle(copy).entries:
-        if entry.quality is not None and entry.quality.conservation is not None:
-            pytest.skip("the shipped bundle has its traces already")
         rows = [ConservationRow(0, 1, 30.5, 0.5, {"gate_routing": 10.0, "experts": 20.0})]
         supplement = {
             "measured": "separately from the table",
@@ -101,7 +99,7 @@ def test_supplementary_forwards_say_when_and_how_they_were_traced(
             "launch_ownership": [{"tokens": 1}],
         }
         traced[entry.target] = (rows, supplement)
-    attach_conservation(copy, traced)
+    attach_conservation(copy, traced, replace=True)  # replace: whether or not traced already
     bundle = publish_bundle(copy).bundle
     table = bundle.tables.get(dp=1)
     body = api.get(f"/api/v1/tables/{table.pk}/conservation/").json()
