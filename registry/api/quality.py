@@ -163,6 +163,11 @@ class CoverageCellSerializer(serializers.Serializer[Any]):
         help_text="a gap its backend cannot measure: 'not measurable by <backend>: <reason>' "
         "(no request is accepted); null for a requestable gap or a table",
     )
+    reason = serializers.IntegerField(
+        allow_null=True,
+        help_text="for a gap its backend cannot measure: its reason's number (from 1) in the "
+        "row's reasons; null otherwise",
+    )
 
 
 class CoverageRowSerializer(serializers.Serializer[Any]):
@@ -170,6 +175,11 @@ class CoverageRowSerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     variant = serializers.CharField()
     backend = serializers.CharField()
+    reasons = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the distinct reasons this row's gaps cannot be measured, without the "
+        "deployment each cell names; cells refer to them by number",
+    )
     cells = CoverageCellSerializer(many=True)
 
 

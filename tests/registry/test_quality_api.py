@@ -351,9 +351,16 @@ def test_the_matrix_says_which_gaps_their_backend_cannot_measure(
     for c in live_gaps:
         assert c["not_measurable"].startswith("not measurable by vllm-live: target TP1/DP")
         assert "TP1/DP1/EP1 only (R25)" in c["not_measurable"]
+        assert c["reason"] == 1
+    # one reason for the six cells, said once for the row, without any cell's deployment
+    assert rows["vllm-live"]["reasons"] == [
+        "not measurable by vllm-live: the live path measures the engine's layer at "
+        "TP1/DP1/EP1 only (R25)"
+    ]
     reference_gaps = [c for c in rows["torch-reference"]["cells"] if c["table"] is None]
     assert [c["dp"] for c in reference_gaps] == [4, 4, 4, 4]
-    assert all(c["not_measurable"] is None for c in reference_gaps)
+    assert all(c["not_measurable"] is None and c["reason"] is None for c in reference_gaps)
+    assert rows["torch-reference"]["reasons"] == []
     assert all(c["not_measurable"] is None for r in body["rows"] for c in r["cells"] if c["table"])
 
 
