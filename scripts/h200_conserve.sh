@@ -18,7 +18,8 @@
 # Environment: CONSERVE_S (limit of the command, default 300), PYTHON, STAGE, BUNDLES_ROOT,
 # REPO_DIR (the repository root; default: this script's parent folder).
 set -uo pipefail
-cd "${REPO_DIR:-$(dirname "$0")/..}"
+SCRIPTS=$(cd "$(dirname "$0")" && pwd)
+cd "${REPO_DIR:-$SCRIPTS/..}"
 OUT_DIR=${OUT:-var/conserve-out}
 STAGE=${STAGE:-/tmp/conserve-stage}
 PYTHON=${PYTHON:-python3}
@@ -75,6 +76,9 @@ for b in "${bundles[@]}"; do
     packed+=("$b")
     if "$PYTHON" -m moetables validate "$STAGE/$b" >>"$LOG" 2>&1; then
       valid=$((valid + 1))
+      # Per table and forward: the sums, the activities outside the scopes, the table's own
+      # local times at the same rows.
+      "$PYTHON" "$SCRIPTS/h200_conservation.py" "$STAGE/$b" >>"$LOG" 2>&1 || true
     else
       log "$b: INVALID after writing"
       status=1

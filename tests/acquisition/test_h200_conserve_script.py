@@ -95,6 +95,9 @@ def test_it_traces_only_the_h200_tables_without_conservation(tmp_path: Path, rep
     assert "H200-new" not in log.split("timeout")[1].splitlines()[0]  # not in the command
     assert "bundles/rtx" not in log
     assert "FAKE GPU" in log  # the GPU line, for the record
+    # scripts/h200_conservation.py's summary of each written table, marked as traced later
+    assert log.count("traced separately from the table at") == 3
+    assert "tokens     4 (expert rows 8, composed (collectives excluded))" in log
     summary = (out / "summary.txt").read_text()
     assert summary.startswith("conserve: exit 0") and "1 of 1 bundles written, 1 valid" in summary
     # the repository's own bundles are untouched: the updated copy comes back packed
