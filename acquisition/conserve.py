@@ -424,12 +424,13 @@ def run(
                 attach_conservation(bundle, traced, dest=dest, replace=replace_rows, note=note)
             )
             progress.write(f"{bundle}: wrote {len(traced)} conservation.csv, validated")
-        except (ConserveError, BundleError, ValueError, OSError) as exc:
-            failures.append(f"{bundle}: {exc}")
-            progress.write(f"error: {bundle}: {exc} (bundle left as it was)")
-            progress.done += len(group) - len(traced)
-        except Exception as exc:  # a build that fails: this bundle only
-            failures.append(f"{bundle}: {type(exc).__name__}: {exc}")
-            progress.write(f"error: {bundle}: {type(exc).__name__}: {exc} (bundle left as it was)")
+        except Exception as exc:  # a refusal or a failed build: this bundle only
+            known = isinstance(exc, (ConserveError, BundleError, ValueError, OSError))
+            text = str(exc) if known else f"{type(exc).__name__}: {exc}"
+            if not text.startswith(str(bundle)):
+                text = f"{bundle}: {text}"
+            failures.append(text)
+            progress.write(f"error: {text} (bundle left as it was)")
+            progress.event("failed", f"{bundle} not written", error=text)
             progress.done += len(group) - len(traced)
     return written, failures
