@@ -15,7 +15,7 @@
 # $OUT receives conserve.log (the command, its output, each bundle's validation), progress.jsonl,
 # summary.txt (one line), and conserve-bundles.tar.gz: the updated variant folders under
 # bundles/..., to unpack at the repository root (`tar -xzf conserve-bundles.tar.gz`).
-# Environment: CONSERVE_S (limit of the command, default 300), PYTHON, STAGE, BUNDLES_ROOT,
+# Environment: CONSERVE_S (limit of the command, default 270), PYTHON, STAGE, BUNDLES_ROOT,
 # REPO_DIR (the repository root; default: this script's parent folder).
 set -uo pipefail
 SCRIPTS=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +23,7 @@ cd "${REPO_DIR:-$SCRIPTS/..}"
 OUT_DIR=${OUT:-var/conserve-out}
 STAGE=${STAGE:-/tmp/conserve-stage}
 PYTHON=${PYTHON:-python3}
-LIMIT_S=${CONSERVE_S:-300}
+LIMIT_S=${CONSERVE_S:-270}
 BUNDLES_ROOT=${BUNDLES_ROOT:-bundles}
 mkdir -p "$OUT_DIR"
 rm -rf "$STAGE" && mkdir -p "$STAGE"
