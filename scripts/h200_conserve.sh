@@ -15,8 +15,9 @@
 # $OUT receives conserve.log (the command, its output, each bundle's validation), progress.jsonl,
 # summary.txt (one line), and conserve-bundles.tar.gz: the updated variant folders under
 # bundles/..., to unpack at the repository root (`tar -xzf conserve-bundles.tar.gz`).
-# Environment: CONSERVE_S (limit of the command, default 270), PYTHON, STAGE, BUNDLES_ROOT,
-# REPO_DIR (the repository root; default: this script's parent folder).
+# Environment: CONSERVE_S (limit of the command, default 270), PYTHON, STAGE (kept between calls:
+# bundles already written there are not traced again, only packed), BUNDLES_ROOT, REPO_DIR (the
+# repository root; default: this script's parent folder).
 set -uo pipefail
 SCRIPTS=$(cd "$(dirname "$0")" && pwd)
 cd "${REPO_DIR:-$SCRIPTS/..}"
@@ -25,8 +26,7 @@ STAGE=${STAGE:-/tmp/conserve-stage}
 PYTHON=${PYTHON:-python3}
 LIMIT_S=${CONSERVE_S:-270}
 BUNDLES_ROOT=${BUNDLES_ROOT:-bundles}
-mkdir -p "$OUT_DIR"
-rm -rf "$STAGE" && mkdir -p "$STAGE"
+mkdir -p "$OUT_DIR" "$STAGE"
 export PYTHONUNBUFFERED=1
 LOG=$OUT_DIR/conserve.log
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$LOG"; }
@@ -57,14 +57,28 @@ done
 log "${#bundles[@]} bundles, $tables tables without conservation: ${bundles[*]}"
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader >>"$LOG" 2>&1 || true
 
-cmd=("$PYTHON" -m acquisition conserve --out "$STAGE" --progress-json "$OUT_DIR/progress.jsonl"
-  --no-progress-bar "${bundles[@]}")
-log "timeout $LIMIT_S ${cmd[*]}"
-start=$(date +%s)
-timeout --signal=TERM --kill-after=20 "$LIMIT_S" "${cmd[@]}" >>"$LOG" 2>&1
-status=$?
-wall=$(($(date +%s) - start))
-log "conserve: exit $status after ${wall}s"
+# A bundle written by an earlier call on this (still warm) machine is kept and packed again:
+# a call stopped by its limit is completed by running the same command once more.
+todo=()
+for b in "${bundles[@]}"; do
+  if [ -f "$STAGE/$b/meta.yaml" ]; then
+    log "$b: written by an earlier call on this machine, kept"
+  else
+    todo+=("$b")
+  fi
+done
+status=0
+wall=0
+if [ "${#todo[@]}" -gt 0 ]; then
+  cmd=("$PYTHON" -m acquisition conserve --out "$STAGE" --progress-json "$OUT_DIR/progress.jsonl"
+    --no-progress-bar "${todo[@]}")
+  log "timeout $LIMIT_S ${cmd[*]}"
+  start=$(date +%s)
+  timeout --signal=TERM --kill-after=20 "$LIMIT_S" "${cmd[@]}" >>"$LOG" 2>&1
+  status=$?
+  wall=$(($(date +%s) - start))
+  log "conserve: exit $status after ${wall}s"
+fi
 
 # Each written bundle is complete (staged and validated by the writer); validate it again here.
 written=0

@@ -116,6 +116,23 @@ def test_it_traces_only_the_h200_tables_without_conservation(tmp_path: Path, rep
     assert (out / "progress.jsonl").read_text().count('"phase": "publish"') == 1
 
 
+def test_a_second_call_keeps_what_the_first_wrote(tmp_path: Path, repo: Path) -> None:
+    """A call stopped by its limit is completed by the same command on the warm machine: the
+    bundles already staged are packed again, not traced again (conserve refuses to overwrite)."""
+    assert run(tmp_path, repo).returncode == 0
+    first = (tmp_path / "stage" / "bundles/H200-old/test/tiny/bf16" / "meta.yaml").read_bytes()
+    result = run(tmp_path, repo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = (tmp_path / "out" / "conserve.log").read_text()
+    assert "written by an earlier call on this machine, kept" in log
+    second = (tmp_path / "stage" / "bundles/H200-old/test/tiny/bf16" / "meta.yaml").read_bytes()
+    assert first == second
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "1 of 1 bundles written, 1 valid" in summary
+    with tarfile.open(tmp_path / "out" / "conserve-bundles.tar.gz") as tar:
+        assert any(n.endswith("meta.yaml") for n in tar.getnames())
+
+
 def test_another_gpu_is_refused_and_nothing_is_packed(tmp_path: Path, repo: Path) -> None:
     result = run(tmp_path, repo, STUB_GPU="NVIDIA A100-SXM4-80GB")
     assert result.returncode == 1
