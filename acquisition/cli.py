@@ -1,4 +1,6 @@
-"""``python -m acquisition profile|slice MODEL ...``: the seed's interface (R6-R9).
+"""``python -m acquisition profile|slice MODEL ...``: the seed's interface (R6-R9); and
+``python -m acquisition conserve BUNDLE...`` (acquisition/conserve.py), which adds conservation
+traces to published tables that lack them.
 
 Everything that can be wrong with a command (unknown model, unmatched TP/DP/EP degrees, bad
 limits, an undeclared sequence-parallel wrapper) is reported before torch is imported or any
@@ -21,6 +23,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from acquisition.conserve import ConserveError, out_path, plan_targets
+from acquisition.conserve import add_arguments as conserve_arguments
 from acquisition.options import (
     OptionError,
     add_arguments,
@@ -54,12 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m acquisition",
         description="Measure native MoE components into a moetables bundle.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="profile|slice")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="profile|slice|conserve"
+    )
     for name, help_text in (
         ("profile", "acquire the MoE components of every --tp degree"),
         ("slice", "refresh only the MoE category of the --tp-refresh degree"),
     ):
         add_arguments(commands.add_parser(name, help=help_text))
+    conserve_arguments(
+        commands.add_parser(
+            "conserve",
+            help="add conservation traces to published tables that lack them, measured now "
+            "on the table's backend and hardware (marked supplementary)",
+        )
+    )
     return parser
 
 
@@ -99,6 +112,8 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "conserve":
+        return _conserve(args, argv)
     clock.path = args.phase_log
     try:
         with clock.phase("plan"):
@@ -234,6 +249,66 @@ def _acquire(
         return EXIT_CANCELLED
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _conserve(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``conserve``: refusals that need no device first (exit 2), then one process traces
+    every target (exit 1 if any bundle could not be written; the others are written)."""
+    from acquisition.conserve import run
+
+    try:
+        targets = plan_targets(args.bundles, only=args.target, replace=args.replace)
+        if args.out is not None:
+            for bundle in args.bundles:
+                dest = out_path(args.out, bundle)
+                if dest.exists():
+                    raise ConserveError(f"{dest} exists already; choose another --out")
+    except ConserveError as exc:
+        print(f"python -m acquisition conserve: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    progress = ProgressReporter(
+        args.progress_json, bar=not (args.no_progress_bar or args.dry_run), total=len(targets)
+    )
+    try:
+        progress.event("plan", f"{len(targets)} targets in {len(args.bundles)} bundles")
+        for target in targets:
+            progress.write(
+                f"{target.label}: {target.backend}, {target.model.name}, "
+                f"measured {target.provenance.get('started_at')} on "
+                f"{target.provenance.get('device_name')}"
+            )
+        if args.dry_run:
+            progress.event("done", "dry run: checked only")
+            return 0
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        command = " ".join(["python -m acquisition", *argv])
+        started = time.monotonic()
+        try:
+            written, failures = run(
+                targets,
+                out=args.out,
+                replace_rows=args.replace,
+                command_line=command,
+                progress=progress,
+            )
+        except KeyboardInterrupt:
+            progress.write("cancelled; bundles not yet written are left as they were")
+            progress.event("cancelled", "cancelled")
+            return EXIT_CANCELLED
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        elapsed = time.monotonic() - started
+        if failures:
+            message = f"{len(failures)} bundles not written (first: {failures[0]})"
+            progress.write(message)
+            progress.event("failed", message, error=message, failures=failures)
+            return EXIT_FAILED
+        message = f"wrote conservation into {len(written)} bundles in {elapsed:.1f}s"
+        progress.write(message)
+        progress.event("done", message, bundles=[str(p) for p in written])
+        return 0
+    finally:
+        progress.close()
 
 
 def _isolated(args: argparse.Namespace, plans: Sequence[PointPlan]) -> bool:

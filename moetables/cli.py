@@ -40,6 +40,11 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
                 if evidence.conservation is not None
                 else f"no traced forward ({evidence.conservation_absent})"
             )
+            if evidence.conservation_supplement is not None:
+                forwards += (
+                    " (measured separately from the table, "
+                    f"{evidence.conservation_supplement.get('measured_at')})"
+                )
             print(
                 f"evidence: {path}: {len(evidence.stability)} B/2B controls "
                 f"(from {evidence.source}), {forwards}",

@@ -40,10 +40,14 @@ def summarise(bundle: Path) -> tuple[dict[str, Any], bool]:
     for entry in report.bundle.entries:
         evidence = report.quality.get(entry.table_path)
         backend = entry.contract.get("backend", {})
-        traced = backend.get("launch_ownership") or []
+        # Traced with the table (the backend's own description), or later and separately
+        # (python -m acquisition conserve: the contract's supplementary_conservation).
+        supplement = entry.contract.get("supplementary_conservation") or {}
+        traced = backend.get("launch_ownership") or supplement.get("launch_ownership") or []
         item: dict[str, Any] = {
             "table": entry.table_path,
             "backend": backend.get("name"),
+            "traced_separately_at": supplement.get("measured_at"),
             "forwards": [],
         }
         if evidence is None or evidence.conservation is None:
@@ -76,7 +80,11 @@ def _print(summary: dict[str, Any]) -> None:
         print(f"INVALID {summary['bundle']}: {summary['problems']}")
         return
     for item in summary["tables"]:
-        print(f"== {item['table']} ({item['backend']})")
+        when = item.get("traced_separately_at")
+        print(
+            f"== {item['table']} ({item['backend']})"
+            + (f", traced separately from the table at {when}" if when else "")
+        )
         if "absent" in item:
             print(f"   no traced forward: {item['absent']}")
             continue

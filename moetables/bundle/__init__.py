@@ -23,7 +23,13 @@ from moetables.bundle.quality import (
 )
 from moetables.bundle.reader import ValidationReport, open_bundle, validate_bundle
 from moetables.bundle.table import load_table
-from moetables.bundle.writer import Row, TableSpec, format_table, write_bundle
+from moetables.bundle.writer import (
+    Row,
+    TableSpec,
+    attach_conservation,
+    format_table,
+    write_bundle,
+)
 
 __all__ = [
     "COLUMNS",
@@ -42,6 +48,7 @@ __all__ = [
     "TableEntry",
     "TableSpec",
     "ValidationReport",
+    "attach_conservation",
     "contract_id",
     "format_table",
     "load_quality",

@@ -17,7 +17,7 @@ from moetables.bundle.model import (
     TableEntry,
 )
 from moetables.bundle.paths import resolve_inside
-from moetables.bundle.quality import parse_quality_refs
+from moetables.bundle.quality import check_supplement, parse_quality_refs
 from moetables.errors import BundleError
 from moetables.geometry import MoeTarget
 
@@ -128,6 +128,7 @@ def _read_entry(root: Path, tp: int, raw: Any, *, version: int, where: str) -> T
         quality = parse_quality_refs(root, tp, raw.get("quality"), where=f"{where}.quality")
     elif "quality" in raw:
         raise BundleError(f"{where}.quality", "quality evidence needs format_version 2")
+    check_supplement(contract, quality, where=where)
     expert_loads = parse_expert_loads(
         root, tp, raw.get("expert_loads"), version=version, where=f"{where}.expert_loads"
     )

@@ -24,6 +24,9 @@ __all__ = [
     "LOCAL_COMPONENTS",
     "METHOD_TOLERANCE",
     "MODES",
+    "SUPPLEMENT_FIELDS",
+    "SUPPLEMENT_KEY",
+    "SUPPLEMENT_MEASURED",
     "TILE_MODEL_SCHEMAS",
     "Bundle",
     "ComponentTable",
@@ -49,6 +52,11 @@ TILE_MODEL_SCHEMAS = ("row-tiles-v1",)
 # Method/schema versions of current contracts this reader knows (R30: a semantic method
 # change gets a new name, and an unknown one is refused rather than read as this one).
 CONTRACT_SCHEMAS = ("moe-components-contract-v1",)
+# What a contract's ``supplementary_conservation`` must say of conservation traces measured
+# separately from the table (``python -m acquisition conserve``): the reader refuses less.
+SUPPLEMENT_KEY = "supplementary_conservation"
+SUPPLEMENT_FIELDS = ("measured", "measured_at", "command_line", "device_name", "written_by")
+SUPPLEMENT_MEASURED = "separately from the table"
 # The method's B/2B tolerance; a contract allowing more is exploratory.
 METHOD_TOLERANCE = 0.03
 HISTORICAL_SCHEMA = "moe-components-v1"
@@ -85,6 +93,10 @@ class QualityRefs:
     stability: QualityFile
     conservation: QualityFile | None
     conservation_absent: str | None
+    # ``conservation.supplementary: true``: the traced forwards were measured later, in a
+    # separate run, for a table published without them; the contract's
+    # ``supplementary_conservation`` says when, how and on what (SUPPLEMENT_FIELDS).
+    conservation_supplementary: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,9 @@ R34 keeps individual controls out of the metadata):
 - ``conservation.csv``: one row per traced native forward: the components' sums beside the
   forward's whole CUDA activity and what fell outside every scope (R15, R26). A backend that
   traces no native forward says why instead of naming a file.
+  Traces measured later, in a separate run, for a table published without them
+  (``python -m acquisition conserve``) are marked ``supplementary: true`` beside the file's
+  digest, and the contract's ``supplementary_conservation`` says when, how and on what.
 
 Older bundles (format 1, and the historical layout) say their evidence is absent; the
 historical layout's ``coverage.json: conditioning_controls`` is read as its stability evidence.
@@ -30,6 +33,9 @@ from moetables.bundle.model import (
     CONSERVED_COMPONENTS,
     EXPERTS,
     METHOD_TOLERANCE,
+    SUPPLEMENT_FIELDS,
+    SUPPLEMENT_KEY,
+    SUPPLEMENT_MEASURED,
     ComponentTable,
     QualityFile,
     QualityRefs,
@@ -47,6 +53,7 @@ __all__ = [
     "QualityEvidence",
     "QualityRefs",
     "StabilityRow",
+    "check_supplement",
     "csv_rows",
     "float_cell",
     "format_conservation",
@@ -137,6 +144,9 @@ class QualityEvidence:
     stability_absent: str | None = None
     conservation_absent: str | None = None
     source: str = "files"
+    # Traces measured separately from the table (``conservation.supplementary: true``): the
+    # contract's ``supplementary_conservation``, saying when, how and on what. None otherwise.
+    conservation_supplement: Mapping[str, Any] | None = None
 
 
 def _number(value: float) -> str:
@@ -215,8 +225,16 @@ def parse_quality_refs(root: Path, tp: int, raw: Any, *, where: str) -> QualityR
         if not isinstance(reason, str) or not reason.strip():
             raise BundleError(f"{where}.conservation.absent", "must say why, as text")
         return QualityRefs(stability, None, reason)
+    supplementary = (
+        conservation.get("supplementary", False) if isinstance(conservation, dict) else False
+    )
+    if not isinstance(supplementary, bool):
+        raise BundleError(f"{where}.conservation.supplementary", "must be true or false")
     return QualityRefs(
-        stability, quality_file_ref(root, tp, conservation, where=f"{where}.conservation"), None
+        stability,
+        quality_file_ref(root, tp, conservation, where=f"{where}.conservation"),
+        None,
+        supplementary,
     )
 
 
@@ -441,8 +459,38 @@ def load_quality(
         conservation = tuple(
             read_conservation(read_checked_text(root, refs.conservation), refs.conservation.path)
         )
+    supplement = entry.contract.get(SUPPLEMENT_KEY) if refs.conservation_supplementary else None
     return QualityEvidence(
         stability=tuple(controls),
         conservation=conservation,
         conservation_absent=refs.conservation_absent,
+        conservation_supplement=supplement if isinstance(supplement, dict) else None,
     )
+
+
+def check_supplement(contract: Mapping[str, Any], refs: QualityRefs | None, *, where: str) -> None:
+    """Conservation measured separately from its table is marked in both places, or neither:
+    ``quality.conservation.supplementary: true`` and the contract's ``supplementary_conservation``
+    with what, when, how and on what it was measured."""
+    supplement = contract.get(SUPPLEMENT_KEY)
+    marked = refs is not None and refs.conservation_supplementary
+    if supplement is None and not marked:
+        return
+    if not marked:
+        raise BundleError(
+            f"{where}.contract.{SUPPLEMENT_KEY}",
+            "describes supplementary conservation, but quality.conservation does not name a file "
+            "marked supplementary: true",
+        )
+    if not isinstance(supplement, dict):
+        raise BundleError(
+            f"{where}.quality.conservation.supplementary",
+            f"is true, so the contract must say how the traces were measured ({SUPPLEMENT_KEY})",
+        )
+    for key in SUPPLEMENT_FIELDS:
+        if not isinstance(supplement.get(key), str) or not supplement[key].strip():
+            raise BundleError(f"{where}.contract.{SUPPLEMENT_KEY}.{key}", "must be non-empty text")
+    if supplement["measured"] != SUPPLEMENT_MEASURED:
+        raise BundleError(
+            f"{where}.contract.{SUPPLEMENT_KEY}.measured", f"must be {SUPPLEMENT_MEASURED!r}"
+        )

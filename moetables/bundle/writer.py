@@ -10,6 +10,7 @@ import contextlib
 import copy
 import fcntl
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -34,6 +35,8 @@ from moetables.bundle.model import (
     CURRENT_FORMAT_VERSION,
     CURRENT_SCHEMA,
     LOADS_FORMAT_VERSION,
+    SUPPLEMENT_FIELDS,
+    SUPPLEMENT_KEY,
 )
 from moetables.bundle.quality import (
     CONSERVATION_FILE,
@@ -49,7 +52,14 @@ from moetables.bundle.table import load_table
 from moetables.errors import BundleError
 from moetables.geometry import MoeTarget
 
-__all__ = ["Row", "TableSpec", "attach_tile_models", "format_table", "write_bundle"]
+__all__ = [
+    "Row",
+    "TableSpec",
+    "attach_conservation",
+    "attach_tile_models",
+    "format_table",
+    "write_bundle",
+]
 
 Row = tuple[str, str, int, int, int, float]
 
@@ -293,6 +303,116 @@ def attach_tile_models(
             shutil.rmtree(stage, ignore_errors=True)
             raise
     return dest
+
+
+def attach_conservation(
+    source: str | Path,
+    traced: Mapping[MoeTarget, tuple[Sequence[ConservationRow], Mapping[str, Any]]],
+    *,
+    dest: str | Path | None = None,
+    replace: bool = False,
+    note: Mapping[str, Any] | None = None,
+) -> Path:
+    """Add conservation traces measured separately from the tables (supplementary evidence).
+
+    ``traced[target]`` holds the target's rows and what its contract will say of them under
+    ``supplementary_conservation`` (SUPPLEMENT_FIELDS at least). Each named entry must carry
+    quality evidence (format 2 or 3) without conservation rows; rows that are themselves
+    supplementary are replaced only with ``replace``, and rows measured with the table never.
+    The file is marked ``supplementary: true`` beside its digest. Tables, stability files and
+    load evidence keep their bytes (checked). The bundle at ``source`` is staged, changed,
+    validated and swapped in at ``dest`` (default: ``source``; another ``dest`` must not exist
+    yet), so a failure leaves nothing half-written. ``note`` goes to the root metadata.
+    """
+    source = Path(source)
+    dest = Path(dest) if dest is not None else source
+    if dest != source and dest.exists():
+        raise BundleError(str(dest), "already exists; write the updated bundle elsewhere")
+    with _meta_lock(dest):
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            shutil.copytree(source, stage, dirs_exist_ok=True, copy_function=_link_or_copy)
+            before = _kept_digests(stage)
+            meta = read_meta(stage)
+            wanted = {t.key: value for t, value in traced.items()}
+            for tp, record in (meta.get("per_tp") or {}).items():
+                owner = record.get("moe_components") if isinstance(record, dict) else None
+                if not isinstance(owner, dict):
+                    continue
+                for entry in owner.get("entries", []):
+                    key = MoeTarget.from_dict(entry["target"]).key
+                    if key not in wanted:
+                        continue
+                    rows, supplement = wanted.pop(key)
+                    where = f"{entry['table']} [{key}]"
+                    _check_attachable(entry, where, replace=replace)
+                    for field_name in SUPPLEMENT_FIELDS:
+                        if not isinstance(supplement.get(field_name), str):
+                            raise ValueError(f"{where}: the supplement needs {field_name}")
+                    if not rows:
+                        raise ValueError(f"{where}: no traced forward to attach")
+                    folder = str(entry["table"]).rsplit("/", 1)[0]
+                    data = format_conservation(rows)
+                    _write_fresh(stage / f"tp{tp}" / folder / CONSERVATION_FILE, data)
+                    entry["quality"]["conservation"] = {
+                        "file": f"{folder}/{CONSERVATION_FILE}",
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "supplementary": True,
+                    }
+                    entry["contract"][SUPPLEMENT_KEY] = json.loads(
+                        json.dumps(dict(supplement), allow_nan=False)
+                    )
+            if wanted:
+                raise ValueError(f"the bundle has no entries for targets {sorted(wanted)}")
+            if note is not None:
+                meta[SUPPLEMENT_KEY] = copy.deepcopy(dict(note))
+            _write_fresh(stage / META, _dump_yaml(meta))
+            bundle = open_bundle(stage)
+            for written in bundle.entries:
+                load_quality(stage, written, load_table(stage, written))
+                load_spread_evidence(stage, written)
+            after = _kept_digests(stage)
+            if after != before:
+                raise BundleError(str(source), f"kept files changed: {before} -> {after}")
+            if dest == source:
+                _swap_in(stage, dest)
+            else:
+                stage.chmod(0o755)
+                stage.rename(dest)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+    return dest
+
+
+def _check_attachable(entry: Mapping[str, Any], where: str, *, replace: bool) -> None:
+    quality = entry.get("quality")
+    if not isinstance(quality, dict):
+        raise BundleError(
+            where,
+            "carries no quality evidence (format 1): re-publish its stability evidence first "
+            "(python -m acquisition.evidence BUNDLE SAMPLES.tar.gz)",
+        )
+    existing = quality.get("conservation")
+    if isinstance(existing, dict) and "file" in existing:
+        if not existing.get("supplementary"):
+            raise BundleError(
+                where,
+                "already has conservation rows measured with its table; they are never replaced",
+            )
+        if not replace:
+            raise BundleError(
+                where, "already has supplementary conservation rows (replace them with --replace)"
+            )
+
+
+def _kept_digests(root: Path) -> dict[str, str]:
+    """Digests of every file an attachment must keep: tables, stability and load evidence."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != META and path.name != CONSERVATION_FILE
+    }
 
 
 def _write_fresh(path: Path, data: bytes) -> None:

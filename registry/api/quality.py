@@ -82,6 +82,13 @@ class ConservationSerializer(serializers.Serializer[Any]):
     table = serializers.IntegerField()
     source = serializers.CharField()  # type: ignore[assignment]
     absent = serializers.CharField(allow_null=True, help_text="why no forward was traced")
+    supplement = serializers.DictField(
+        allow_null=True,
+        help_text="null when the forwards were traced in the table's own build; otherwise they "
+        "were traced later, separately (python -m acquisition conserve), and this says when "
+        "(measured_at, beside table_measured_at), how (command_line) and on what (device_name, "
+        "uuid, torch_version, cuda_version, vllm_version)",
+    )
     forwards = ForwardSerializer(many=True)
 
 
@@ -156,6 +163,11 @@ class CoverageCellSerializer(serializers.Serializer[Any]):
         help_text="a gap its backend cannot measure: 'not measurable by <backend>: <reason>' "
         "(no request is accepted); null for a requestable gap or a table",
     )
+    reason = serializers.IntegerField(
+        allow_null=True,
+        help_text="for a gap its backend cannot measure: its reason's number (from 1) in the "
+        "row's reasons; null otherwise",
+    )
 
 
 class CoverageRowSerializer(serializers.Serializer[Any]):
@@ -163,6 +175,11 @@ class CoverageRowSerializer(serializers.Serializer[Any]):
     model = serializers.CharField()
     variant = serializers.CharField()
     backend = serializers.CharField()
+    reasons = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the distinct reasons this row's gaps cannot be measured, without the "
+        "deployment each cell names; cells refer to them by number",
+    )
     cells = CoverageCellSerializer(many=True)
 
 

@@ -2,11 +2,14 @@
 
 Rows are (hardware, model, variant, backend); columns every deployment rank any bundle covers
 (TP, DP, EP, rank, sequence parallel), so a row's missing ranks show as gaps. A cell holds the
-latest published table of its row and column.
+latest published table of its row and column. A gap its backend cannot measure keeps its full
+reason (``not_measurable``) and points to the row's list of distinct reasons (``reason``, from 1),
+so that the page says each reason once per row.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.urls import reverse
@@ -15,9 +18,19 @@ from registry.bundles.models import DeploymentTable
 from registry.services.quality import table_quality
 from registry.services.requests import not_measurable, open_request_index
 
-__all__ = ["Deployment", "coverage_matrix", "deployment_label"]
+__all__ = ["Deployment", "coverage_matrix", "deployment_label", "row_reason"]
 
 Deployment = tuple[int, int, int, int, bool]  # tp, dp, ep, rank, sequence_parallel
+
+
+# The deployment a reason names ("target TP1/DP2/EP2: ..."): the row's note says it once for
+# every cell it applies to, and each cell keeps its full text for the API.
+_TARGET_PREFIX = re.compile(r"target TP\d+/DP\d+/EP\d+(?: with sequence parallelism)?: ")
+
+
+def row_reason(problem: str) -> str:
+    """A cell's "not measurable by <backend>: <reason>" without the cell's own deployment."""
+    return _TARGET_PREFIX.sub("", problem)
 
 
 def deployment_label(d: Deployment) -> str:
@@ -66,10 +79,18 @@ def coverage_matrix(
     gaps = 0
     for key in sorted(latest):
         cells = []
+        reasons: list[str] = []
         for d in ordered:
             found = latest[key].get(d)
             if found is None:
                 gaps += 1
+                problem = not_measurable(key[3], key[1], d)
+                index = None
+                if problem is not None:
+                    reason = row_reason(problem)
+                    if reason not in reasons:
+                        reasons.append(reason)
+                    index = reasons.index(reason) + 1
                 cells.append(
                     {
                         "deployment": deployment_label(d),
@@ -84,7 +105,8 @@ def coverage_matrix(
                         "measured_at": None,
                         "quality": None,
                         "request": open_requests.get((*key, *d)),
-                        "not_measurable": not_measurable(key[3], key[1], d),
+                        "not_measurable": problem,
+                        "reason": index,
                     }
                 )
                 continue
@@ -104,6 +126,7 @@ def coverage_matrix(
                     "quality": table_quality(found),
                     "request": None,
                     "not_measurable": None,
+                    "reason": None,
                 }
             )
         rows.append(
@@ -112,6 +135,7 @@ def coverage_matrix(
                 "model": key[1],
                 "variant": key[2],
                 "backend": key[3],
+                "reasons": reasons,
                 "cells": cells,
             }
         )

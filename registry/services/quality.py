@@ -26,6 +26,21 @@ _lock = threading.Lock()
 _evidence: OrderedDict[tuple[str, str], QualityEvidence] = OrderedDict()
 
 
+# What the API and the page show of a supplementary trace's provenance.
+SUPPLEMENT_SHOWN = (
+    "measured",
+    "measured_at",
+    "table_measured_at",
+    "command_line",
+    "device_name",
+    "uuid",
+    "torch_version",
+    "cuda_version",
+    "vllm_version",
+    "note",
+)
+
+
 def table_evidence(table: DeploymentTable) -> QualityEvidence:
     """The table's evidence, validated once per process and bundle content."""
     key = (table.bundle.sha256, table.table_path)
@@ -133,9 +148,15 @@ def conservation_payload(table: DeploymentTable) -> dict[str, Any]:
         }
         for r in evidence.conservation or ()
     ]
+    supplement = evidence.conservation_supplement
     return {
         "table": table.pk,
         "source": evidence.source,
         "absent": evidence.conservation_absent,
+        # Traced after the table, by a separate process (python -m acquisition conserve): when,
+        # how and on what; the per-scope activity lists stay in the bundle.
+        "supplement": None
+        if supplement is None
+        else {k: supplement.get(k) for k in SUPPLEMENT_SHOWN if k in supplement},
         "forwards": forwards,
     }

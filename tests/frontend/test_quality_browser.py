@@ -1,8 +1,9 @@
 """Quality figures and the coverage matrix in a real browser (Playwright + Debian chromium).
 
 Every shipped H200 table page draws its stability figures with data (the B/2B controls from the
-bundle's stability.csv); the live table draws its conservation bars, and the modular and
-torch-reference tables, which trace no native forward, say why instead. Then a signed-in user
+bundle's stability.csv) and its conservation bars where the bundle has traced forwards (the live
+table's own; the modular and torch-reference tables' once `python -m acquisition conserve` has
+attached them, labelled as traced separately), or says why there are none. Then a signed-in user
 requests a gap of the coverage matrix; the gaps their backend cannot measure offer no request.
 Set DASHBOARD_SCREENSHOTS=docs/screenshots to (re)write the committed screenshots.
 """
@@ -64,14 +65,13 @@ def test_every_h200_table_draws_its_stability_and_conservation(
             # one marker per control: one per published expert point, plus failed attempts
             assert _markers(page, "#fig-stability-n") <= table.row_count + 1
             text = page.inner_text("#conservation-note")
+            _check_conservation(page, table, text)
             if table.contract["backend"]["name"] == "vllm-live":
                 # three traced forwards: each stacks gate_routing, experts, wrapper and the
                 # outside remainder (4 x 3 bars), with the native total marked (3 markers)
                 assert _traces(page, "#fig-conservation") == 5
                 assert _markers(page, "#fig-conservation") == 15
                 _shot(page, "table-quality-live")
-            else:
-                assert "traces no native MoE forward" in text
     # The modular rank 1 retried one point: its failed attempt is marked.
     modular = h200[0].tables.get(dp=2, rank=1)
     page.goto(live_server.url + f"/tables/{modular.pk}/")
@@ -82,6 +82,63 @@ def test_every_h200_table_draws_its_stability_and_conservation(
     assert "failed attempt:1" in names and "passed after a retry:1" in names
     page.locator("#stability-heading").scroll_into_view_if_needed()
     _shot(page, "table-quality-modular")
+
+
+def _check_conservation(view: Any, table: Any, text: str) -> None:
+    """The conservation figure draws every traced forward (one bar per part and the native
+    total), says when the forwards were traced separately, or says why there are none."""
+    from registry.services.quality import conservation_payload
+
+    payload = conservation_payload(table)
+    forwards = payload["forwards"]
+    if not forwards:
+        assert "traces no native MoE forward" in text, table
+        return
+    parts = {c for f in forwards for c in f["components_us"]}
+    assert _traces(view, "#fig-conservation") == len(parts) + 2
+    assert _markers(view, "#fig-conservation") == (len(parts) + 2) * len(forwards)
+    assert ("Traced separately from the table" in text) == (payload["supplement"] is not None)
+
+
+def test_supplementary_conservation_is_drawn_and_labelled(
+    page: Any,  # noqa: F811 - the imported fixture
+    live_server: Any,
+    transactional_db: None,
+    tmp_path: Path,
+) -> None:
+    """Forwards traced after the table (python -m acquisition conserve) are drawn like the
+    table's own, with when and on what they were traced. The rows are test values attached to
+    a copy of the shipped modular bundle."""
+    import shutil
+
+    from moetables.bundle import ConservationRow, attach_conservation, open_bundle
+    from registry.bundles.services import publish_bundle
+
+    copy = tmp_path / "H200" / QWEN / "bf16"
+    shutil.copytree(H200[0], copy)
+    traced = {}
+    for entry in open_bundle(copy).entries:
+        rows = [
+            ConservationRow(i, n, 3.0 * n + 20.0, 0.0, {"gate_routing": 20.0, "experts": 3.0 * n})
+            for i, n in enumerate((1, 256, 2048))
+        ]
+        supplement = {
+            "measured": "separately from the table",
+            "measured_at": "2026-12-01T06:00:00+00:00",
+            "table_measured_at": entry.contract["provenance"]["started_at"],
+            "command_line": "python -m acquisition conserve TEST",
+            "written_by": "python -m acquisition conserve",
+            "device_name": "TEST GPU",
+        }
+        traced[entry.target] = (rows, supplement)
+    attach_conservation(copy, traced, replace=True)
+    bundle = publish_bundle(copy).bundle
+    table = bundle.tables.get(dp=1)
+    page.goto(live_server.url + f"/tables/{table.pk}/")
+    text = page.inner_text("#conservation-note")
+    assert "Traced separately from the table, on 2026-12-01T06:00:00+00:00 (TEST GPU" in text
+    _check_conservation(page, table, text)
+    assert _markers(page, "#fig-conservation") == 4 * 3  # gate, experts, outside, total
 
 
 def test_it_shows_the_coverage_matrix_and_records_a_request(
@@ -111,12 +168,21 @@ def test_it_shows_the_coverage_matrix_and_records_a_request(
     assert page.locator(".request-cell").count() == 4
     live_dp2 = page.locator("td[data-gap='vllm-live tp1 dp2_ep2_rank0_sp0']")
     assert live_dp2.locator(".request-cell").count() == 0
-    assert (
-        live_dp2.locator(".not-measurable")
-        .inner_text()
-        .startswith("not measurable by vllm-live: target TP1/DP2/EP2")
-    )
+    # Issue 14's note: the cell is short, its row says the reason once, the cell's title
+    # keeps the cell's own full reason.
+    cell = live_dp2.locator(".not-measurable")
+    assert cell.inner_text() == "not measurable [1]"
+    assert cell.get_attribute("title").startswith("not measurable by vllm-live: target TP1/DP2/EP2")
     assert page.locator(".not-measurable").count() == 6
+    reasons = page.locator(".row-reason")
+    assert reasons.count() == 1
+    assert reasons.inner_text() == (
+        "[1] not measurable by vllm-live: the live path measures the engine's layer at "
+        "TP1/DP1/EP1 only (R25)"
+    )
+    assert page.content().count("measures the engine's layer at TP1/DP1/EP1 only") == 1 + 6
+    cell.click()  # the marker links to the row's reason
+    assert page.url.endswith(f"#{reasons.get_attribute('id')}")
     reference = page.locator("td[data-gap='torch-reference tp1 dp4_ep4_rank0_sp0']")
     reference.locator(".request-cell").click()
     page.wait_for_selector("#coverage-message")

@@ -221,3 +221,84 @@ def test_validate_reports_each_tables_evidence(capsys: pytest.CaptureFixture[str
     assert main(["validate", str(H200[1])]) == 0
     out = capsys.readouterr().out
     assert "31 B/2B controls (from files), 3 traced forwards conserved" in out
+
+
+# -- supplementary conservation (python -m acquisition conserve) ---------------------------------
+
+
+def _supplement(**extra: object) -> dict[str, object]:
+    return {
+        "measured": "separately from the table",
+        "measured_at": "2026-12-01T06:00:00+00:00",
+        "command_line": "python -m acquisition conserve TEST",
+        "written_by": "python -m acquisition conserve",
+        "device_name": "TEST GPU",
+        **extra,
+    }
+
+
+def _test_rows() -> list[ConservationRow]:
+    """Test values (not a measurement): components plus outside equal the whole."""
+    return [ConservationRow(0, 1, 31.0, 1.0, {"gate_routing": 10.0, "experts": 20.0})]
+
+
+def test_attached_conservation_keeps_every_other_byte_of_a_format_3_bundle(
+    tmp_path: Path,
+) -> None:
+    """The shipped modular bundle (format 3: load spread and tile models) gets its rows marked
+    supplementary; tables, stability and load evidence keep their bytes, format 3 stays."""
+    import shutil
+
+    from moetables.bundle import attach_conservation
+
+    copy = tmp_path / "bf16"
+    shutil.copytree(H200[0], copy)
+    before = {
+        str(p.relative_to(copy)): p.read_bytes()
+        for p in copy.rglob("*")
+        if p.is_file() and p.name != "meta.yaml"
+    }
+    targets = [e.target for e in open_bundle(copy).entries]
+    attach_conservation(copy, {t: (_test_rows(), _supplement()) for t in targets}, replace=True)
+    bundle = open_bundle(copy)
+    for entry in bundle.entries:
+        assert entry.format_version == 3 and entry.expert_loads.tile_model is not None
+        assert entry.quality is not None and entry.quality.conservation_supplementary
+        evidence = load_quality(copy, entry, load_table(copy, entry))
+        assert evidence.conservation is not None and evidence.conservation_supplement is not None
+        assert evidence.conservation_supplement["device_name"] == "TEST GPU"
+    for name, data in before.items():
+        assert (copy / name).read_bytes() == data, name
+
+
+def test_the_supplementary_mark_must_be_a_boolean(tmp_path: Path) -> None:
+    import shutil
+
+    from moetables.bundle import attach_conservation
+
+    copy = tmp_path / "bf16"
+    shutil.copytree(H200[2], copy)
+    targets = [e.target for e in open_bundle(copy).entries]
+    attach_conservation(copy, {t: (_test_rows(), _supplement()) for t in targets}, replace=True)
+    meta = yaml.safe_load((copy / "meta.yaml").read_text())
+    meta["per_tp"][1]["moe_components"]["entries"][0]["quality"]["conservation"][
+        "supplementary"
+    ] = "yes"
+    (copy / "meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    with pytest.raises(BundleError, match="supplementary"):
+        open_bundle(copy)
+
+
+def test_attaching_refuses_a_supplement_without_its_provenance(tmp_path: Path) -> None:
+    import shutil
+
+    from moetables.bundle import attach_conservation
+
+    copy = tmp_path / "bf16"
+    shutil.copytree(H200[2], copy)
+    target = open_bundle(copy).entries[0].target
+    incomplete = _supplement()
+    del incomplete["command_line"]
+    with pytest.raises(ValueError, match="command_line"):
+        attach_conservation(copy, {target: (_test_rows(), incomplete)})
+    assert not any(p.name == "conservation.csv" for p in copy.rglob("*"))

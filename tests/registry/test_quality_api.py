@@ -60,9 +60,55 @@ def test_the_live_table_serves_its_traced_forwards(api: APIClient, h200: dict[st
     assert body["absent"] is None and [f["tokens"] for f in body["forwards"]] == [1, 256, 2048]
     for f in body["forwards"]:
         assert abs(f["attributed_us"] + f["outside_scopes_us"] - f["native_total_us"]) < 0.01
+    assert body["supplement"] is None  # traced in the table's own build
     modular = h200["H200"].tables.first()
     body = api.get(f"/api/v1/tables/{modular.pk}/conservation/").json()
-    assert body["forwards"] == [] and "traces no native MoE forward" in body["absent"]
+    if body["supplement"] is None:
+        assert body["forwards"] == [] and "traces no native MoE forward" in body["absent"]
+    else:
+        # Once `python -m acquisition conserve` has run on the H200 (docs/h200-runs.md), the
+        # shipped modular tables carry forwards traced separately, and say so.
+        assert body["supplement"]["measured"] == "separately from the table"
+        assert body["supplement"]["device_name"] == "NVIDIA H200"
+        assert [f["tokens"] for f in body["forwards"]] == [1, 256, 2048]
+
+
+def test_supplementary_forwards_say_when_and_how_they_were_traced(
+    api: APIClient, db: None, tmp_path: Path
+) -> None:
+    """Traces attached after the table (acquisition conserve) carry their provenance to the API
+    and the page; the rows here are test values, attached to a copy of a shipped bundle."""
+    import shutil
+
+    from moetables.bundle import ConservationRow, attach_conservation, open_bundle
+
+    copy = tmp_path / "H200" / QWEN / "bf16"
+    shutil.copytree(H200["H200"], copy)
+    traced = {}
+    for entry in open_bundle(copy).entries:
+        rows = [ConservationRow(0, 1, 30.5, 0.5, {"gate_routing": 10.0, "experts": 20.0})]
+        supplement = {
+            "measured": "separately from the table",
+            "measured_at": "2026-12-01T06:00:00+00:00",
+            "table_measured_at": entry.contract["provenance"]["started_at"],
+            "command_line": "python -m acquisition conserve TEST",
+            "written_by": "python -m acquisition conserve",
+            "device_name": "TEST GPU",
+            "vllm_version": "0.26.0",
+            "torch_version": "test",
+            "launch_ownership": [{"tokens": 1}],
+        }
+        traced[entry.target] = (rows, supplement)
+    attach_conservation(copy, traced, replace=True)  # replace: whether or not traced already
+    bundle = publish_bundle(copy).bundle
+    table = bundle.tables.get(dp=1)
+    body = api.get(f"/api/v1/tables/{table.pk}/conservation/").json()
+    assert body["absent"] is None and body["forwards"][0]["native_total_us"] == 30.5
+    assert body["supplement"]["measured_at"] == "2026-12-01T06:00:00+00:00"
+    assert body["supplement"]["command_line"] == "python -m acquisition conserve TEST"
+    assert "launch_ownership" not in body["supplement"]  # the detail stays in the bundle
+    page = api.get(f"/tables/{table.pk}/").content.decode()
+    assert "Traced separately from the table, on 2026-12-01T06:00:00+00:00 (TEST GPU" in page
 
 
 def test_the_historical_table_uses_its_coverage_controls(api: APIClient, published: Any) -> None:
@@ -305,9 +351,16 @@ def test_the_matrix_says_which_gaps_their_backend_cannot_measure(
     for c in live_gaps:
         assert c["not_measurable"].startswith("not measurable by vllm-live: target TP1/DP")
         assert "TP1/DP1/EP1 only (R25)" in c["not_measurable"]
+        assert c["reason"] == 1
+    # one reason for the six cells, said once for the row, without any cell's deployment
+    assert rows["vllm-live"]["reasons"] == [
+        "not measurable by vllm-live: the live path measures the engine's layer at "
+        "TP1/DP1/EP1 only (R25)"
+    ]
     reference_gaps = [c for c in rows["torch-reference"]["cells"] if c["table"] is None]
     assert [c["dp"] for c in reference_gaps] == [4, 4, 4, 4]
-    assert all(c["not_measurable"] is None for c in reference_gaps)
+    assert all(c["not_measurable"] is None and c["reason"] is None for c in reference_gaps)
+    assert rows["torch-reference"]["reasons"] == []
     assert all(c["not_measurable"] is None for r in body["rows"] for c in r["cells"] if c["table"])
 
 
