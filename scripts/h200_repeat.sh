@@ -15,6 +15,9 @@
 #                steps off in the after run (the before code has no such rule: the plans are
 #                equal, and equal the shipped factor-2 plans). ~3.5 min  limit AB_MODULAR_S=150 a run
 #   ab-live      the same pair through vllm-live TP1 (68 points). ~2 min  limit AB_LIVE_S=110 a run
+#   host-cost    where the host time of one modular experts forward goes (issue 19 item 2):
+#                bench/modular_host_cost.py on Qwen3-30B-A3B TP1/DP$HOST_COST_DP (default 1), 4 row
+#                counts x 1,000 forwards per step; ~45 s  limit HOST_COST_S=120
 #   repeat       Qwen1.5-MoE-A2.7B and Mixtral-8x7B-Instruct vllm-modular TP1/DP1 measured
 #                again in new processes with the shipped plans (factor 2, kernel steps off), each
 #                checked against its shipped table in bundles/H200-vllm-modular-f2 with
@@ -23,7 +26,7 @@
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
 #   bash scripts/h200_repeat.sh ab-modular repeat      # one call, ~5.5 min (BUDGET_S=560)
-#   bash scripts/h200_repeat.sh ab-live                # optional second call, ~2 min
+#   bash scripts/h200_repeat.sh ab-live host-cost      # second call, ~3 min
 # BUDGET_S (default 560): wall seconds for the whole script; a run's limit is cut to what is
 # left after RESERVE_S (default 25: checks and packing) and a run with less than MIN_RUN_S
 # (default 40) left is skipped and logged. ROOT (default /tmp/repeat), ACQ_BEFORE, the limits,
@@ -32,7 +35,8 @@
 # line a run), <part>.tar.gz per part (per run: run.log, progress.jsonl, phases.jsonl, the
 # bundle under out/H200/... and the _acquisition checkpoint; no writer locks, no compiler
 # caches), ab-summary.md (phase table of the pairs and their equivalence, against each other
-# and the shipped factor-2 bundles) and repeat-check.md (the two repeatability checks).
+# and the shipped factor-2 bundles), repeat-check.md (the two repeatability checks) and
+# host-cost.md / host-cost.json (the host-cost table).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT_START=$(date +%s)
@@ -150,11 +154,27 @@ repeat() { # Qwen1.5-MoE and Mixtral DP1 again, each checked against its shipped
   pack repeat
 }
 
+host_cost() { # the steps of one experts forward, timed on the device (no acquisition)
+  local limit status
+  if ! limit=$(limit_for "${HOST_COST_S:-120}"); then
+    log "host-cost: skipped, not enough of the ${BUDGET_S}s budget left"
+    echo "host-cost: skipped (budget)" >>"$OUT_DIR/summary.txt"
+    return
+  fi
+  log "host-cost: timeout $limit python3 bench/modular_host_cost.py --dp ${HOST_COST_DP:-1}"
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout --signal=TERM --kill-after=20 "$limit" \
+    python3 bench/modular_host_cost.py --dp "${HOST_COST_DP:-1}" --json "$OUT_DIR/host-cost.json" \
+    >"$OUT_DIR/host-cost.md" 2>&1
+  status=$?
+  log "host-cost: exit $status"
+  echo "host-cost: exit $status" >>"$OUT_DIR/summary.txt"
+}
+
 parts=()
 for arg in "$@"; do
   case $arg in
-    prepare | ab-modular | ab-live | repeat) parts+=("$arg") ;;
-    *) log "unknown part $arg (prepare ab-modular ab-live repeat)" ;;
+    prepare | ab-modular | ab-live | repeat | host-cost) parts+=("$arg") ;;
+    *) log "unknown part $arg (prepare ab-modular ab-live repeat host-cost)" ;;
   esac
 done
 [ ${#parts[@]} -gt 0 ] || { log "nothing to run"; exit 2; }
@@ -169,6 +189,7 @@ for p in "${parts[@]}"; do
     ab-modular) ab ab-modular vllm-modular "${AB_DPS:-2}" "${AB_MODULAR_S:-150}" ;;
     ab-live) ab ab-live vllm-live 1 "${AB_LIVE_S:-110}" ;;
     repeat) repeat ;;
+    host-cost) host_cost ;;
   esac
 done
 log "summary:"

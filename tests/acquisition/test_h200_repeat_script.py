@@ -153,6 +153,16 @@ def test_a_run_past_its_limit_is_stopped_and_runs_past_the_budget_are_skipped(
     assert "repeat/mixtral-dp1: skipped (budget)" in lines
 
 
+def test_host_cost_times_the_forward_steps_on_the_device(stubs: Path, tmp_path: Path) -> None:
+    result = run(stubs, tmp_path, "host-cost", HOST_COST_DP="2")
+    assert result.returncode == 0, result.stderr
+    bench = (tmp_path / "bench.log").read_text()
+    out = tmp_path / "out"
+    assert f"bench/modular_host_cost.py --dp 2 --json {out / 'host-cost.json'} (in {REPO})" in bench
+    assert (out / "host-cost.md").read_text().startswith("verdict: stub")
+    assert summary(tmp_path) == ["host-cost: exit 0"]
+
+
 def test_nothing_to_run_exits_2(stubs: Path, tmp_path: Path) -> None:
     result = run(stubs, tmp_path, "bogus")
     assert result.returncode == 2
