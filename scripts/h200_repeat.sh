@@ -6,8 +6,8 @@
 # packed as $OUT/<part>.tar.gz right after the part:
 #
 #   prepare      (CPU side, not on the device) the "before" code as a carried path:
-#                `git archive $BEFORE acquisition moetables scripts bench pyproject.toml` into
-#                $ACQ_BEFORE (default var/carry/acq-before, ~1.3 MB; BEFORE default 8082367,
+#                `git archive $BEFORE acquisition moetables` (all a run imports) into
+#                $ACQ_BEFORE (default var/carry/acq-before, ~1.0 MB; BEFORE default 8082367,
 #                the code the fourth session's first burst ran, before the issue-19 second pass)
 #   ab-modular   Qwen3-30B-A3B bf16 vllm-modular, factor 2, the "after" (this tree) then the
 #                "before" ($ACQ_BEFORE), each from empty Triton/vLLM caches, on the targets
@@ -30,7 +30,9 @@
 # BUDGET_S (default 560): wall seconds for the whole script; a run's limit is cut to what is
 # left after RESERVE_S (default 25: checks and packing) and a run with less than MIN_RUN_S
 # (default 40) left is skipped and logged. ROOT (default /tmp/repeat), ACQ_BEFORE, the limits,
-# AB_DPS (default 2), AB_RANKS (default 0; empty: every rank).
+# AB_DPS (default 2), AB_RANKS (default 0; empty: every rank), RESUME_FROM (space-separated
+# <part>.tar.gz of an earlier call, unpacked into $ROOT first: a run stopped at its limit
+# continues from its checkpoint on a fresh machine).
 # $OUT receives repeat.log (commands, exits, walls, published deployments), summary.txt (one
 # line a run), <part>.tar.gz per part (per run: run.log, progress.jsonl, phases.jsonl, the
 # bundle under out/H200/... and the _acquisition checkpoint; no writer locks, no compiler
@@ -54,7 +56,7 @@ log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/repeat.log"; }
 
 prepare() { # the before tree, on the CPU side (git is not on the device)
   rm -rf "$ACQ_BEFORE" && mkdir -p "$ACQ_BEFORE" &&
-    git archive "$BEFORE" acquisition moetables scripts bench pyproject.toml | tar -x -C "$ACQ_BEFORE" &&
+    git archive "$BEFORE" acquisition moetables | tar -x -C "$ACQ_BEFORE" &&
     log "prepare: $ACQ_BEFORE = git archive $BEFORE ($(du -sh "$ACQ_BEFORE" | cut -f1)); carry it"
 }
 
@@ -179,6 +181,10 @@ for arg in "$@"; do
 done
 [ ${#parts[@]} -gt 0 ] || { log "nothing to run"; exit 2; }
 if [ "${parts[*]}" = prepare ]; then prepare; exit $?; fi
+for tarball in ${RESUME_FROM:-}; do
+  if tar -xzf "$tarball" -C "$ROOT"; then log "resumed state from $tarball"
+  else log "could not unpack $tarball"; fi
+done
 
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv >>"$OUT_DIR/repeat.log" 2>&1
 python3 -c "from importlib.metadata import version as v; print('torch', v('torch'), 'vllm', v('vllm'), 'triton', v('triton'))" \

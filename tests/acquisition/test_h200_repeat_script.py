@@ -45,10 +45,10 @@ def test_prepare_writes_the_before_code_as_a_small_carried_tree(
     assert result.returncode == 0, result.stderr
     before = tmp_path / "before"
     assert (before / "acquisition" / "cli.py").is_file()
-    assert (before / "moetables").is_dir() and (before / "bench").is_dir()
+    assert (before / "moetables").is_dir() and not (before / "bench").exists()
     assert not (before / "bundles").exists()  # code only: it travels with the call
     size = sum(f.stat().st_size for f in before.rglob("*") if f.is_file())
-    assert size < 16 << 20
+    assert size < 4 << 20
     assert "carry it" in (tmp_path / "out" / "repeat.log").read_text()
 
 
@@ -161,6 +161,19 @@ def test_host_cost_times_the_forward_steps_on_the_device(stubs: Path, tmp_path: 
     assert f"bench/modular_host_cost.py --dp 2 --json {out / 'host-cost.json'} (in {REPO})" in bench
     assert (out / "host-cost.md").read_text().startswith("verdict: stub")
     assert summary(tmp_path) == ["host-cost: exit 0"]
+
+
+def test_a_part_resumes_from_a_returned_tarball(stubs: Path, tmp_path: Path) -> None:
+    fake_before(tmp_path)
+    assert run(stubs, tmp_path, "ab-modular").returncode == 0
+    returned = tmp_path / "returned.tar.gz"
+    (tmp_path / "out" / "ab-modular.tar.gz").rename(returned)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    result = run(stubs, fresh, "repeat", RESUME_FROM=str(returned))
+    assert result.returncode == 0, result.stderr
+    assert (fresh / "root" / "ab-modular" / "after-modular-f2" / "run.log").is_file()
+    assert "resumed state from" in (fresh / "out" / "repeat.log").read_text()
 
 
 def test_nothing_to_run_exits_2(stubs: Path, tmp_path: Path) -> None:
