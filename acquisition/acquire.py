@@ -347,7 +347,7 @@ class _TargetRun:
 
     def _precompile(self, session: ComponentSession, pending: list[PlanPoint]) -> None:
         """Compile the expert kernels of every pending row count before the first point
-        (issue 19): an optional session method (``vllm-modular``); off with
+        (issue 19): an optional session method (``vllm-modular``, ``vllm-live``); off with
         ``--triton-precompile-workers 0``. Measures nothing and changes no point's forwards."""
         workers = self.request.settings.precompile_workers
         precompile = getattr(session, "precompile", None)

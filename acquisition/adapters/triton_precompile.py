@@ -32,7 +32,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from acquisition.protocol.stimulus import RoutingStimulus
 
 __all__ = [
     "ASYNC_COMPILE_MODE",
@@ -41,6 +44,7 @@ __all__ = [
     "cached_kernels",
     "launches_compiled_only",
     "precompile",
+    "precompile_stimuli",
 ]
 
 # The Triton kernels of vLLM's expert path that a configuration change recompiles (dotted
@@ -178,4 +182,34 @@ def precompile(
         time.perf_counter() - started,
         configs,
         fallback=tuple(fallback),
+    )
+
+
+def precompile_stimuli(
+    resolve: Callable[[str], Any] | None,
+    stimuli: Sequence[RoutingStimulus],
+    dry_forward: Callable[[RoutingStimulus], Any],
+    *,
+    workers: int,
+    synchronize: Callable[[], None],
+    configs: int | None = None,
+) -> PrecompileReport:
+    """A session's precompilation: the kernels and Triton's async mode found by ``resolve``
+    (each optional: a missing one is skipped), one ``dry_forward(stimulus)`` per stimulus."""
+    kernels: list[tuple[str, Any]] = []
+    async_mode: Any = None
+    if resolve is not None:
+        for name, dotted in TRITON_KERNELS.items():
+            with contextlib.suppress(Exception):
+                kernels.append((name, resolve(dotted)))
+        with contextlib.suppress(Exception):
+            async_mode = resolve(ASYNC_COMPILE_MODE)
+    forwards = [(s.tokens, lambda s=s: dry_forward(s)) for s in stimuli]
+    return precompile(
+        kernels,
+        forwards,
+        workers=workers,
+        async_mode=async_mode,
+        synchronize=synchronize,
+        configs=configs,
     )

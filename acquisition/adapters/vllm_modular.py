@@ -462,36 +462,16 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         measuring loop (issue 19; ``acquisition.adapters.triton_precompile`` says how and why
         it changes nothing measured). One dry experts forward per stimulus, on its own inputs
         and output, through the same ``_experts`` call a measured forward makes."""
-        from acquisition.adapters.triton_precompile import (
-            ASYNC_COMPILE_MODE,
-            TRITON_KERNELS,
-            precompile,
-        )
+        from acquisition.adapters.triton_precompile import precompile_stimuli
 
-        kernels: list[tuple[str, Any]] = []
-        async_mode: Any = None
-        if self._resolve is not None:
-            for name, dotted in TRITON_KERNELS.items():
-                with contextlib.suppress(Exception):
-                    kernels.append((name, self._resolve(dotted)))
-            with contextlib.suppress(Exception):
-                async_mode = self._resolve(ASYNC_COMPILE_MODE)
+        def dry(stimulus: RoutingStimulus) -> Any:
+            prepared = self.prepare_experts(stimulus)
+            return self._experts(prepared, self.w13, self.w2, prepared.output)
 
-        def dry(stimulus: RoutingStimulus) -> Callable[[], Any]:
-            def forward() -> Any:
-                prepared = self.prepare_experts(stimulus)
-                return self._experts(prepared, self.w13, self.w2, prepared.output)
-
-            return forward
-
-        return precompile(
-            kernels,
-            [(s.tokens, dry(s)) for s in stimuli],
-            workers=workers,
-            async_mode=async_mode,
-            synchronize=self.synchronize,
+        return precompile_stimuli(
+            self._resolve, stimuli, dry, workers=workers, synchronize=self.synchronize,
             configs=configs,
-        )
+        )  # fmt: skip
 
     def close(self) -> None:
         self.banks = []

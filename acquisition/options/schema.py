@@ -283,7 +283,7 @@ OPTIONS: tuple[Option, ...] = (
         8,
         "--triton-precompile-workers",
         "threads compiling the Triton expert kernels of a target's plan before its first point "
-        "(vllm-modular; 0: each configuration compiles at first use, inside a point)",
+        "(vllm-modular, vllm-live; 0: each configuration compiles at first use, inside a point)",
         minimum=0,
         job=False,
     ),

@@ -261,3 +261,47 @@ def test_precompiled_acquisition_runs_the_same_forwards_with_no_compile_inside_p
         assert note["mode"] == "parallel" and note["rows"] >= 1, target
         assert entry["counts"]["precompile"] == 1
         assert note["configs"] is None  # cpu-test: the kernel's configuration is not modelled
+
+
+def test_the_live_session_precompiles_through_the_engines_kernel(jit: Any, tmp_path: Path) -> None:
+    """vllm-live: one dry ``FusedMoEKernel.apply`` per stimulus on the engine's own weights,
+    compiled and not launched; the measured forward then finds its kernel compiled."""
+    from acquisition.adapters.base import EngineLimits
+    from acquisition.adapters.vllm_capabilities import LIVE_SYMBOLS, probe_surface
+    from acquisition.adapters.vllm_live import VllmLiveSession
+    from acquisition.catalog import resolve_model
+    from acquisition.protocol.stimulus import routing_stimulus
+    from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map
+
+    folder = write_model(
+        tmp_path / "tiny", architectures=["Qwen3MoeForCausalLM"], num_hidden_layers=4,
+        max_position_embeddings=512,
+    )  # fmt: skip
+    model = resolve_model(str(folder))
+    target = MoeTarget(tp=1, dp=1, ep=1, rank=0, sequence_parallel=False)
+    namespace = {
+        TRITON_KERNELS["fused_moe_kernel"]: jit,
+        ASYNC_COMPILE_MODE: fv.FakeAsyncCompileMode,
+    }
+    resolve = fv.resolver(fv.live_namespace(**namespace))
+    limits = EngineLimits(max_num_batched_tokens=64, max_num_seqs=16, kv_cache_memory_bytes=1 << 30)
+    live = VllmLiveSession(
+        model, target, fv.fake_runtime(), "float32", limits, probe_surface(LIVE_SYMBOLS, resolve),
+        check_ownership=False, resolve=resolve,
+    )  # fmt: skip
+    try:
+        geometry = ExpertGeometry.for_target(model.global_experts, model.top_k, target)
+        mapping = linear_expert_map(model.global_experts, 1, 0)
+        stimuli = [routing_stimulus(geometry, mapping, n, 2, 2 * n, seed=n) for n in (32, 4)]
+        compiled_before = len(jit.compiles)
+        report = live.precompile(stimuli, 4)
+        assert report.mode == "parallel" and report.kernels == ("fused_moe_kernel",)
+        assert report.rows == (32, 4)
+        new = jit.compiles[compiled_before:]
+        assert new and all(warmup for _, warmup, _ in new)
+        launched = len(jit.launched)
+        live.allocate_banks(2)
+        live.run_experts(live.prepare_experts(stimuli[0]), 0)
+        assert len(jit.launched) == launched + 1 and len(jit.compiles) == compiled_before + len(new)
+    finally:
+        live.close()
