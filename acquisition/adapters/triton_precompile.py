@@ -61,7 +61,9 @@ AsyncMode = Callable[[ThreadPoolExecutor], contextlib.AbstractContextManager[Any
 class PrecompileReport:
     """What one target's precompilation did (the phase log keeps it beside the seconds)."""
 
-    mode: str  # "parallel", "serial", or "none" (nothing to compile with, reason says why)
+    # "parallel", "serial", "none" (nothing to compile with, reason says why) or "failed" (a
+    # dry forward raised: what it did not compile compiles at first use, inside a point)
+    mode: str
     workers: int
     rows: tuple[int, ...]
     kernels: tuple[str, ...]
@@ -140,7 +142,9 @@ def precompile(
     JITFunction)``), in parallel when ``async_mode`` (Triton's ``AsyncCompileMode``) is given.
 
     If the parallel mode fails to start or to finish, the remaining work falls back to
-    serial compilation; what was compiled stays compiled. ``synchronize`` drains the device
+    serial compilation; what was compiled stays compiled. A dry forward that raises even then
+    ends the precompilation (mode ``failed``, the error in ``fallback``) without failing the
+    target: the points compile the rest at first use, as without precompilation. ``synchronize`` drains the device
     afterwards so that no dry forward's work is still queued when the first point starts.
     """
     started = time.perf_counter()
@@ -166,8 +170,12 @@ def precompile(
                 fallback.append(f"{type(exc).__name__}: {exc}")
                 done = 0
         if mode != "parallel":
-            for _, forward in forwards[done:]:
-                forward()
+            try:
+                for _, forward in forwards[done:]:
+                    forward()
+            except Exception as exc:  # never fatal: what is left compiles at first use
+                mode = "failed"
+                fallback.append(f"{type(exc).__name__}: {exc}")
     synchronize()
     after = [cached_kernels(k) for k in objects]
     compiled: int | None = 0
@@ -175,7 +183,7 @@ def precompile(
         compiled = None if a is None or b is None or compiled is None else compiled + a - b
     return PrecompileReport(
         mode,
-        workers if mode == "parallel" else 1,
+        workers if mode == "parallel" else 1 if mode == "serial" else 0,
         rows,
         names,
         compiled,

@@ -119,6 +119,22 @@ def test_an_async_mode_that_fails_falls_back_to_serial(jit: Any) -> None:
     assert "already active" in report.fallback[0]
 
 
+def test_a_dry_forward_that_raises_never_fails_the_target(jit: Any) -> None:
+    def broken() -> None:
+        raise RuntimeError("no such specialisation")
+
+    report = precompile(
+        [("fused_moe_kernel", jit)],
+        [(64, broken)],
+        workers=4,
+        async_mode=fv.FakeAsyncCompileMode,
+        synchronize=lambda: None,
+    )
+    assert report.mode == "failed" and report.workers == 0
+    assert [f.split(":")[0] for f in report.fallback] == ["RuntimeError", "RuntimeError"]
+    assert "run" not in vars(jit)
+
+
 def test_nothing_to_compile_with_is_said_not_raised() -> None:
     report = precompile([], [(4, lambda: None)], workers=8, async_mode=None, synchronize=print)
     assert report.mode == "none" and "no Triton expert kernel" in report.reason
