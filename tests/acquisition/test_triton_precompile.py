@@ -321,3 +321,24 @@ def test_the_live_session_precompiles_through_the_engines_kernel(jit: Any, tmp_p
         assert len(jit.launched) == launched + 1 and len(jit.compiles) == compiled_before + len(new)
     finally:
         live.close()
+
+
+def test_the_phase_table_names_what_each_target_precompiled(tmp_path: Path) -> None:
+    from bench.acquisition_phases import load, precompile_notes
+
+    clock = PhaseClock(tmp_path / "phases.jsonl")
+    clock.set_target("tp1/dp1_ep1_rank0_sp0")
+    with clock.phase("precompile"):
+        clock.note(
+            "precompile",
+            {"mode": "parallel", "workers": 8, "rows": 41, "configs": 9, "compiled": 18,
+             "seconds": 2.5, "fallback": []},
+        )  # fmt: skip
+    clock.write()
+    run = load(tmp_path / "phases.jsonl", "after")
+    assert run.seconds["precompile"] >= 0
+    assert precompile_notes([run]) == (
+        "Triton precompilation:\n- after tp1/dp1_ep1_rank0_sp0: parallel, 8 workers, "
+        "41 row counts, 9 configurations, 18 kernels compiled, 2.5 s"
+    )
+    assert precompile_notes([load(tmp_path / "phases.jsonl", "x")][:0]) == ""
