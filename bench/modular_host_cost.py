@@ -14,6 +14,9 @@ point per requested row count (the point's own routing stimulus):
 - the steps of ``VllmModularSession._experts`` timed one by one over as many calls: the DP1
   no-op ``prepare``, ``moe_problem_size``, the kernel's ``_allocate_buffers`` (workspace
   manager), ``experts.apply`` (vLLM's TritonExperts) and ``finalize`` / the no-op reduction;
+  and the forward with the workspace views of one call kept for the next
+  (``forward_reusing_workspace``, a candidate saving), with ``reused_output_equal`` 1.0 when
+  its output equals the native forward's bit for bit;
 - ``profiled``: the forward inside the acquisition's own profiler session (CUDA activities,
   ``record_function`` ranges only, as ``ProfilerCapture`` records a timed forward), each in its
   range: the timed forward's host cost;
@@ -114,6 +117,28 @@ def _steps(session: Any, prepared: Any, count: int, sync: Any) -> dict[str, floa
         )  # fmt: skip
 
     found["experts_apply"] = _per_call_us(apply, count, sync)
+
+    def reused() -> None:
+        # The forward with this row count's workspace views kept from one call to the next
+        # (what a session could do while consecutive forwards ask for the same shapes).
+        if native:
+            session._prepare(prepared)
+        apply()
+        if native:
+            session.prepare_finalize.finalize(
+                out, out, prepared.topk_weights, prepared.topk_ids, False, session.reduction
+            )
+        else:
+            session.reduction.apply(
+                output=None, fused_expert_output=out, topk_weights=prepared.topk_weights,
+                topk_ids=prepared.topk_ids, apply_router_weight_on_input=False,
+            )  # fmt: skip
+
+    found["forward_reusing_workspace"] = _per_call_us(reused, count, sync)
+    # The same answer, bit for bit: the native forward's output against the reusing one's.
+    native_out = session.run_experts(prepared, 0).clone()
+    reused()
+    found["reused_output_equal"] = float(bool((native_out == out).all()))
     if native:
         found["finalize"] = _per_call_us(
             lambda: session.prepare_finalize.finalize(

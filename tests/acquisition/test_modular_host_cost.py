@@ -46,7 +46,10 @@ def test_every_step_of_an_experts_forward_is_timed(
             routing_stimulus(geometry, mapping, 4, 2, 8 if target.dp == 1 else 4, seed=1)
         )
         timed = modular_host_cost._steps(session, prepared, 3, lambda: None)
-        assert list(timed) == steps and all(v > 0 for v in timed.values())
+        reuse = ["forward_reusing_workspace", "reused_output_equal"]
+        assert list(timed) == [*steps[:-1], *reuse, steps[-1]]
+        assert timed["reused_output_equal"] == 1.0
+        assert all(v > 0 for v in timed.values())
         top = modular_host_cost._top_functions(session, prepared, count=3, top=5)
         assert any("tottime" in line for line in top)
     finally:
