@@ -52,7 +52,10 @@ __all__ = [
 TRITON_KERNELS: dict[str, str] = {
     "fused_moe_kernel": "vllm.model_executor.layers.fused_moe.fused_moe:fused_moe_kernel",
 }
-ASYNC_COMPILE_MODE = "triton.runtime._async_compile:AsyncCompileMode"
+# Triton's parallel compilation (Triton >= 3.4, triton-lang/triton#7306): its public name
+# first, then where it is defined.
+ASYNC_COMPILE_MODE = "triton:AsyncCompileMode"
+_ASYNC_COMPILE_MODES = (ASYNC_COMPILE_MODE, "triton.runtime._async_compile:AsyncCompileMode")
 
 AsyncMode = Callable[[ThreadPoolExecutor], contextlib.AbstractContextManager[Any]]
 
@@ -210,8 +213,10 @@ def precompile_stimuli(
         for name, dotted in TRITON_KERNELS.items():
             with contextlib.suppress(Exception):
                 kernels.append((name, resolve(dotted)))
-        with contextlib.suppress(Exception):
-            async_mode = resolve(ASYNC_COMPILE_MODE)
+        for dotted in _ASYNC_COMPILE_MODES:
+            with contextlib.suppress(Exception):
+                async_mode = resolve(dotted)
+                break
     forwards = [(s.tokens, lambda s=s: dry_forward(s)) for s in stimuli]
     return precompile(
         kernels,

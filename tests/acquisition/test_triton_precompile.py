@@ -342,3 +342,24 @@ def test_the_phase_table_names_what_each_target_precompiled(tmp_path: Path) -> N
         "41 row counts, 9 configurations, 18 kernels compiled, 2.5 s"
     )
     assert precompile_notes([load(tmp_path / "phases.jsonl", "x")][:0]) == ""
+
+
+def test_the_async_mode_is_found_where_triton_defines_it_too(jit: Any) -> None:
+    from acquisition.adapters.triton_precompile import precompile_stimuli
+    from acquisition.protocol.stimulus import RoutingStimulus
+
+    namespace = {
+        TRITON_KERNELS["fused_moe_kernel"]: jit,
+        "triton.runtime._async_compile:AsyncCompileMode": fv.FakeAsyncCompileMode,
+    }
+    stimulus = RoutingStimulus(4, 1, 4, None, None)  # type: ignore[arg-type]
+    report = precompile_stimuli(
+        fv.resolver(namespace),
+        [stimulus],
+        lambda s: jit[(s.tokens,)](s.tokens % 16 == 0, BLOCK_SIZE_M=16),
+        workers=2,
+        synchronize=lambda: None,
+    )
+    assert (report.mode, report.rows, report.compiled) == ("parallel", (4,), 1)
+    nothing = precompile_stimuli(None, [stimulus], print, workers=2, synchronize=lambda: None)
+    assert nothing.mode == "none"
