@@ -13,7 +13,7 @@
 #                "before" ($ACQ_BEFORE), each from empty Triton/vLLM caches, on the targets
 #                --dp $AB_DPS --ranks $AB_RANKS (default TP1/DP2/EP2 rank 0: 678 points), kernel
 #                steps off in the after run (the before code has no such rule: the plans are
-#                equal, and equal the shipped factor-2 plans). ~3.5 min  limit AB_MODULAR_S=150 a run
+#                equal, and equal the shipped factor-2 plans). ~3.3 min  limit AB_MODULAR_S=150 a run
 #   ab-live      the same pair through vllm-live TP1 (68 points). ~2 min  limit AB_LIVE_S=110 a run
 #   host-cost    where the host time of one modular experts forward goes (issue 19 item 2):
 #                bench/modular_host_cost.py on Qwen3-30B-A3B TP1/DP$HOST_COST_DP (default 1), 4 row
@@ -22,10 +22,10 @@
 #                again in new processes with the shipped plans (factor 2, kernel steps off), each
 #                checked against its shipped table in bundles/H200-vllm-modular-f2 with
 #                bench/acquisition_equivalence.py --check (median change <= 1 %, the same
-#                weight sets, every point published). ~2 min  limit REPEAT_S=110 a model
+#                weight sets, every point published). ~1.5 min  limit REPEAT_S=110 a model
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
-#   bash scripts/h200_repeat.sh ab-modular repeat      # one call, ~5.5 min (BUDGET_S=560)
+#   bash scripts/h200_repeat.sh ab-modular repeat      # one call, ~5 min (BUDGET_S=560)
 #   bash scripts/h200_repeat.sh ab-live host-cost      # second call, ~3 min
 # BUDGET_S (default 560): wall seconds for the whole script; a run's limit is cut to what is
 # left after RESERVE_S (default 25: checks and packing) and a run with less than MIN_RUN_S
