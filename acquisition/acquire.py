@@ -331,6 +331,7 @@ class _TargetRun:
                     if any(p.is_expert for p in pending):
                         session.allocate_banks(banks)
                 meter = self.meter
+                self._precompile(session, pending)
                 self.progress.event(
                     "measure",
                     f"{target_label(plan)}: {len(pending)} points to measure, {banks} weight banks",
@@ -343,6 +344,32 @@ class _TargetRun:
         finally:
             with self.clock.phase("checkpoint"):
                 log.close()
+
+    def _precompile(self, session: ComponentSession, pending: list[PlanPoint]) -> None:
+        """Compile the expert kernels of every pending row count before the first point
+        (issue 19): an optional session method (``vllm-modular``, ``vllm-live``); off with
+        ``--triton-precompile-workers 0``. Measures nothing and changes no point's forwards."""
+        workers = self.request.settings.precompile_workers
+        precompile = getattr(session, "precompile", None)
+        if workers < 1 or precompile is None:
+            return
+        first: dict[int, PlanPoint] = {}
+        for point in pending:
+            if point.is_expert:
+                first.setdefault(point.tokens, point)
+        if not first:
+            return
+        rows = sorted(first, reverse=True)  # the largest (slowest to compile) first
+        with self.clock.phase("precompile"):
+            stimuli = [self.meter.stimulus(first[r]) for r in rows]
+            report = precompile(stimuli, workers, _kernel_configs(self.request, self.plan, rows))
+        self.clock.note("precompile", report.as_dict())
+        self.progress.write(
+            f"{target_label(self.plan)}: precompiled {report.kernels or 'no kernels'} for "
+            f"{len(rows)} expert row counts ({report.configs} configurations, "
+            f"{report.compiled} compiled) in {report.seconds:.1f}s, {report.mode}"
+            + (f" ({report.reason})" if report.reason else "")
+        )
 
     def _advance(self, log: SampleLog, item: _Pending) -> PointRequest | bool:
         """The point's next step in this run: contexts to measure, or its verdict.
@@ -507,6 +534,29 @@ class _TargetRun:
         outcome.published = True
         outcome.bundle = request.bundle_dir
         return outcome
+
+
+def _kernel_configs(request: AcquisitionRequest, plan: PointPlan, rows: list[int]) -> int | None:
+    """Distinct (Triton configuration, naive assignment) pairs these expert rows select, from
+    ``moetables.triton_config`` (None where the kernel's configuration is not modelled)."""
+    from acquisition.plan.kernel import KernelSteps, KernelStepsError
+
+    kernel = plan.kernel
+    if kernel is None:
+        try:
+            kernel = KernelSteps.for_target(
+                hardware=request.hardware,
+                dtype=request.dtype,
+                local_experts=plan.geometry.local_experts,
+                global_experts=plan.geometry.global_experts,
+                top_k=plan.geometry.top_k,
+                width=request.model.expert_intermediate_size,
+                quantization=request.model.quantization,
+                weight_block=request.model.weight_block_size,
+            )
+        except KernelStepsError:
+            return None
+    return len({kernel.kernel(r) for r in rows})
 
 
 def target_label(plan: PointPlan) -> str:

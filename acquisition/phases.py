@@ -42,6 +42,8 @@ PHASES: dict[str, str] = {
     "build.conservation_traces": "traced forwards of the whole path for conservation.csv "
     "(modular, torch-reference)",
     "banks": "memory guard and weight-bank clones",
+    "precompile": "Triton expert-kernel configurations compiled before the measuring loop "
+    "(dry forwards, parallel where Triton allows)",
     "stimulus": "routing stimuli and device inputs of a point's weight sets",
     "reference_check": "every weight set (or local component) against its eager reference",
     "warmup": "untimed warmup forwards (profiler collection paused)",
@@ -89,6 +91,7 @@ class PhaseClock:
         self.seconds: dict[str, dict[str, float]] = {}
         self.counts: dict[str, dict[str, int]] = {}
         self.points: dict[str, int] = {}
+        self.notes: dict[str, dict[str, Any]] = {}
 
     def _charge(self) -> None:
         now = time.perf_counter()
@@ -125,6 +128,11 @@ class PhaseClock:
             table[source] = table.get(source, 0.0) - moved
             table[name] = table.get(name, 0.0) + moved
 
+    def note(self, name: str, value: Any) -> None:
+        """Keep a JSON-able fact about the current target beside its seconds (e.g. what the
+        precompilation compiled); the record carries it under ``notes``."""
+        self.notes.setdefault(self._target, {})[name] = value
+
     def measured(self, count: int = 1) -> None:
         self.points[self._target] = self.points.get(self._target, 0) + count
 
@@ -139,6 +147,8 @@ class PhaseClock:
                 "counts": self.counts.get(target, {}),
                 "points": self.points.get(target, 0),
             }
+            if target in self.notes:
+                targets[target]["notes"] = self.notes[target]
         if begun is not None and begun <= self.started:
             # Before the clock existed: the interpreter, imports and argument parsing.
             run = targets.setdefault("run", {"seconds": {}, "counts": {}, "points": 0})

@@ -40,6 +40,8 @@ class Run:
     targets: dict[str, dict[str, float]] = field(default_factory=dict)
     target_points: dict[str, int] = field(default_factory=dict)
     exit_status: list[int] = field(default_factory=list)
+    # What each target's Triton precompilation did (the record's notes.precompile).
+    precompiled: list[str] = field(default_factory=list)
 
     @property
     def points_per_minute(self) -> float:
@@ -121,6 +123,14 @@ def load(path: Path, label: str) -> Run:
                 per_target[phase] = per_target.get(phase, 0.0) + float(seconds)
             for phase, count in entry.get("counts", {}).items():
                 run.counts[phase] = run.counts.get(phase, 0) + int(count)
+            note = entry.get("notes", {}).get("precompile")
+            if isinstance(note, dict):
+                run.precompiled.append(
+                    f"{target}: {note.get('mode')}, {note.get('workers')} workers, "
+                    f"{note.get('rows')} row counts, {note.get('configs')} configurations, "
+                    f"{note.get('compiled')} kernels compiled, {float(note.get('seconds', 0)):.1f} s"
+                    + (f" ({'; '.join(note['fallback'])})" if note.get("fallback") else "")
+                )
             run.points += int(entry.get("points", 0))
             run.target_points[target] = run.target_points.get(target, 0) + int(
                 entry.get("points", 0)
@@ -159,6 +169,12 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def precompile_notes(runs: list[Run]) -> str:
+    """One line per precompiled target (nothing for runs without precompilation)."""
+    lines = [f"- {run.label} {line}" for run in runs for line in run.precompiled]
+    return "\n".join(["Triton precompilation:", *lines]) if lines else ""
+
+
 def per_target(run: Run) -> str:
     lines = [
         f"{run.label}:",
@@ -185,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give one --label per file")
     runs = [load(f, label) for f, label in zip(args.files, labels, strict=True)]
     print(table(runs))
+    if notes := precompile_notes(runs):
+        print()
+        print(notes)
     if args.per_target:
         for run in runs:
             print()

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from acquisition_equivalence import HEADER, rows, source
-from acquisition_phases import load, table
+from acquisition_phases import load, precompile_notes, table
 
 MODEL = "Qwen/Qwen3-30B-A3B-Instruct-2507"
 BASELINES = {"modular": "bundles/H200-vllm-modular-f2", "live": "bundles/H200-vllm-live-f2"}
@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     print("## Phases\n")
     loaded = [load(run / "phases.jsonl", run.name) for run in runs]
     print(table(loaded))
+    if notes := precompile_notes(loaded):
+        print()
+        print(notes)
     for run in loaded:
         if any(status != 0 for status in run.exit_status):
             print(f"\n{run.label}: exit status {run.exit_status} (not every target published)")

@@ -28,7 +28,8 @@
 # continues from its checkpoint on a fresh machine), MIXTRAL_FROM (the state mixtral-rank1
 # resumes: call 12's models-runs.tar.gz, whose top level is mixtral-modular/, or the shipped
 # bundle's bf16.acquisition-samples.tar.gz, whose top level is out/; carried into the working
-# tree as an ignored path; not needed when $ROOT/mixtral-rank1 already holds it), the limits.
+# tree as an ignored path; not needed when $ROOT/mixtral-rank1 already holds it), the limits,
+# EXTRA_ARGS (appended to the Qwen3 parts' acquisitions).
 # $OUT receives next.log (commands, exits, walls, published deployments per part), summary.txt
 # (one line a part) and <part>.tar.gz per part, repacked after the part (run.log,
 # progress.jsonl, phases.jsonl, the bundle under out/H200/... and the _acquisition checkpoint;
@@ -73,6 +74,11 @@ qwen3() { # PART BACKEND DPS LIMIT_S: the factor-2 plan with the kernel-step rul
   local extra=()
   # The kit has no flash-attention: the live component engine runs Triton attention.
   [ "$backend" = vllm-live ] && extra=(--engine-attention-backend TRITON_ATTN)
+  # EXTRA_ARGS (optional): appended to the Qwen3 parts' command lines, e.g.
+  # "--triton-precompile-workers 1" (serial Triton precompilation).
+  local more=()
+  read -r -a more <<<"${EXTRA_ARGS:-}"
+  extra+=("${more[@]}")
   local cmd=(python3 -m acquisition slice "$QWEN3" --hardware H200 --tp 1 --tp-refresh 1
     --group moe --max-num-batched-tokens 2048 --max-num-seqs 128 --moe-rounds 3
     --measurement-iterations 3 --moe-grid-factor 2 --moe-kernel-steps on

@@ -46,8 +46,9 @@ from acquisition.adapters.vllm_capabilities import (
 from moetables.bundle import EXPERTS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Sequence
 
+    from acquisition.adapters.triton_precompile import PrecompileReport
     from acquisition.catalog import MoeModel
     from acquisition.protocol.stimulus import RoutingStimulus
     from moetables.geometry import MoeTarget
@@ -129,6 +130,7 @@ class VllmLiveSession(LiveScopes, ScaledExpertBanks):
         components: tuple[str, ...] = ("gate_routing", EXPERTS, WRAPPER),
         check_ownership: bool = True,
         ownership_tokens: tuple[int, ...] | None = None,
+        resolve: Callable[[str], Any] | None = None,
     ) -> None:
         import torch
 
@@ -140,6 +142,8 @@ class VllmLiveSession(LiveScopes, ScaledExpertBanks):
         self.dtype_name = dtype
         self.limits = limits
         self.surface = surface
+        # Finds vLLM's Triton expert kernel and Triton's async compile mode for `precompile`.
+        self._resolve = resolve
         self.hidden = model.hidden_size
         # What the plan times (VllmLiveBackend.components); checked against the traces below.
         self.components: tuple[str, ...] = tuple(components)
@@ -353,6 +357,23 @@ class VllmLiveSession(LiveScopes, ScaledExpertBanks):
             shared_experts=None,
             shared_experts_input=None,
         )
+
+    def precompile(
+        self, stimuli: Sequence[RoutingStimulus], workers: int, configs: int | None = None
+    ) -> PrecompileReport:
+        """Compile the engine's Triton expert kernels for these stimuli's rows before the
+        measuring loop (issue 19; ``acquisition.adapters.triton_precompile``): one dry
+        ``FusedMoEKernel.apply`` per stimulus, as ``run_experts`` calls it, on the engine's own
+        weights and the stimulus's own inputs."""
+        from acquisition.adapters.triton_precompile import precompile_stimuli
+
+        def dry(stimulus: RoutingStimulus) -> Any:
+            return self._kernel_apply(self.prepare_experts(stimulus), self.w13, self.w2)
+
+        return precompile_stimuli(
+            self._resolve, stimuli, dry, workers=workers, synchronize=self.synchronize,
+            configs=configs,
+        )  # fmt: skip
 
     def close(self) -> None:
         self.banks = []

@@ -109,4 +109,5 @@ class VllmLiveBackend:
             probe_surface(LIVE_SYMBOLS, self._resolve),
             engine_factory=self._engine_factory,
             components=self.components(model, target),
+            resolve=self._resolve,
         )

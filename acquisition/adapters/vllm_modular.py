@@ -58,14 +58,16 @@ from acquisition.adapters.base import GateRoutingForward, RuntimeInfo
 from acquisition.adapters.vllm_capabilities import (
     ApiSurface,
     CapabilityError,
+    Resolver,
     qualified_name,
 )
 from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
+    from acquisition.adapters.triton_precompile import PrecompileReport
     from acquisition.catalog import MoeModel
     from acquisition.protocol.attribution import ProfiledWindow
     from acquisition.protocol.stimulus import RoutingStimulus
@@ -167,6 +169,7 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         *,
         activities: Callable[[Callable[[], Any]], list[str]] | None = None,
         trace: Callable[[Callable[[Any], None]], ProfiledWindow] | None = None,
+        resolve: Resolver | None = None,
     ) -> None:
         import torch
 
@@ -205,6 +208,9 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         # bundle says its conservation evidence is absent.
         self._trace = trace
         self.ownership: list[dict[str, Any]] = []
+        # Finds the Triton kernels and Triton's async compile mode for `precompile` (optional
+        # symbols: a missing one is skipped, never a refusal).
+        self._resolve = resolve
         try:
             self._build(surface, runtime)
         except BaseException:
@@ -448,6 +454,24 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         if self.choice.prepare_kind == NO_DP_EP:
             self._check_alias(prepared, self._prepare(prepared))
         return self._experts(prepared, self.w13, self.w2, prepared.reference_output)
+
+    def precompile(
+        self, stimuli: Sequence[RoutingStimulus], workers: int, configs: int | None = None
+    ) -> PrecompileReport:
+        """Compile the Triton expert kernels these stimuli's rows will launch, before the
+        measuring loop (issue 19; ``acquisition.adapters.triton_precompile`` says how and why
+        it changes nothing measured). One dry experts forward per stimulus, on its own inputs
+        and output, through the same ``_experts`` call a measured forward makes."""
+        from acquisition.adapters.triton_precompile import precompile_stimuli
+
+        def dry(stimulus: RoutingStimulus) -> Any:
+            prepared = self.prepare_experts(stimulus)
+            return self._experts(prepared, self.w13, self.w2, prepared.output)
+
+        return precompile_stimuli(
+            self._resolve, stimuli, dry, workers=workers, synchronize=self.synchronize,
+            configs=configs,
+        )  # fmt: skip
 
     def close(self) -> None:
         self.banks = []

@@ -108,4 +108,5 @@ class VllmModularBackend:
             self.surface(model),
             activities=self._activities,
             trace=self._trace,
+            resolve=self._resolve,
         )

@@ -77,6 +77,7 @@ def prepare(
         tolerance=options.quality_tolerance,
         attempts=options.control_attempts,
         batch_points=options.profile_batch,
+        precompile_workers=options.triton_precompile_workers,
     )
     if options.cudagraph_capture_sizes:
         bad = [s for s in options.cudagraph_capture_sizes if s < 1]

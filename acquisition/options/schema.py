@@ -278,6 +278,16 @@ OPTIONS: tuple[Option, ...] = (
         job=False,
     ),
     Option(
+        "triton_precompile_workers",
+        "int",
+        8,
+        "--triton-precompile-workers",
+        "threads compiling the Triton expert kernels of a target's plan before its first point "
+        "(vllm-modular, vllm-live; 0: each configuration compiles at first use, inside a point)",
+        minimum=0,
+        job=False,
+    ),
+    Option(
         "progress_json",
         "path",
         None,
@@ -345,6 +355,7 @@ class AcquisitionOptions:
     engine_attention_backend: str | None
     engine_kv_cache_bytes: int | None
     profile_batch: int
+    triton_precompile_workers: int
     progress_json: Path | None
     phase_log: Path | None
     only_target: str | None

@@ -66,6 +66,9 @@ class ProtocolSettings:
     # after which a batch closes (its records are written when it closes).
     batch_points: int = 8
     batch_seconds: float = 1.0
+    # Operational: threads compiling Triton's expert kernels before a target's measuring loop
+    # (issue 19; 0: each configuration compiles at first use, inside a point, as before).
+    precompile_workers: int = 8
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.iterations < 1:
@@ -74,6 +77,8 @@ class ProtocolSettings:
             raise ValueError("warmup counts must not be negative; attempts at least 1")
         if self.batch_points < 1 or not self.batch_seconds > 0:
             raise ValueError("a profiler batch holds at least one point and a positive time")
+        if self.precompile_workers < 0:
+            raise ValueError("--triton-precompile-workers must not be negative")
         if not 0 < self.tolerance < 1:
             raise ValueError(f"the quality tolerance must be in (0, 1), got {self.tolerance}")
 

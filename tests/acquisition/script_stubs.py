@@ -1,6 +1,7 @@
 """Stand-ins for running the device scripts (scripts/h200_models.sh, scripts/h200_next.sh) on CPU.
 
-``python3`` and ``nvidia-smi`` are stubs on PATH. The stub acquisition records its argv, its
+``python3`` and ``nvidia-smi`` are stubs on PATH (``python3 bench/...`` is recorded and answered
+``verdict: stub``). The stub acquisition records its argv, its
 Triton cache and ``VLLM_USE_DEEP_GEMM`` in ``argv.txt`` beside its out-root, writes a
 ``components.csv`` per deployment of its ``--dp`` into ``--out-root`` (or sleeps past its limit
 when ``STUB_SLOW`` names its model/backend), so what a script does around the acquisitions runs
@@ -17,6 +18,13 @@ from pathlib import Path
 # python3 stand-in: `-c ...` prints versions; `-m acquisition slice MODEL ...` fakes a run.
 STUB = r"""#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo "torch stub vllm stub"; exit 0; fi
+# `python3 bench/X.py ...`: recorded in $STUB_BENCH_LOG (with the directory it ran in), an
+# answer printed, exit $STUB_BENCH_EXIT (default 0).
+case $1 in bench/*)
+  echo "$* (in $PWD)" >> "${STUB_BENCH_LOG:-/dev/null}"
+  echo "verdict: stub"
+  exit "${STUB_BENCH_EXIT:-0}" ;;
+esac
 all="$*"
 shift 3
 model=$1; shift
@@ -29,7 +37,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-echo "$all TRITON_CACHE_DIR=$TRITON_CACHE_DIR VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM-unset}" \
+echo "$all PWD=$PWD TRITON_CACHE_DIR=$TRITON_CACHE_DIR VLLM_USE_DEEP_GEMM=${VLLM_USE_DEEP_GEMM-unset}" \
   >> "$(dirname "$out")/argv.txt"
 case "$model/$backend" in *"$STUB_SLOW"*) sleep 30 ;; esac
 for dp in ${dps//,/ }; do

@@ -113,3 +113,10 @@ def test_a_later_call_resumes_a_packed_part(stubs: Path, tmp_path: Path) -> None
 
 def test_nothing_to_run_is_an_error(stubs: Path, tmp_path: Path) -> None:
     assert run(stubs, tmp_path).returncode == 2
+
+
+def test_extra_arguments_reach_the_qwen3_acquisitions(stubs: Path, tmp_path: Path) -> None:
+    result = run(stubs, tmp_path, "qwen3-live", EXTRA_ARGS="--triton-precompile-workers 1")
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "root" / "qwen3-live" / "argv.txt").read_text()
+    assert "--engine-attention-backend TRITON_ATTN --triton-precompile-workers 1" in argv

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -24,6 +25,86 @@ MAIN_STREAM, SIDE_STREAM = 7, 8
 STREAMS: list[int] = []
 # Fake device time of one launch, in ns, by kernel name (10 ns for any other).
 DURATIONS_NS = {"gemm": 300, "topk_softmax": 50, "fused_moe_kernel": 2000, "copy": 70}
+
+
+# A Triton kernel stand-in the fake experts launch through, when a test installs one.
+JIT_KERNELS: list[FakeJit] = []
+
+
+class FakeAsyncCompileMode:
+    """Triton's ``AsyncCompileMode`` (3.4+) in miniature: compiles submitted to an executor,
+    each finalised into its kernel's cache when the mode exits."""
+
+    active: ClassVar[FakeAsyncCompileMode | None] = None
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+        self.futures: dict[str, tuple[Any, Callable[[Any], None]]] = {}
+
+    def submit(
+        self, key: str, compile_fn: Callable[[], Any], finalize: Callable[[Any], None]
+    ) -> Any:
+        if key not in self.futures:
+            self.futures[key] = (self.executor.submit(compile_fn), finalize)
+        return self.futures[key][0]
+
+    def __enter__(self) -> FakeAsyncCompileMode:
+        if FakeAsyncCompileMode.active is not None:
+            raise RuntimeError("Another AsyncCompileMode is already active")
+        FakeAsyncCompileMode.active = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for future, finalize in self.futures.values():
+                finalize(future.result())
+        finally:
+            FakeAsyncCompileMode.active = None
+
+
+class FakeJit:
+    """A Triton ``JITFunction`` stand-in: ``kernel[grid](...)`` compiles a key once (in the
+    active async mode's pool if any), then launches ``fused_moe_kernel``; ``run(...,
+    warmup=True)`` compiles without launching. ``compiles`` keeps (key, warmup, thread)."""
+
+    def __init__(self, compile_wait: Callable[[], None] | None = None) -> None:
+        self.device_caches: dict[int, tuple[dict[str, Any], None]] = {0: ({}, None)}
+        self.compiles: list[tuple[str, bool, int]] = []
+        self.launched: list[str] = []
+        # ("compile" | "precompile" | "launch", key) in the order they happened.
+        self.events: list[tuple[str, str]] = []
+        self.compile_wait = compile_wait
+        self._lock = threading.Lock()
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        key = f"{args}{sorted(kwargs.items())}"
+        cache = self.device_caches[0][0]
+        kernel = cache.get(key)
+        if kernel is None:
+
+            def compile_fn() -> str:
+                if self.compile_wait is not None:
+                    self.compile_wait()
+                with self._lock:
+                    self.compiles.append((key, warmup, threading.get_ident()))
+                    self.events.append(("compile" if not warmup else "precompile", key))
+                return key
+
+            mode = FakeAsyncCompileMode.active
+            if mode is not None:
+                kernel = mode.submit(key, compile_fn, lambda k: cache.__setitem__(key, k))
+            else:
+                kernel = cache[key] = compile_fn()
+        if not warmup:
+            if hasattr(kernel, "result"):
+                kernel = kernel.result()
+            launch("fused_moe_kernel")
+            self.launched.append(key)
+            self.events.append(("launch", key))
+        return kernel
 
 
 def launch(name: str) -> None:
@@ -335,7 +416,14 @@ class FusedMoEExpertsModular:
         a1q_scale: Any,
     ) -> None:
         """The experts' arithmetic behind ``apply`` (quantized fakes override it)."""
-        launch("fused_moe_kernel")
+        if JIT_KERNELS:
+            # As vLLM's invoke_fused_moe_triton_kernel: a configuration from the rows, and
+            # Triton's integer specialisation (divisible by 16) of the rows it is given.
+            rows = int(hidden_states.shape[0])
+            block_m = 16 if rows <= 2 else 64
+            JIT_KERNELS[-1][(rows,)](rows % 16 == 0, BLOCK_SIZE_M=block_m)
+        else:
+            launch("fused_moe_kernel")
         moe_reference(output, hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
 
 
