@@ -1,0 +1,305 @@
+"""Leave-one-out of the kernel-step tables, read against the Triton kernel's configuration
+segments, and whether the lookup itself interpolates across a configuration switch (issue 20,
+item 1; docs/benchmarks.md, "The kernel-step tables, measured").
+
+    PYTHONPATH=. .venv/bin/python bench/kernel_step_loo.py --bundle B [--bundle B2 ...] \
+        [--json out.json]
+
+A kernel segment is a run of rows N that vLLM 0.26.0's `TritonExperts` serves with one
+configuration (`acquisition.plan.kernel.KernelSteps.kernel`: the tuned file's nearest key, or
+`get_default_config`'s branch). The kernel-step plan measures N = t and t + 1 at every switch
+between t and t + 1, so no integer N lies between two points on either side of a switch.
+
+Per table this prints:
+
+1. The plain leave-one-out (the lookups' own `ExpertSurface` over every other point, as
+   `bench/loo_surfaces.py` does), split by where the point sits: `switch` (its N is t or t + 1 of
+   a switch: removed, it can only be answered across the switch, which a query there never is:
+   the point is measured), `corner` (a corner of the balanced row tiles in M or at EP1 in N,
+   `is_knot`), and the rest, split again by whether the simplex that answered the removed point
+   has every vertex on the point's own segment (`inside`) or not (`crossing`). Also the plain
+   leave-one-out restricted to the points whose nearest measured N below and above (same A)
+   run the point's configuration.
+2. The lookup on the full table at every integer N of its support and a fixed set of (A, M)
+   (the balanced M = N k / EP at each A that is feasible): how many answers come from a simplex
+   with a vertex on another segment, and by how much such an answer differs from the same query
+   answered from the points of its own segment only (what a segment-aware lookup would answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from acquisition.plan.kernel import KernelSteps
+from bench.loo_surfaces import PointError, is_knot, kernel_steps
+from moetables.bundle import Bundle, TableEntry, load_table, open_bundle
+from moetables.lookup.surface import ExpertSurface
+
+IntArray = np.ndarray
+
+
+def _vertices(surface: ExpertSurface, n: float, a: float, m: float) -> list[int] | None:
+    """Indices (into the surface's positive points) of the simplex that answers (n, a, m) with
+    a positive weight, read as `moetables.lookup.explain` reads it; None if not located."""
+    locator = surface._locator
+    if locator is None:
+        return None
+    c = [x - surface._mean_py[j] for j, x in enumerate((n, a, m))]
+    y = (
+        tuple(c)
+        if surface._full
+        else tuple(sum(r[j] * c[j] for j in range(3)) for r in surface._basis_py)
+    )
+    located = locator.locate_one(y)
+    if located is None:
+        return None
+    # A query on a simplex's face has zero weight on the opposite vertex, up to rounding: such a
+    # vertex contributes nothing and is not counted as used.
+    return [int(v) for v, w in zip(located[0], located[1], strict=True) if w > 1e-9]
+
+
+@dataclass
+class Loo:
+    target: str
+    source: str
+    points: int
+    classes: dict[str, list[float]] = field(default_factory=dict)
+    same_neighbours: list[float] = field(default_factory=list)
+    worst: list[tuple[float, int, int, int, str]] = field(default_factory=list)
+
+    def all(self) -> list[float]:
+        return [e for v in self.classes.values() for e in v]
+
+
+def _stats(x: Iterable[float]) -> dict[str, float | int]:
+    v = np.asarray(list(x), dtype=float)
+    if v.size == 0:
+        return {"answered": 0}
+    return {
+        "answered": int(v.size),
+        "median": float(np.median(v)),
+        "p95": float(np.percentile(v, 95)),
+        "max": float(v.max()),
+    }
+
+
+def _positive(bundle: Bundle, entry: TableEntry) -> tuple[IntArray, IntArray, IntArray, np.ndarray]:
+    table = load_table(bundle.root, entry)
+    rows = (table.component == "experts") & (table.mode == "eager") & (table.activated_experts > 0)
+    return (
+        table.tokens[rows],
+        table.activated_experts[rows],
+        table.local_assignments[rows],
+        table.time_us[rows],
+    )
+
+
+def _switch(steps: KernelSteps, n: int) -> bool:
+    here = steps.kernel(n)
+    return steps.kernel(max(1, n - 1)) != here or steps.kernel(n + 1) != here
+
+
+def leave_one_out(bundle: Bundle, entry: TableEntry, worst: int) -> Loo:
+    n, a, m, t = _positive(bundle, entry)
+    steps = kernel_steps(entry)
+    segment = np.array([hash(steps.kernel(int(x))) for x in n])
+    out = Loo(entry.target.deployment, steps.source, len(n))
+    for name in ("switch", "corner", "inside", "crossing"):
+        out.classes[name] = []
+    for i in range(len(n)):
+        keep = np.arange(len(n)) != i
+        surface = ExpertSurface(
+            n[keep], a[keep], m[keep], t[keep], entry.geometry, label="loo", coordinates="raw"
+        )
+        values, codes = surface.batch(n[i : i + 1], a[i : i + 1], m[i : i + 1])
+        if codes[0] != 0:
+            continue  # a hull point, removed: refused, never extrapolated
+        err = abs(float(values[0]) - float(t[i])) / float(t[i])
+        point = PointError(int(n[i]), int(a[i]), int(m[i]), float(t[i]), float(values[0]))
+        if _switch(steps, int(n[i])):
+            cls = "switch"
+        elif is_knot(point, steps):
+            cls = "corner"
+        else:
+            used = _vertices(surface, float(n[i]), float(a[i]), float(m[i]))
+            kept_segment = segment[keep]
+            cross = used is not None and any(kept_segment[v] != segment[i] for v in used)
+            cls = "crossing" if cross else "inside"
+        out.classes[cls].append(err)
+        ns = sorted({int(x) for x in n[keep & (a == a[i])]})
+        below = [x for x in ns if x < n[i]]
+        above = [x for x in ns if x > n[i]]
+        if below and above:
+            here = steps.kernel(int(n[i]))
+            if steps.kernel(below[-1]) == here and steps.kernel(above[0]) == here:
+                out.same_neighbours.append(err)
+        out.worst.append((err, int(n[i]), int(a[i]), int(m[i]), cls))
+    out.worst = sorted(out.worst, reverse=True)[:worst]
+    return out
+
+
+def lookup_crossings(bundle: Bundle, entry: TableEntry) -> dict[str, Any]:
+    """Queries at every integer N of the support and each A of the table: how many are answered
+    across a configuration switch, and how far from their own segment's answer."""
+    n, a, m, t = _positive(bundle, entry)
+    steps = kernel_steps(entry)
+    g = entry.geometry
+    full = ExpertSurface(n, a, m, t, g, label="full", coordinates="raw")
+    kernels = [steps.kernel(int(x)) for x in n]
+    segment_of: dict[Any, int] = {}
+    seg = np.array([segment_of.setdefault(k, len(segment_of)) for k in kernels])
+    per_segment: dict[int, ExpertSurface | None] = {}
+    actives = sorted({int(x) for x in a})
+    queries: list[tuple[int, int, int]] = []
+    router: set[tuple[int, int, int]] = set()
+    for tokens in range(int(n.min()), int(n.max()) + 1):
+        pairs = round(tokens * g.top_k * g.local_experts / g.global_experts)
+        # The local experts a uniform router activates on average at this N (each token picks
+        # k distinct of E): the A a captured step of random routing brings.
+        typical = round(g.local_experts * (1 - (1 - g.top_k / g.global_experts) ** tokens))
+        for active in sorted({*actives, typical}):
+            m_here = min(max(pairs, active), tokens * min(g.top_k, active))
+            if active > m_here or active < 1:
+                continue
+            queries.append((tokens, active, m_here))
+            if active == typical:
+                router.add((tokens, active, m_here))
+    qn = np.array([q[0] for q in queries], dtype=np.int64)
+    qa = np.array([q[1] for q in queries], dtype=np.int64)
+    qm = np.array([q[2] for q in queries], dtype=np.int64)
+    values, codes = full.batch(qn, qa, qm)
+    measured = {(int(x), int(y), int(z)) for x, y, z in zip(n, a, m, strict=True)}
+    answered = crossing = 0
+    router_answered = router_crossing = 0
+    diffs: list[float] = []
+    router_diffs: list[float] = []
+    examples: list[tuple[float, int, int, int]] = []
+    for j, (qt, qa_, qm_) in enumerate(queries):
+        if codes[j] != 0 or (qt, qa_, qm_) in measured:
+            continue
+        answered += 1
+        typical = (qt, qa_, qm_) in router
+        router_answered += typical
+        used = _vertices(full, float(qt), float(qa_), float(qm_))
+        own = segment_of.get(steps.kernel(qt))
+        if used is None or own is None or all(seg[v] == own for v in used):
+            continue
+        crossing += 1
+        router_crossing += typical
+        if own not in per_segment:
+            mask = seg == own
+            try:
+                per_segment[own] = (
+                    ExpertSurface(
+                        n[mask], a[mask], m[mask], t[mask], g, label="seg", coordinates="raw"
+                    )
+                    if np.unique(n[mask]).size >= 2
+                    else None
+                )
+            except Exception:  # a segment too small to triangulate
+                per_segment[own] = None
+        surface = per_segment[own]
+        if surface is None:
+            continue
+        v, c = surface.batch(qn[j : j + 1], qa[j : j + 1], qm[j : j + 1])
+        if c[0] != 0:
+            continue
+        d = abs(float(values[j]) - float(v[0])) / float(v[0])
+        diffs.append(d)
+        if typical:
+            router_diffs.append(d)
+        examples.append((d, qt, qa_, qm_))
+    examples.sort(reverse=True)
+    return {
+        "queries_interpolated": answered,
+        "crossing": crossing,
+        "crossing_vs_own_segment": _stats(diffs),
+        "router_like_interpolated": router_answered,
+        "router_like_crossing": router_crossing,
+        "router_like_vs_own_segment": _stats(router_diffs),
+        "largest": [list(e) for e in examples[:8]],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bundle", action="append", type=Path, required=True)
+    parser.add_argument("--worst", type=int, default=8)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    report: dict[str, Any] = {}
+
+    def pct(s: dict[str, float | int]) -> str:
+        if not s.get("answered"):
+            return "0"
+        return f"{s['answered']}, {s['median']:.1%}, {s['p95']:.1%}, {s['max']:.1%}"
+
+    print(
+        "| bundle | target | plain: answered, median, p95, max | switch points | corners | "
+        "inside one segment | crossing | both N neighbours on the point's segment | "
+        "all but switch points |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    details = []
+    for root in args.bundle:
+        bundle = open_bundle(root.resolve())
+        for entry in bundle.entries:
+            loo = leave_one_out(bundle, entry, args.worst)
+            cross = lookup_crossings(bundle, entry)
+            name = str(root)
+            row = {
+                "plain": _stats(loo.all()),
+                **{k: _stats(v) for k, v in loo.classes.items()},
+                "same_neighbours": _stats(loo.same_neighbours),
+                "no_switch": _stats(
+                    [e for k, v in loo.classes.items() if k != "switch" for e in v]
+                ),
+                "worst": loo.worst,
+                "lookup": cross,
+                "config_source": loo.source,
+            }
+            report[f"{name} {loo.target}"] = row
+            print(
+                f"| {name} | {loo.target} | {pct(row['plain'])} | {pct(row['switch'])} | "
+                f"{pct(row['corner'])} | {pct(row['inside'])} | {pct(row['crossing'])} | "
+                f"{pct(row['same_neighbours'])} | {pct(row['no_switch'])} |"
+            )
+            details.append((name, loo, cross))
+    print()
+    print(
+        "| bundle | target | lookups interpolated | of them across a switch | "
+        "their difference from the own-segment answer: answered, median, p95, max | "
+        "router-like A only: interpolated, across a switch, difference |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, loo, cross in details:
+        print(
+            f"| {name} | {loo.target} | {cross['queries_interpolated']} | {cross['crossing']} | "
+            f"{pct(cross['crossing_vs_own_segment'])} | {cross['router_like_interpolated']}, "
+            f"{cross['router_like_crossing']}, {pct(cross['router_like_vs_own_segment'])} |"
+        )
+    print()
+    for name, loo, _ in details:
+        print(f"{name} {loo.target} ({loo.source}): the {args.worst} largest plain errors\n")
+        print("| N | A | M | class | error |")
+        print("| --- | --- | --- | --- | --- |")
+        for err, n, a, m, cls in loo.worst:
+            print(f"| {n} | {a} | {m} | {cls} | {err:.1%} |")
+        print()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
