@@ -248,9 +248,9 @@ def main() -> None:
     print(
         "| bundle | target | plain: answered, median, p95, max | switch points | corners | "
         "inside one segment | crossing | both N neighbours on the point's segment | "
-        "all but switch points |"
+        "all but switch points | neither switch nor corner |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     details = []
     for root in args.bundle:
         bundle = open_bundle(root.resolve())
@@ -265,6 +265,7 @@ def main() -> None:
                 "no_switch": _stats(
                     [e for k, v in loo.classes.items() if k != "switch" for e in v]
                 ),
+                "no_knot": _stats(loo.classes["inside"] + loo.classes["crossing"]),
                 "worst": loo.worst,
                 "lookup": cross,
                 "config_source": loo.source,
@@ -273,7 +274,8 @@ def main() -> None:
             print(
                 f"| {name} | {loo.target} | {pct(row['plain'])} | {pct(row['switch'])} | "
                 f"{pct(row['corner'])} | {pct(row['inside'])} | {pct(row['crossing'])} | "
-                f"{pct(row['same_neighbours'])} | {pct(row['no_switch'])} |"
+                f"{pct(row['same_neighbours'])} | {pct(row['no_switch'])} | "
+                f"{pct(row['no_knot'])} |"
             )
             details.append((name, loo, cross))
     print()

@@ -219,3 +219,34 @@ def test_the_h200_tp1_evidence_gives_the_documented_goal_numbers() -> None:
         ]
         assert len(big) == 8 and max(big) < 0.05
         assert goal[routing]["within_goal"] is False  # N = 384 and 777: not tiles
+
+
+F2K = "bundles/H200-vllm-modular-f2k/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+
+
+def test_the_kernel_step_table_and_the_native_run_give_the_documented_numbers() -> None:
+    """docs/benchmarks.md, "TP1 with the kernel-step tables and the engine's own router": the
+    committed f2k comparison is what the committed raw runs (native included) give; N = 384 is
+    a measured row of the kernel-step table (no interpolation) and the engine is still about
+    10 % above it: the remaining miss there is not the grid (R41)."""
+    evidence = ROOT / "docs/evidence/h200-tp1-validation"
+    result = run(evidence, F2K, None, tile_cost_us=1.416)
+    kept = json.loads((evidence / "comparison-f2k-tiles.json").read_text())
+    assert result["issue18"] == kept["issue18"]
+    assert {"simulator", "normal_routing", "native"} <= set(result["issue18"])
+    table = ComponentTables(ROOT / F2K).deployment(1, 1, 0)
+    for routing in ("simulator", "native"):
+        at384 = [
+            f
+            for f in result["forwards"]
+            if f["routing"] == routing and f["policy"] == "histogram" and f["N"] == 384
+        ]
+        assert len(at384) == 3
+        for f in at384:
+            assert (f["A_estimate"], f["M_estimate"]) == (128, 3072)
+            assert f["components_estimate_us"]["experts"] == table.time_us(
+                "experts", 384, 128, 3072
+            )
+            assert -0.12 < f["experts_estimate_us"] / f["experts_measured_us"] - 1 < -0.07
+    native = result["issue18"]["native"]
+    assert native["within_goal"] is False and native["abs_error_median"] < 0.03
