@@ -174,3 +174,17 @@ def test_every_row_is_a_measured_sample_in_the_archive(kind: str, target: str) -
     assert set(archived) == {t for k, t in EXPECTED if k == kind}
     for row in _table(kind, target):
         assert archived[target][_key(row)] == pytest.approx(float(row["time_us"]), abs=1e-9)
+
+
+@pytest.mark.parametrize("target", [DP1, *RANKS])
+def test_the_modular_tables_record_the_kernel_measured_tile_cost(target: str) -> None:
+    """Issue 18 part 2 (format 3): rows stay the balanced stimulus' and the cost of one extra
+    128-row tile is the kernel run's for this geometry (tuned config at 128 local experts, the
+    default at 64), with the timed loads beside the table; the live table records none."""
+    loads = _entries("modular")[target]["expert_loads"]
+    assert loads["rows"] == "balanced"
+    model = loads["tile_model"]
+    assert model["block_m"] == 128 and model["vllm_version"] == "0.26.0"
+    assert model["tile_cost_us"] == (1.416 if target == DP1 else 1.764)
+    assert (MODULAR / "tp1" / model["evidence"]["file"]).is_file()
+    assert "expert_loads" not in _entries("live")[DP1]
