@@ -777,7 +777,8 @@ class LayerEstimator:
 
         ``tile_cost_us`` (issue 18; None: today's answer bit for bit) charges every rank's expert
         kernel that many microseconds per row tile its per-expert counts run beyond the balanced
-        tiles its table embodies (`moetables.tiles`), where vLLM's block is 128 rows; it needs a
+        tiles its table embodies (`moetables.tiles`), where vLLM's block is at least the rank's
+        ``tile_block_m`` rows (its tile model's ``block_m``, else 128); it needs a
         counting policy (histogram, round_robin, random, captured). ``"table"``: each rank at
         its own table's fitted cost (bundle format 3's tile model; refused for a rank without)."""
         if mode not in MODES:
