@@ -190,3 +190,17 @@ def test_bf16_small_blocks_one_cost_holds_at_64_rows_only() -> None:
     b16 = blocks["tp1 16"]
     assert b16["per_N_cost_us"]["64"] > 2.5 * b16["per_N_cost_us"]["128"]
     assert b16["left_out_N"]["128"]["max_after"] > 2 * b16["left_out_N"]["128"]["max_before"]
+
+
+def test_the_documented_command_reproduces_the_shipped_record(tmp_path: Path) -> None:
+    from acquisition.load_spread import main
+
+    copy = tmp_path / "fp8"
+    shutil.copytree(FP8, copy)
+    evidence = str(EVIDENCE / "load_spread_fp8.json")
+    assert main([str(copy), evidence, "--block-m", "64", "--deployments", "tp1"]) == 0
+    assert (copy / "meta.yaml").read_bytes() == (FP8 / "meta.yaml").read_bytes()
+    spread = "tp1/moe_components/dp1_ep1_rank0_sp0/load_spread.csv"
+    assert (copy / spread).read_bytes() == (FP8 / spread).read_bytes()
+    with pytest.raises(SystemExit):
+        main([str(copy), evidence, "--deployments", "ep4"])
