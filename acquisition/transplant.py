@@ -30,7 +30,7 @@ from moetables.bundle.table import load_table
 from moetables.bundle.writer import Row, TableSpec, write_bundle
 from moetables.errors import BundleError
 
-__all__ = ["entry_key", "spec_of", "transplant", "main"]
+__all__ = ["entry_key", "main", "spec_of", "transplant"]
 
 
 def entry_key(entry: TableEntry) -> str:
@@ -72,9 +72,7 @@ def spec_of(root: Path, entry: TableEntry) -> TableSpec:
     )
 
 
-def transplant(
-    source: Path, dest: Path, deployments: Sequence[str] | None, note: str
-) -> list[str]:
+def transplant(source: Path, dest: Path, deployments: Sequence[str] | None, note: str) -> list[str]:
     """Write ``deployments`` (all of SOURCE's when None) of ``source`` into ``dest``."""
     src = open_bundle(source)
     dst = open_bundle(dest)
@@ -113,7 +111,10 @@ def transplant(
     after = {e.table_path: e.table_sha256 for e in open_bundle(dest).entries}
     if {p: after.get(p) for p in expected} != expected or {p: after.get(p) for p in kept} != kept:
         raise BundleError(str(dest), f"table checksums changed: {expected | kept} -> {after}")
-    return [f"{r['deployment']}: {r['replaced_table_sha256']} -> {r['table_sha256']}" for r in record[-len(chosen) :]]
+    return [
+        f"{r['deployment']}: {r['replaced_table_sha256']} -> {r['table_sha256']}"
+        for r in record[-len(chosen) :]
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
