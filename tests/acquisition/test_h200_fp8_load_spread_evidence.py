@@ -118,8 +118,18 @@ def test_the_fp8_bundle_charges_64_row_tiles_and_keeps_balanced_answers() -> Non
     assert charged == pytest.approx(
         tables.time_us("experts", 1024, int((counts > 0).sum()), 8192) + 0.85 * extra
     )
-    # ... and the measured time of that draw is within 4 % of the charged answer (1.3 % without).
-    assert abs(charged / draw["b2_us"] - 1) < 0.04
+    # ... and the charge adds what the draw measured over its own balanced arm. Ratios, not
+    # absolute times: the arms ran vLLM's Triton kernel with the unfused activation and
+    # quantization kernels, the table (re-measured in session 5 under VLLM_USE_DEEP_GEMM=0)
+    # the fused silu_and_mul_per_block_quant_kernel, a few per cent slower at this N.
+    balanced = next(
+        r
+        for r in RAW["results"]
+        if r["N"] == 1024 and r["distribution"] == "balanced" and r["deployment"] == "tp1"
+    )
+    measured = draw["b2_us"] / balanced["b2_us"]
+    predicted = charged / tables.time_us("experts", 1024, int((counts > 0).sum()), 8192)
+    assert measured > 1.15 and abs(predicted / measured - 1) < 0.02
 
 
 def test_the_bf16_tables_keep_their_128_row_model() -> None:
