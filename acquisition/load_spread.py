@@ -11,6 +11,14 @@ bundle's matching entries (format 3, ``moetables.bundle.attach_tile_models``):
   is the same on both ranks; the measurement ran rank 0's expert map).
 
     python -m acquisition.load_spread BUNDLE docs/evidence/h200-load-spread/load_spread.json
+
+FP8 (block-FP8 weights, vLLM's tuned H200 file): the kernel runs 16-row blocks up to 128 token
+rows and 64-row blocks from 200 on, never 128, so its cost is fitted and charged on 64-row
+blocks (``--block-m 64``; the model's ``block_m`` says where the lookups charge it), and only
+the TP1/DP1 table is measured (``--deployments tp1``):
+
+    python -m acquisition.load_spread bundles/H200-vllm-modular-fp8-f2 \
+        docs/evidence/h200-fp8-load-spread/load_spread_fp8.json --block-m 64 --deployments tp1
 """
 
 from __future__ import annotations
@@ -71,9 +79,21 @@ def targets_for(bundle: Path, deployment: str) -> list[MoeTarget]:
 
 
 def attach(
-    bundle: Path, raw: Mapping[str, Any], deployments: Sequence[str] = tuple(DEPLOYMENT_TABLES)
+    bundle: Path,
+    raw: Mapping[str, Any],
+    deployments: Sequence[str] = tuple(DEPLOYMENT_TABLES),
+    *,
+    block_m: int = MODEL_BLOCK_M,
 ) -> dict[str, float]:
-    """Record each deployment's fitted cost on the bundle's matching tables; returns the costs."""
+    """Record each deployment's fitted cost (on blocks of at least ``block_m`` rows, where the
+    lookups then charge it) on the bundle's matching tables; returns the costs."""
+    # The kernel's dtype must be the bundle's (an FP8 cost on a bf16 table would be wrong).
+    dtypes = {str(r.get("dtype", "bf16")) for r in raw.get("results", [])}
+    variant = str(open_bundle(bundle).meta.get("variant", ""))
+    if dtypes != {variant}:
+        raise LoadSpreadError(
+            f"the evidence times {sorted(dtypes)} kernels, the bundle is {variant!r}"
+        )
     models: dict[MoeTarget, list[LoadSpreadRow]] = {}
     costs = {}
     for deployment in deployments:
@@ -81,12 +101,12 @@ def attach(
         targets = targets_for(bundle, deployment)
         if not targets:
             continue
-        costs[deployment] = fit_tile_cost(rows, block_m=MODEL_BLOCK_M).tile_cost_us
+        costs[deployment] = fit_tile_cost(rows, block_m=block_m).tile_cost_us
         for t in targets:
             models[t] = rows
     if not models:
         raise LoadSpreadError(f"{bundle} has no table of the measured deployments")
-    attach_tile_models(bundle, models, block_m=MODEL_BLOCK_M)
+    attach_tile_models(bundle, models, block_m=block_m)
     return costs
 
 
@@ -94,8 +114,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", type=Path)
     p.add_argument("evidence", type=Path, help="load_spread.json from scripts/h200_load_spread.py")
+    p.add_argument(
+        "--block-m",
+        type=int,
+        default=MODEL_BLOCK_M,
+        help="fit and charge tiles on vLLM blocks of at least this many rows (FP8: 64)",
+    )
+    p.add_argument(
+        "--deployments",
+        default=",".join(DEPLOYMENT_TABLES),
+        help="comma-separated measured deployments to record (tp1, ep2)",
+    )
     args = p.parse_args(argv)
-    costs = attach(args.bundle, json.loads(args.evidence.read_text()))
+    wanted = [d for d in args.deployments.split(",") if d]
+    unknown = set(wanted) - set(DEPLOYMENT_TABLES)
+    if unknown:
+        p.error(f"unknown deployments {sorted(unknown)}; known: {sorted(DEPLOYMENT_TABLES)}")
+    costs = attach(args.bundle, json.loads(args.evidence.read_text()), wanted, block_m=args.block_m)
     for deployment, c in costs.items():
         print(f"{args.bundle}: {deployment} tile_cost_us {c:.3f}")
     return 0

@@ -19,6 +19,18 @@ evidence already measured, whether one cost per extra small-block tile per table
 
     PYTHONPATH=. .venv/bin/python bench/small_block_tiles.py \
         --out docs/evidence/h200-load-spread/small_blocks.json
+
+3. ``--by-block``: the same records with more kernel files (``--kernel``, repeatable: the
+   session-5 run `docs/evidence/h200-fp8-load-spread/load_spread_bf16_small.json` adds tp1 at
+   N = 64, 128 (16-row blocks), 200, 384 (32-row) and 512, 640 (64-row)), grouped by deployment
+   and block size: per block one cost, left one distribution out and left one N out (does one
+   cost per block size hold across N?); then the TP1 engine's steps N <= 640 charged per block
+   at those costs.
+
+    PYTHONPATH=. .venv/bin/python bench/small_block_tiles.py --by-block \
+        --kernel docs/evidence/h200-load-spread/load_spread.json \
+        --kernel docs/evidence/h200-fp8-load-spread/load_spread_bf16_small.json \
+        --out docs/evidence/h200-fp8-load-spread/small_blocks_by_block.json
 """
 
 from __future__ import annotations
@@ -61,13 +73,18 @@ COUNTERS: dict[str, tuple[Counter, bool]] = {
 }
 
 
-def kernel_records(tables: DeploymentTables, deployment: str) -> list[dict[str, Any]]:
+def kernel_records(
+    tables: DeploymentTables, deployment: str, kernels: Sequence[Path] = (KERNEL,)
+) -> list[dict[str, Any]]:
     """The small-block records of one deployment with their table-moved balanced reference."""
-    raw = json.loads(KERNEL.read_text())["results"]
+    raw = [r for k in kernels for r in json.loads(k.read_text())["results"]]
     recs = [
         r
         for r in raw
-        if r["deployment"] == deployment and r["block_m"] < MODEL_BLOCK_M and "b2_us" in r
+        if r["deployment"] == deployment
+        and r["block_m"] < MODEL_BLOCK_M
+        and "b2_us" in r
+        and r.get("dtype", "bf16") == "bf16"
     ]
     out = []
     for n in sorted({r["N"] for r in recs}):
@@ -145,8 +162,65 @@ def kernel_report(ct: ComponentTables) -> dict[str, Any]:
     return out
 
 
-def engine_report(ct: ComponentTables, cost: float, max_tokens: int = 640) -> dict[str, Any]:
-    """Steps N <= max_tokens of the TP1 engine, before and after the small-block charge."""
+def _held(
+    records: Sequence[dict[str, Any]], key: str, values: Sequence[Any], counter: str
+) -> dict[str, Any]:
+    out = {}
+    for v in values:
+        rest = [r for r in records if r[key] != v]
+        mine = [r for r in records if r[key] == v and r["distribution"] != "balanced"]
+        if not mine or not any(_x(r, counter) for r in rest):
+            continue
+        cost = fit(rest, counter)
+        out[str(v)] = {"cost_us": cost, "records": len(mine), **_errors(mine, cost, counter)}
+    return out
+
+
+def block_report(ct: ComponentTables, kernels: Sequence[Path]) -> dict[str, Any]:
+    """Per deployment and block size below 128 rows: one cost per extra tile, fitted on all,
+    left one distribution out, left one N out."""
+    out: dict[str, Any] = {}
+    for deployment, (tp, dp) in DEPLOYMENTS.items():
+        try:
+            records = kernel_records(ct.deployment(tp, dp, 0), deployment, kernels)
+        except StopIteration:
+            continue
+        for block in sorted({r["block_m"] for r in records}):
+            mine = [r for r in records if r["block_m"] == block]
+            counter = "extra tiles"
+            ns = sorted({r["N"] for r in mine})
+            out[f"{deployment} {block}"] = {
+                "deployment": deployment,
+                "block_m": block,
+                "N": ns,
+                "records": len(mine),
+                "cost_us_all": fit(mine, counter),
+                "per_N_cost_us": {
+                    str(n): fit([r for r in mine if r["N"] == n], counter)
+                    if any(_x(r, counter) for r in mine if r["N"] == n)
+                    else None
+                    for n in ns
+                },
+                "left_out_distribution": _held(mine, "distribution", SPREAD, counter),
+                "left_out_N": _held(mine, "N", ns, counter) if len(ns) > 1 else {},
+                "per_record": [
+                    {
+                        **{k: r[k] for k in ("N", "A", "M", "distribution", "seed")},
+                        "extra_tiles": _x(r, counter),
+                        "excess_us": r["measured_us"] - r["reference_us"],
+                        "measured_us": r["measured_us"],
+                    }
+                    for r in mine
+                ],
+            }
+    return out
+
+
+def engine_report(
+    ct: ComponentTables, cost: float | dict[int, float], max_tokens: int = 640
+) -> dict[str, Any]:
+    """Steps N <= max_tokens of the TP1 engine, before and after the small-block charge (one
+    cost, or one per block size)."""
     tables = ct.deployment(1, 1, 0)
     shape = tables.tile_shape()
     cmp = json.loads((ENGINE / "comparison-f2-tiles.json").read_text())
@@ -162,9 +236,10 @@ def engine_report(ct: ComponentTables, cost: float, max_tokens: int = 640) -> di
         block = shape.config(row["N"]).block_m
         c = counts[(row["routing"], row["rep"], row["step"])]
         charge = 0.0
+        per = cost.get(block, 0.0) if isinstance(cost, dict) else cost
         if block < MODEL_BLOCK_M:
             a, m = int((c > 0).sum()), int(c.sum())
-            charge = cost * (row_tiles(c, block) - tables.balanced_tiles(row["N"], a, m))
+            charge = per * (row_tiles(c, block) - tables.balanced_tiles(row["N"], a, m))
         before.append(row)
         after.append(
             {
@@ -173,7 +248,10 @@ def engine_report(ct: ComponentTables, cost: float, max_tokens: int = 640) -> di
                 "experts_estimate_us": row["experts_estimate_us"] + charge,
             }
         )
-    out: dict[str, Any] = {"tile_cost_us": cost, "max_tokens": max_tokens}
+    out: dict[str, Any] = {
+        "tile_cost_us": {str(b): c for b, c in cost.items()} if isinstance(cost, dict) else cost,
+        "max_tokens": max_tokens,
+    }
     for label, rows in (("before", before), ("after", after)):
         steps = per_step(rows)
         for routing in ("simulator", "normal_routing"):
@@ -203,8 +281,12 @@ def engine_report_of(report: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--kernel", type=Path, action="append", default=None)
+    p.add_argument("--by-block", action="store_true", help="one cost per block size (item 3)")
     args = p.parse_args(argv)
     ct = ComponentTables(BUNDLE)
+    if args.by_block:
+        return by_block_main(ct, args.kernel or [KERNEL], args.out)
     kernel = kernel_report(ct)
     cost = kernel["tp1"]["counters"]["extra tiles"]["cost_us_all"]
     report: dict[str, Any] = {
@@ -231,6 +313,40 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def by_block_main(ct: ComponentTables, kernels: Sequence[Path], out: Path | None) -> int:
+    blocks = block_report(ct, kernels)
+    for name, b in blocks.items():
+        per_n = ", ".join(
+            f"{n}: {'-' if c is None else f'{c:.3f}'}" for n, c in b["per_N_cost_us"].items()
+        )
+        print(f"{name}-row blocks, N {b['N']}: cost {b['cost_us_all']:.3f} us (per N {per_n})")
+        for kind in ("left_out_distribution", "left_out_N"):
+            for v, e in b[kind].items():
+                print(
+                    f"  {kind} {v}: cost {e['cost_us']:.3f}; median "
+                    f"{100 * e['median_before']:.1f} -> {100 * e['median_after']:.1f} %, max "
+                    f"{100 * e['max_before']:.1f} -> {100 * e['max_after']:.1f} %"
+                )
+    costs = {b["block_m"]: b["cost_us_all"] for b in blocks.values() if b["deployment"] == "tp1"}
+    engine = engine_report(ct, costs)
+    for routing in ("simulator", "normal_routing"):
+        for key in ("experts_error", "experts_error_without_384"):
+            b, a = engine[routing]["before"][key], engine[routing]["after"][key]
+            print(
+                f"engine {routing} N <= 640 {key}: median {100 * b['median']:.1f} -> "
+                f"{100 * a['median']:.1f} %, max {100 * b['max']:.1f} -> {100 * a['max']:.1f} %"
+            )
+    if out is not None:
+        report = {
+            "bundle": BUNDLE,
+            "kernels": [str(k) for k in kernels],
+            "blocks": blocks,
+            "engine_tp1_per_block": engine,
+        }
+        out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -247,6 +247,7 @@ class RemoteDeployment:
         components: Sequence[str],
         modes: Sequence[str],
         fitted_tile_cost_us: float | None = None,
+        tile_block_m: int | None = None,
     ) -> None:
         self._tables = tables
         self.target = target
@@ -255,6 +256,12 @@ class RemoteDeployment:
         self.modes = tuple(modes)
         # Issue 18: the table's own row-tile cost (bundle format 3), as the registry states it.
         self.fitted_tile_cost_us = fitted_tile_cost_us
+        # ... and the smallest vLLM block its tiles are charged at (the model's block_m, else 128).
+        if tile_block_m is None:
+            from moetables.tiles import MODEL_BLOCK_M
+
+            tile_block_m = MODEL_BLOCK_M
+        self.tile_block_m = tile_block_m
         self._envelope = {
             "bundle": answerer["sha256"],
             "target": {
@@ -687,6 +694,7 @@ class RemoteTables:
         table = next(t for t in detail["tables"] if t["target"] == target.as_dict())
         model = (table.get("expert_loads") or {}).get("tile_model") or {}
         cost = model.get("tile_cost_us")
+        block = model.get("block_m")
         return RemoteDeployment(
             self,
             target,
@@ -694,6 +702,9 @@ class RemoteTables:
             table["components"],
             table["modes"],
             float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
+            block
+            if isinstance(block, int) and not isinstance(block, bool) and block >= 1
+            else None,
         )
 
     # --- the layer estimate --------------------------------------------------------------

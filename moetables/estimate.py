@@ -73,6 +73,9 @@ class DeploymentTables(Protocol):
     @property
     def fitted_tile_cost_us(self) -> float | None: ...
 
+    @property
+    def tile_block_m(self) -> int: ...
+
     def balanced_tiles_batch(
         self,
         tokens: npt.ArrayLike,
@@ -774,7 +777,8 @@ class LayerEstimator:
 
         ``tile_cost_us`` (issue 18; None: today's answer bit for bit) charges every rank's expert
         kernel that many microseconds per row tile its per-expert counts run beyond the balanced
-        tiles its table embodies (`moetables.tiles`), where vLLM's block is 128 rows; it needs a
+        tiles its table embodies (`moetables.tiles`), where vLLM's block is at least the rank's
+        ``tile_block_m`` rows (its tile model's ``block_m``, else 128); it needs a
         counting policy (histogram, round_robin, random, captured). ``"table"``: each rank at
         its own table's fitted cost (bundle format 3's tile model; refused for a rank without)."""
         if mode not in MODES:
@@ -863,9 +867,9 @@ class LayerEstimator:
         mode: str,
         notes: list[str],
     ) -> None:
-        """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged."""
-        from moetables.tiles import MODEL_BLOCK_M
-
+        """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged
+        where vLLM's block is at least each rank's ``tile_block_m`` rows (its tile model's
+        ``block_m``, else 128)."""
         if cost_us == TABLE_TILE_COST:
             costs = [t.fitted_tile_cost_us for t in self.ranks]
             missing = [r for r, c in enumerate(costs) if c is None]
@@ -894,7 +898,9 @@ class LayerEstimator:
             a = routing.activated_experts[:, rank]
             m = routing.local_assignments[:, rank]
             blocks = np.array([shape.config(int(x)).block_m for x in n.tolist()])
-            pick = np.flatnonzero((blocks >= MODEL_BLOCK_M) & np.isfinite(times[:, rank]) & (a > 0))
+            pick = np.flatnonzero(
+                (blocks >= tables.tile_block_m) & np.isfinite(times[:, rank]) & (a > 0)
+            )
             if pick.size == 0:
                 continue
             reference = tables.balanced_tiles_batch(n[pick], a[pick], m[pick], mode)
@@ -906,9 +912,10 @@ class LayerEstimator:
             times[pick[ok], rank] += cost * (run[ok] - reference.time_us[ok])
         charged = ", ".join(sorted({f"{c:g}" for c in costs if c is not None}))
         source = " (each rank's table's fitted cost)" if cost_us == TABLE_TILE_COST else ""
+        least = ", ".join(sorted({str(t.tile_block_m) for t in self.ranks}))
         notes.append(
             f"expert-kernel row tiles beyond the table's balanced tiles are charged at "
-            f"{charged} us each{source} where vLLM's block is {MODEL_BLOCK_M} rows (issue 18)"
+            f"{charged} us each{source} where vLLM's block is at least {least} rows (issue 18)"
         )
 
     def _lookup(

@@ -67,9 +67,11 @@ __all__ = [
     "row_tiles",
 ]
 
-# The tile model charges tiles of this many rows only: there the kernel is compute-bound and a
-# tile costs about the same everywhere (docs/benchmarks.md, "Per-expert load spread"); smaller
-# blocks stream each expert's weights per tile, a cost the table already carries through A.
+# Without a table's own model, tiles of this many rows only are charged: there the kernel is
+# compute-bound and a tile costs about the same everywhere (docs/benchmarks.md, "Per-expert load
+# spread"); smaller blocks stream each expert's weights per tile, a cost the table already
+# carries through A. A table's tile model may name a smaller block (`block_m`) where its own
+# evidence fits one cost: the FP8 table's 64-row blocks ("FP8 expert time follows tiles").
 MODEL_BLOCK_M = 128
 
 

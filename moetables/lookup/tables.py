@@ -159,6 +159,16 @@ class DeploymentTables:
         model = self.entry.expert_loads.tile_model
         return None if model is None else model.tile_cost_us
 
+    @property
+    def tile_block_m(self) -> int:
+        """The smallest vLLM block (rows) whose extra tiles are charged: the table's tile model's
+        ``block_m`` (format 3; 64 for the FP8 table, whose kernel never runs 128-row blocks at
+        E = 128), else `moetables.tiles.MODEL_BLOCK_M` (128)."""
+        from moetables.tiles import MODEL_BLOCK_M
+
+        model = self.entry.expert_loads.tile_model
+        return MODEL_BLOCK_M if model is None else model.block_m
+
     def tile_shape(self) -> KernelShape:
         """The expert kernel's shape of this rank (local experts, whole expert width, dtype,
         vLLM device family), from the contract: what its configuration depends on (issue 18)."""
@@ -243,10 +253,11 @@ class DeploymentTables:
         tiles of a multinomial over the A experts), ``"power_law(alpha)"`` (shares proportional
         to rank^-alpha) or explicit per-expert counts (A of them nonzero, adding up to M). The
         row tiles beyond the table's balanced ones are charged ``tile_cost_us`` each where
-        vLLM's block is 128 rows (`moetables.tiles`); any load but balanced needs the cost,
+        vLLM's block is at least `tile_block_m` rows (the table's tile model's ``block_m``, else
+        128; `moetables.tiles`); any load but balanced needs the cost,
         given or the table's own fitted one (``fitted_tile_cost_us``, bundle format 3).
         """
-        from moetables.tiles import MODEL_BLOCK_M, TileError, load_tiles
+        from moetables.tiles import TileError, load_tiles
 
         fitted = self.fitted_tile_cost_us
         problem = load_problem(
@@ -260,7 +271,7 @@ class DeploymentTables:
         cost = tile_cost_us if tile_cost_us is not None else fitted
         assert cost is not None  # load_problem: any load but balanced needs a cost
         bm = self.tile_shape().config(tokens).block_m
-        if bm < MODEL_BLOCK_M:
+        if bm < self.tile_block_m:
             return base
         try:
             tiles = load_tiles(loads, activated_experts, local_assignments, bm)

@@ -83,13 +83,16 @@ def test_the_samples_archive_keeps_the_checkpoint_without_writer_locks(root: Pat
     with tarfile.open(root.parent / "fp8.acquisition-samples.tar.gz") as packed:
         names = packed.getnames()
     assert not any(n.endswith(".lock") for n in names)
-    samples = [n for n in names if n.endswith("samples.jsonl")]
+    samples = [n for n in names if n.endswith("samples.jsonl") and "/_acquisition/" in n]
     assert len(samples) == len(_entries(root))
     assert any(n.endswith("progress.jsonl") for n in names)
     assert any(n.endswith("phases.jsonl") for n in names)
     if root == MODULAR:
-        # DP1's timed kernels are those of call 9's contract (docs/h200-runs.md).
+        # The DP1 table of call 9 (switch unset) was replaced in session 5; its samples, plan,
+        # table and contract stay in the archive as the record of the superseded path.
         assert "./call9-meta.yaml" in names and "./fp8_probe.json" in names
+        assert "./superseded-dp1-call9/samples.jsonl" in names
+        assert "./superseded-dp1-call9/components.csv" in names
 
 
 def test_it_answers_inside_support_and_refuses_outside() -> None:
@@ -98,3 +101,23 @@ def test_it_answers_inside_support_and_refuses_outside() -> None:
     assert 0 < rank0.time_us("dispatch_quant", 512) < 1e4  # a local component: N only
     with pytest.raises(CoverageError):
         rank0.time_us("experts", 8192, 64, 65536)  # beyond the largest measured N
+
+
+def test_the_three_modular_tables_are_one_path() -> None:
+    """Issue 20 item 4: the DP1 table was re-measured in session 5 under VLLM_USE_DEEP_GEMM=0
+    (the switch the DP2 ranks ran with) and moved in by the bundle writer; its own contract now
+    records the switch and the fused activation quantization its kernels ran."""
+    meta = yaml.safe_load((MODULAR / "meta.yaml").read_text())
+    entries = _entries(MODULAR)
+    dp1 = next(e for e in entries if e["target"]["dp"] == 1)
+    oracle = dp1["contract"]["backend"]["quantization"]["oracle"]
+    assert oracle["environment"] == {"VLLM_USE_DEEP_GEMM": "0"}
+    assert "--moe-kernel-steps off" in dp1["contract"]["provenance"]["command_line"]
+    for entry in entries:
+        assert "silu_and_mul_per_block_quant_kernel" in yaml.safe_dump(entry["contract"])
+    plans = {e["contract"]["expert_sampling"]["point_plan_sha256"] for e in entries if e is dp1}
+    assert plans == {"0909ae9ece1cec685b4bf8f99e9ba8fdaf674897ccc27d845bd0900a86ae6dc8"}
+    (moved,) = meta["transplanted"]
+    assert moved["deployment"] == "tp1/dp1_ep1_rank0_sp0"
+    assert moved["table_sha256"] == dp1["coverage"]["table_sha256"]
+    assert moved["replaced_table_sha256"] != moved["table_sha256"]

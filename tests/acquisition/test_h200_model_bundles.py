@@ -3,8 +3,8 @@
 Measured on one H200 by `scripts/h200_models.sh` (docs/h200-runs.md, "Two more model families",
 calls 10-12 of the fourth session); evidence in docs/benchmarks.md from `bench/models_evidence.py`.
 These checks fail if a bundle is edited, truncated or mislabelled, if the Qwen1.5 live table
-stops carrying the shared expert in its wrapper rows (R26), or if Mixtral's missing DP2 rank 1
-is quietly filled in.
+stops carrying the shared expert in its wrapper rows (R26), or if Mixtral's DP2 rank 1 (finished
+in session 5 from the kept checkpoint) stops being the measured resume of that checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ SHIPPED = {
         "dp2_ep2_rank1_sp0": 587,
     },
     (LIVE, QWEN15): {"dp1_ep1_rank0_sp0": 81},
-    (MODULAR, MIXTRAL): {"dp1_ep1_rank0_sp0": 49, "dp2_ep2_rank0_sp0": 334},
+    (MODULAR, MIXTRAL): {
+        "dp1_ep1_rank0_sp0": 49,
+        "dp2_ep2_rank0_sp0": 334,
+        "dp2_ep2_rank1_sp0": 334,  # session 5 call 6, resumed from the shipped checkpoint
+    },
     (LIVE, MIXTRAL): {"dp1_ep1_rank0_sp0": 49},
 }
 
@@ -114,24 +118,36 @@ def test_qwen15_live_ownership_traces_show_the_side_stream_only_up_to_256_tokens
         assert set(streams["experts"]) <= set(streams["parent"])
 
 
-def test_mixtral_dp2_rank1_is_open_in_the_checkpoint_not_published() -> None:
-    """What's left: one point of rank 1 never passed B/2B, so the rank is not in the bundle."""
+def test_mixtral_dp2_rank1_is_the_resumed_checkpoint_and_its_bimodal_point_passed_late() -> None:
+    """Rank 1's open point (experts:512:2:4) failed six controls in two processes (calls 11-12);
+    session 5's resume measured it again in a third and it passed at its eighth attempt. The
+    table holds exactly what that control selected, and the transplant is recorded."""
     bundle = open_bundle(MODULAR / MIXTRAL / "bf16")
-    assert {e.target.rank for e in bundle.entries if e.target.dp == 2} == {0}
+    assert {e.target.rank for e in bundle.entries if e.target.dp == 2} == {0, 1}
+    moved = bundle.meta["transplanted"]
+    assert [m["deployment"] for m in moved] == ["tp1/dp2_ep2_rank1_sp0"]
+    entry = next(e for e in bundle.entries if e.target.dp == 2 and e.target.rank == 1)
+    assert moved[0]["table_sha256"] == entry.table_sha256
     with tarfile.open(MODULAR / MIXTRAL / "bf16.acquisition-samples.tar.gz") as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("rank1_sp0/samples.jsonl"))
         handle = tar.extractfile(member)
         assert handle is not None
         records = [json.loads(line) for line in handle.read().decode().splitlines()]
-    status: dict[str, str] = {}
-    for r in records:
-        if r.get("type") == "point":
-            status[r["point"]] = r["status"]
-    assert [p for p, s in status.items() if s == "failed"] == ["experts:512:2:4"]
     controls = [
         r for r in records if r.get("type") == "control" and r["point"] == "experts:512:2:4"
     ]
-    assert len(controls) == 6 and not any(r["passed"] for r in controls)
+    assert [r["passed"] for r in controls] == [False] * 7 + [True]
+    assert len({r["session"] for r in controls}) == 3
+    status = {r["point"]: r for r in records if r.get("type") == "point"}
+    assert status["experts:512:2:4"]["status"] == "measured"
+    table = load_table(bundle.root, entry)
+    at = (
+        (table.component == "experts")
+        & (table.tokens == 512)
+        & (table.activated_experts == 2)
+        & (table.local_assignments == 4)
+    )
+    assert table.time_us[at].tolist() == [controls[-1]["selected_us"]]
 
 
 @pytest.mark.parametrize("model", [QWEN15, MIXTRAL])

@@ -32,11 +32,32 @@ H200 = [
 ]
 
 
+# Every shipped H200 bundle (one directory holding meta.yaml per model and variant).
+ALL_H200 = sorted(p.parent for p in (REPO / "bundles").glob("H200*/*/*/*/meta.yaml"))
+
+
 @pytest.fixture
 def h200(transactional_db: None) -> list[Any]:
     from registry.bundles.services import publish_bundle
 
     return [publish_bundle(path).bundle for path in H200]
+
+
+@pytest.fixture
+def all_h200(transactional_db: None) -> list[Any]:
+    from registry.bundles.services import publish_bundle
+
+    return [publish_bundle(path).bundle for path in ALL_H200]
+
+
+def test_the_shipped_h200_bundles_are_all_found() -> None:
+    """The browser check below walks every H200 bundle: the glob must not silently miss one."""
+    found = {str(p.relative_to(REPO / "bundles")) for p in ALL_H200}
+    assert {str(p.relative_to(REPO / "bundles")) for p in H200} <= found
+    metas = {p.parent for p in (REPO / "bundles").rglob("meta.yaml")}
+    assert {p for p in metas if p.relative_to(REPO / "bundles").parts[0].startswith("H200")} == set(
+        ALL_H200
+    )
 
 
 def _markers(view: Any, selector: str) -> int:
@@ -54,10 +75,12 @@ def _markers(view: Any, selector: str) -> int:
 def test_every_h200_table_draws_its_stability_and_conservation(
     page: Any,  # noqa: F811 - the imported fixture
     live_server: Any,
-    h200: list[Any],
+    all_h200: list[Any],
 ) -> None:
-    """R18, R26: the evidence published in each H200 bundle is drawn, point by point."""
-    for bundle in h200:
+    """R18, R26: the evidence published in every shipped H200 bundle is drawn, point by point,
+    and every H200 table has traced forwards to draw (issue 14)."""
+    live = all_h200[ALL_H200.index(H200[1])]
+    for bundle in all_h200:
         for table in bundle.tables.all():
             page.goto(live_server.url + f"/tables/{table.pk}/")
             for fig in ("#fig-stability-b2b", "#fig-stability-n", "#fig-stability-a"):
@@ -65,15 +88,15 @@ def test_every_h200_table_draws_its_stability_and_conservation(
             # one marker per control: one per published expert point, plus failed attempts
             assert _markers(page, "#fig-stability-n") <= table.row_count + 1
             text = page.inner_text("#conservation-note")
-            _check_conservation(page, table, text)
-            if table.contract["backend"]["name"] == "vllm-live":
+            _check_conservation(page, table, text, required=True)
+            if bundle == live:
                 # three traced forwards: each stacks gate_routing, experts, wrapper and the
                 # outside remainder (4 x 3 bars), with the native total marked (3 markers)
                 assert _traces(page, "#fig-conservation") == 5
                 assert _markers(page, "#fig-conservation") == 15
                 _shot(page, "table-quality-live")
     # The modular rank 1 retried one point: its failed attempt is marked.
-    modular = h200[0].tables.get(dp=2, rank=1)
+    modular = all_h200[ALL_H200.index(H200[0])].tables.get(dp=2, rank=1)
     page.goto(live_server.url + f"/tables/{modular.pk}/")
     names = page.eval_on_selector(
         "#fig-stability-n", "el => el.data.map(t => t.name + ':' + t.x.length)"
@@ -84,14 +107,16 @@ def test_every_h200_table_draws_its_stability_and_conservation(
     _shot(page, "table-quality-modular")
 
 
-def _check_conservation(view: Any, table: Any, text: str) -> None:
+def _check_conservation(view: Any, table: Any, text: str, *, required: bool = False) -> None:
     """The conservation figure draws every traced forward (one bar per part and the native
-    total), says when the forwards were traced separately, or says why there are none."""
+    total), says when the forwards were traced separately, or says why there are none (only
+    where the caller allows a table without traced forwards)."""
     from registry.services.quality import conservation_payload
 
     payload = conservation_payload(table)
     forwards = payload["forwards"]
     if not forwards:
+        assert not required, f"{table}: no traced native forward to draw"
         assert "traces no native MoE forward" in text, table
         return
     parts = {c for f in forwards for c in f["components_us"]}

@@ -43,6 +43,7 @@ NAMED = (
     "H200-vllm-modular-dp8-f4",
     "H200-vllm-modular-fp8-f2",
     "H200-vllm-live-fp8-f2",
+    "H200-vllm-modular-tp2-f2",
     "H200-vllm-modular-f2k",
     "H200-vllm-live-f2k",
 )

@@ -237,3 +237,54 @@ def test_a_tables_own_cost_answers_described_queries_on_every_path(
     for t in OPENED:
         t.close()
     OPENED.clear()
+
+
+FP8 = F2.parents[3] / "H200-vllm-modular-fp8-f2/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fp8_tables_64_row_model_travels_to_every_path(live_server: Any) -> None:
+    """Issue 18: the FP8 TP1/DP1 table charges its fitted cost where vLLM's block is 64 rows
+    (its `tile_model.block_m`); REST, RemoteTables and the estimate answer as moetables does."""
+    import requests
+
+    bundle = publish_bundle(FP8).bundle
+    detail = requests.get(f"{live_server.url}/api/v1/bundles/{bundle.pk}/", timeout=30).json()
+    dp1 = next(t for t in detail["tables"] if t["target"]["dp"] == 1)
+    assert dp1["expert_loads"]["tile_model"]["block_m"] == 64
+    local = ComponentTables(FP8).deployment(1, 1, 0)
+    remote_tables = RemoteTables(live_server.url, bundle=bundle.pk)
+    OPENED.append(remote_tables)
+    remote = remote_tables.deployment(1, 1, 0)
+    assert (remote.tile_block_m, remote.fitted_tile_cost_us) == (64, 0.85)
+    assert remote_tables.deployment(1, 2, 0).tile_block_m == 128  # no model: the default
+    queries = [
+        {"component": "experts", "tokens": 1024, "activated_experts": 128,
+         "local_assignments": 8192, "loads": "uniform"},
+    ]  # fmt: skip
+    answered = remote.answer(queries)
+    assert answered == local.answer(queries)
+    assert answered[0]["time_us"] > local.time_us("experts", 1024, 128, 8192) + 20
+    body = {
+        "bundle": bundle.pk,
+        "tp": 1,
+        "dp": 1,
+        "tokens": [1024],
+        "policy": "random",
+        "seed": 3,
+        "tile_cost_us": "table",
+        "events": False,
+    }
+    answer = requests.post(f"{live_server.url}/api/v1/estimate", json=body, timeout=30)
+    assert answer.status_code == 200, answer.content
+    expected = ComponentTables(FP8).estimate(
+        [1024], tp=1, dp=1, policy="random", seed=3, tile_cost_us="table"
+    )
+    plain = ComponentTables(FP8).estimate([1024], tp=1, dp=1, policy="random", seed=3)
+    assert [r["compute_us"] for r in answer.json()["ranks"]] == [
+        r.compute_us for r in expected.ranks
+    ]
+    assert expected.ranks[0].compute_us > plain.ranks[0].compute_us
+    for t in OPENED:
+        t.close()
+    OPENED.clear()

@@ -1,6 +1,6 @@
 """The registry imports the shipped Qwen1.5-MoE and Mixtral H200 bundles (issue 20, items 2, 6)
-and the coverage matrix, over REST and on the dashboard, shows both models with Mixtral's
-missing DP2 rank 1 as a gap."""
+and the coverage matrix, over REST and on the dashboard, shows both models with every modular
+deployment (Mixtral's DP2 rank 1 joined in session 5)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_the_import_command_publishes_all_four(imported: str) -> None:
     assert "note:" not in imported and "left out" not in imported
 
 
-def test_the_coverage_matrix_shows_both_models_and_mixtrals_gap(
+def test_the_coverage_matrix_shows_both_models_and_every_modular_rank(
     api: APIClient, imported: str
 ) -> None:
     body = api.get("/api/v1/coverage/").json()
@@ -54,7 +54,7 @@ def test_the_coverage_matrix_shows_both_models_and_mixtrals_gap(
     assert covered == {
         (QWEN15, "vllm-modular"): [True, True, True],
         (QWEN15, "vllm-live"): [True, False, False],
-        (MIXTRAL, "vllm-modular"): [True, True, False],  # rank 1: one point never passed B/2B
+        (MIXTRAL, "vllm-modular"): [True, True, True],  # rank 1 finished in session 5
         (MIXTRAL, "vllm-live"): [True, False, False],
     }
     for r in body["rows"]:
