@@ -17,25 +17,11 @@ from acquisition.load_spread import LoadSpreadError, attach
 from bench.load_spread import kernel_report
 from moetables.lookup.tables import ComponentTables
 from moetables.tiles import MODEL_BLOCK_M, block_size_m, row_tiles
+from tests.json_close import json_close
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "docs/evidence/h200-fp8-load-spread"
 RAW = json.loads((EVIDENCE / "load_spread_fp8.json").read_text())
-
-
-def _close(a: object, b: object) -> bool:
-    """Equal up to the last bits of a float (BLAS builds differ in summation order)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        return (
-            isinstance(a, (int, float))
-            and isinstance(b, (int, float))
-            and a == pytest.approx(b, rel=1e-12, abs=1e-15)
-        )
-    return a == b
 
 
 FP8 = ROOT / "bundles/H200-vllm-modular-fp8-f2/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
@@ -76,7 +62,7 @@ def test_tiles_explain_the_extra_time_and_the_spread_does_not() -> None:
 
 def test_the_committed_report_is_what_the_raw_file_gives() -> None:
     committed = json.loads((EVIDENCE / "report.json").read_text())
-    assert _close(json.loads(json.dumps(kernel_report(RAW, block_m=64))), committed)
+    assert json_close(json.loads(json.dumps(kernel_report(RAW, block_m=64))), committed)
 
 
 def test_fp8_time_follows_tiles_at_64_row_blocks_and_predicts_held_out_distributions() -> None:
@@ -188,7 +174,7 @@ def test_bf16_small_blocks_one_cost_holds_at_64_rows_only() -> None:
     committed = json.loads((EVIDENCE / "small_blocks_by_block.json").read_text())
     kernels = [Path(k) for k in committed["kernels"]]
     blocks = sbt.block_report(ComponentTables(ROOT / sbt.BUNDLE), [ROOT / k for k in kernels])
-    assert _close(json.loads(json.dumps(blocks)), committed["blocks"])
+    assert json_close(json.loads(json.dumps(blocks)), committed["blocks"])
     b64 = blocks["tp1 64"]
     assert b64["N"] == [512, 640] and b64["cost_us_all"] == pytest.approx(0.607, abs=5e-4)
     for held in (*b64["left_out_distribution"].values(), *b64["left_out_N"].values()):

@@ -13,25 +13,11 @@ import pytest
 from acquisition.load_spread import LoadSpreadError, rows_of
 from bench.load_spread import kernel_report
 from moetables.tiles import block_size_m, row_tiles
+from tests.json_close import json_close
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "docs/evidence/h200-load-spread"
 RAW = json.loads((EVIDENCE / "load_spread.json").read_text())
-
-
-def _close(a: object, b: object) -> bool:
-    """Equal up to the last bits of a float (BLAS builds differ in summation order)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) or isinstance(b, float):
-        return (
-            isinstance(a, (int, float))
-            and isinstance(b, (int, float))
-            and a == pytest.approx(b, rel=1e-12, abs=1e-15)
-        )
-    return a == b
 
 
 def test_it_is_a_complete_stable_h200_run_whose_tiles_moetables_reproduces() -> None:
@@ -51,7 +37,7 @@ def test_it_is_a_complete_stable_h200_run_whose_tiles_moetables_reproduces() -> 
 
 def test_the_report_is_what_the_raw_file_gives() -> None:
     committed = json.loads((EVIDENCE / "report.json").read_text())
-    assert _close(json.loads(json.dumps(kernel_report(RAW))), committed)
+    assert json_close(json.loads(json.dumps(kernel_report(RAW))), committed)
 
 
 def test_tiles_explain_the_extra_time_and_the_spread_does_not() -> None:
