@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The next session's first device burst on ONE H200 (prepared 2026-12-01, session 4;
-# docs/h200-runs.md "Next session's burst: prepared"). Parts, selectable, each under its own
+# docs/h200-runs.md "Session 5's first burst: as prepared in session 4"). Parts, selectable, each under its own
 # timeout (SIGTERM, samples kept: the same part resumes), results packed after every part:
 #
 #   qwen3-modular  Qwen3-30B-A3B bf16, vllm-modular, factor 2 WITH the kernel-step rule
