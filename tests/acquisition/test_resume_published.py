@@ -180,6 +180,9 @@ def test_an_isolated_resume_starts_children_only_for_unfinished_targets(
     assert log[-1]["phase"] == "done"
     assert log[-1]["points_done"] == log[-1]["points_total"] == records[-1]["points_done"]
     assert log[-1]["points_total"] == sum(len(rows) for rows in tables(out).values())
+    # The children's markers are read as the command's own: the same command skips all three.
+    request, plans = _plans(tiny_model, out, *wider[:4])
+    assert len(plans) == 3 and all(finished_target(request, p) is not None for p in plans)
 
 
 def test_the_last_unfinished_target_runs_in_the_command_s_own_process(
