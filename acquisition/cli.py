@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from acquisition.conserve import ConserveError, out_path, plan_targets
 from acquisition.conserve import add_arguments as conserve_arguments
+from acquisition.finished import split_finished, write_marker
 from acquisition.options import (
     OptionError,
     add_arguments,
@@ -134,7 +135,14 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None
             return 0
         status: int | None = None
         try:
-            if _isolated(args, plans):
+            with clock.phase("plan"):
+                plans = _skip_finished(request, plans, progress)
+            if not plans:
+                status = 0
+                message = f"every target is published in {request.bundle_dir} already"
+                progress.write(message)
+                progress.event("done", message, bundle=str(request.bundle_dir))
+            elif _isolated(args, plans):
                 status = _acquire_isolated(request, argv, plans, progress, clock)
             else:
                 status = _acquire(request, plans, progress, clock)
@@ -150,6 +158,26 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None
         return status
     finally:
         progress.close()
+
+
+def _skip_finished(
+    request: AcquisitionRequest, plans: list[PointPlan], progress: ProgressReporter
+) -> list[PointPlan]:
+    """The plans a run still has to start: a resume admits, builds and starts no process for
+    a target already published from an unchanged checkpoint (`acquisition.finished`). Its
+    points count as resumed, with the published count (the admitted plan's), so the total
+    and the ETA stay exact."""
+    pending, finished = split_finished(request, plans)
+    for plan, done in finished:
+        key = target_key(plan.target)
+        progress.set_target(key)
+        progress.total += done.points - len(plan.points)
+        progress.write(
+            f"{key}: published already ({done.points} points, {done.backend}, plan "
+            f"{done.plan_sha256[:12]}); skipped"
+        )
+        progress.skipped(done.points)
+    return pending
 
 
 def _acquire(
@@ -179,7 +207,8 @@ def _acquire(
             runtime = replace(probe_runtime(request.device, request.cache_bytes), limits=limits)
         progress.event("admission", f"{runtime.device}: {runtime.device_name}")
         selections = []
-        for plan in plans:
+        for requested in plans:
+            plan = requested
             with clock.phase("admission"):
                 backend, report = select_backend(
                     request.backend, request.model, plan.target, runtime
@@ -192,14 +221,18 @@ def _acquire(
                 components = tuple(declared(request.model, plan.target))
                 if components != plan.components:
                     plan = plan_target(request, plan.target, components)
-            selections.append((plan, backend, report))
-        progress.total = sum(len(plan.points) for plan, _, _ in selections)
+            selections.append((requested, plan, backend, report))
+        # Points resumed from published targets are counted already; the admitted plans may
+        # differ in size from the requested ones.
+        progress.total = progress.done + sum(len(plan.points) for _, plan, _, _ in selections)
         published = []
         failed: list[str] = []
-        for plan, backend, report in selections:
+        for requested, plan, backend, report in selections:
             outcome = acquire_target(request, plan, backend, runtime, report, progress, clock)
             if outcome.published:
                 published.append(plan)
+                with clock.phase("publish"):
+                    write_marker(request, requested, plan)
             else:
                 failed.extend(f"{plan.target.deployment} {key}" for key in outcome.failed_points)
         if failed:
@@ -314,17 +347,27 @@ def _conserve(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _isolated(args: argparse.Namespace, plans: Sequence[PointPlan]) -> bool:
     """Whether each target runs in its own child process (``--isolate-targets``).
 
-    ``auto`` isolates the vLLM paths on CUDA: in one process, ranks measured later were
-    slower than the same ranks measured by a fresh process (docs/acquisition.md says more),
-    and a fresh process per target is the only state reset that covers vLLM's own
-    process-wide state (workspaces, compiled kernels, allocator). The torch reference path
-    keeps one process: it has no such state and the children's start-up would dominate.
+    ``auto`` isolates only where one process could carry state from one target into the next
+    that no adapter owns: ``vllm-live`` (and ``auto``, which may admit it) on CUDA, whose
+    every target starts a whole ``vllm.LLM`` engine with vLLM's process-wide engine, compile
+    and distributed state. ``vllm-modular`` and ``torch-reference`` share one process: each
+    modular session makes its own default VllmConfig current for its life and emulates EP
+    through its expert map (no process group, no global EP setting), the finished target's
+    memory is released before the next builds (`release_target_memory`), and the H200 check
+    that isolation was introduced for found no process drift (docs/h200-runs.md, "Rank drift:
+    one process vs isolated targets": each rank agrees with itself across one process and
+    fresh children within 0.25-0.43 % median). One process saves a vLLM import (11-17 s)
+    and a torch start per target after the first.
     """
     if args.only_target is not None or len(plans) < 2:
         return False
     if args.isolate_targets == "auto":
-        return bool(args.device == "cuda" and args.backend != "torch-reference")
+        return bool(args.device == "cuda" and args.backend in _ISOLATED_BACKENDS)
     return bool(args.isolate_targets == "on")
+
+
+# Backends whose targets ``--isolate-targets auto`` runs in child processes on CUDA.
+_ISOLATED_BACKENDS = ("vllm-live", "auto")
 
 
 class _ChildFeed:

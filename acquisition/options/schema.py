@@ -124,7 +124,7 @@ OPTIONS: tuple[Option, ...] = (
         "choice",
         "auto",
         "--isolate-targets",
-        "measure each target in a fresh child process (auto: on for the vLLM backends)",
+        "measure each target in a fresh child process (auto: on for vllm-live and auto on cuda)",
         choices=AUTO_ON_OFF,
     ),
     Option(
