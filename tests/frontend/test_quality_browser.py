@@ -79,6 +79,8 @@ def test_every_h200_table_draws_its_stability_and_conservation(
 ) -> None:
     """R18, R26: the evidence published in every shipped H200 bundle is drawn, point by point,
     and every H200 table has traced forwards to draw (issue 14)."""
+    from registry.services.quality import stability_payload
+
     live = all_h200[ALL_H200.index(H200[1])]
     for bundle in all_h200:
         for table in bundle.tables.all():
@@ -86,7 +88,11 @@ def test_every_h200_table_draws_its_stability_and_conservation(
             for fig in ("#fig-stability-b2b", "#fig-stability-n", "#fig-stability-a"):
                 assert _markers(page, fig) > 0, (table, fig)
             # one marker per control: one per published expert point, plus failed attempts
-            assert _markers(page, "#fig-stability-n") <= table.row_count + 1
+            summary = stability_payload(table)["summary"]
+            assert _markers(page, "#fig-stability-n") <= (
+                summary["published_points"] + summary["failed_controls"]
+            )
+            assert summary["published_points"] <= table.row_count
             text = page.inner_text("#conservation-note")
             _check_conservation(page, table, text, required=True)
             if bundle == live:
