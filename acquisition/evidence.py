@@ -159,18 +159,7 @@ def republish(bundle_dir: Path, archive: Path) -> list[str]:
         if key not in samples:
             raise BundleError(str(archive), f"holds no samples.jsonl for {key}")
         table = load_table(bundle.root, entry)
-        rows: list[Row] = [
-            (str(c), str(m), int(n), int(a), int(p), float(t))
-            for c, m, n, a, p, t in zip(
-                table.component,
-                table.mode,
-                table.tokens,
-                table.activated_experts,
-                table.local_assignments,
-                table.time_us,
-                strict=True,
-            )
-        ]
+        rows: list[Row] = table.rows()
         stability = stability_rows(samples[key])
         backend = entry.contract.get("backend")
         conservation, absent = conservation_evidence(backend if isinstance(backend, dict) else {})

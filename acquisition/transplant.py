@@ -46,18 +46,7 @@ def spec_of(root: Path, entry: TableEntry) -> TableSpec:
         # Tile models point at load_spread.csv files that this tool does not carry.
         raise BundleError(entry.where, "carries expert load models; move those with their tool")
     table = load_table(root, entry)
-    rows: list[Row] = [
-        (str(c), str(m), int(n), int(a), int(p), float(t))
-        for c, m, n, a, p, t in zip(
-            table.component,
-            table.mode,
-            table.tokens,
-            table.activated_experts,
-            table.local_assignments,
-            table.time_us,
-            strict=True,
-        )
-    ]
+    rows: list[Row] = table.rows()
     quality = load_quality(root, entry, table)
     if quality.conservation_supplement is not None:
         raise BundleError(entry.where, "has supplementary conservation; attach it again instead")

@@ -35,19 +35,7 @@ Key = tuple[str, int, int, int]
 def _rows(bundle: Bundle, target: MoeTarget) -> dict[Key, float]:
     [entry] = [e for e in bundle.entries if e.target == target]
     table = load_table(bundle.root, entry)
-    return {
-        (str(c), int(n), int(a), int(m)): float(t)
-        for c, mode, n, a, m, t in zip(
-            table.component,
-            table.mode,
-            table.tokens,
-            table.activated_experts,
-            table.local_assignments,
-            table.time_us,
-            strict=True,
-        )
-        if mode == "eager"
-    }
+    return {(c, n, a, m): t for c, mode, n, a, m, t in table.rows() if mode == "eager"}
 
 
 def _p95(values: list[float]) -> float:

@@ -180,6 +180,22 @@ class ComponentTable:
         chosen: npt.NDArray[np.bool_] = (self.component == component) & (self.mode == mode)
         return chosen
 
+    def rows(self) -> list[tuple[str, str, int, int, int, float]]:
+        """(component, mode, N, A, M, time_us) per row in file order, as Python scalars (the
+        writer's ``Row``): what tools that rewrite or compare tables work with."""
+        return [
+            (str(c), str(m), int(n), int(a), int(p), float(t))
+            for c, m, n, a, p, t in zip(
+                self.component,
+                self.mode,
+                self.tokens,
+                self.activated_experts,
+                self.local_assignments,
+                self.time_us,
+                strict=True,
+            )
+        ]
+
 
 @dataclass(slots=True)
 class Bundle:
