@@ -19,13 +19,27 @@ the TP1/DP1 table is measured (``--deployments tp1``):
 
     python -m acquisition.load_spread bundles/H200-vllm-modular-fp8-f2 \
         docs/evidence/h200-fp8-load-spread/load_spread_fp8.json --block-m 64 --deployments tp1
+
+bf16 small blocks (format 4, one cost per vLLM block size, each fitted on exactly that block's
+records and charged only there): the TP1/DP1 table's 128-, 64- and 32-row costs from the
+session-4 file and the session-5 small-block file together (the DP2/EP2 ranks keep their
+format-3 128-row model: their 64-row evidence is one N and fails leave-one-out):
+
+    python -m acquisition.load_spread BUNDLE docs/evidence/h200-load-spread/load_spread.json \
+        docs/evidence/h200-fp8-load-spread/load_spread_bf16_small.json \
+        --deployments tp1 --blocks 128,64,32
+
+``--held-out`` prints, per block size, the leave-one-distribution-out and leave-one-N-out
+errors of the reader's fit (what decides which block sizes are recorded).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +47,7 @@ from moetables.bundle import open_bundle
 from moetables.bundle.loads import LoadSpreadRow
 from moetables.bundle.writer import attach_tile_models
 from moetables.geometry import MoeTarget
-from moetables.tiles import MODEL_BLOCK_M, fit_tile_cost
+from moetables.tiles import MODEL_BLOCK_M, TileError, fit_tile_cost
 
 # The measured deployment -> the table targets (tp, dp) whose kernel it is.
 DEPLOYMENT_TABLES = {"tp1": (1, 1), "ep2": (1, 2)}
@@ -78,15 +92,25 @@ def targets_for(bundle: Path, deployment: str) -> list[MoeTarget]:
     ]
 
 
+def merged(raws: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several raw files as one (their results concatenated): a deployment's records from
+    different device calls, at different N."""
+    return {"results": [r for raw in raws for r in raw.get("results", [])]}
+
+
 def attach(
     bundle: Path,
     raw: Mapping[str, Any],
     deployments: Sequence[str] = tuple(DEPLOYMENT_TABLES),
     *,
     block_m: int = MODEL_BLOCK_M,
-) -> dict[str, float]:
-    """Record each deployment's fitted cost (on blocks of at least ``block_m`` rows, where the
-    lookups then charge it) on the bundle's matching tables; returns the costs."""
+    blocks: Sequence[int] | None = None,
+) -> dict[str, float | dict[int, float]]:
+    """Record each deployment's fitted cost on the bundle's matching tables; returns the costs.
+
+    ``block_m``: one cost on blocks of at least ``block_m`` rows, where the lookups then charge
+    it (format 3). ``blocks``: one cost per block size, each fitted on exactly that block's
+    records and charged only there (format 4)."""
     # The kernel's dtype must be the bundle's (an FP8 cost on a bf16 table would be wrong).
     dtypes = {str(r.get("dtype", "bf16")) for r in raw.get("results", [])}
     variant = str(open_bundle(bundle).meta.get("variant", ""))
@@ -95,25 +119,98 @@ def attach(
             f"the evidence times {sorted(dtypes)} kernels, the bundle is {variant!r}"
         )
     models: dict[MoeTarget, list[LoadSpreadRow]] = {}
-    costs = {}
+    costs: dict[str, float | dict[int, float]] = {}
     for deployment in deployments:
         rows = rows_of(raw, deployment)
         targets = targets_for(bundle, deployment)
         if not targets:
             continue
-        costs[deployment] = fit_tile_cost(rows, block_m=block_m).tile_cost_us
+        if blocks is None:
+            costs[deployment] = fit_tile_cost(rows, block_m=block_m).tile_cost_us
+        else:
+            costs[deployment] = {
+                b: fit_tile_cost(rows, block_m=b, exact=True).tile_cost_us for b in blocks
+            }
         for t in targets:
             models[t] = rows
     if not models:
         raise LoadSpreadError(f"{bundle} has no table of the measured deployments")
-    attach_tile_models(bundle, models, block_m=block_m)
+    if blocks is None:
+        attach_tile_models(bundle, models, block_m=block_m)
+    else:
+        attach_tile_models(bundle, models, blocks=blocks)
     return costs
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out group's absolute relative errors (%), its N's balanced time alone and with
+    the cost fitted on the rest times the extra tiles."""
+
+    block_m: int
+    by: str  # "distribution" or "N"
+    group: str
+    cost_us: float
+    records: int
+    median_before: float
+    max_before: float
+    median_after: float
+    max_after: float
+
+
+def held_out(rows: Sequence[LoadSpreadRow], block_m: int) -> list[HeldOut]:
+    """Leave one distribution out, then one N: fit the reader's cost (`fit_tile_cost`, exactly
+    ``block_m``-row records) on the rest and predict each held-out record as its N's balanced
+    time plus the cost times its tiles beyond the balanced ones. A group that leaves no fit
+    (one N left) is omitted."""
+    own = [r for r in rows if r.block_m == block_m and r.stable]
+    balanced = {r.tokens: r for r in own if r.distribution == "balanced"}
+    out = []
+    for by in ("distribution", "N"):
+
+        def key(r: LoadSpreadRow, by: str = by) -> str:
+            return r.distribution if by == "distribution" else str(r.tokens)
+
+        spread = [r for r in own if r.distribution != "balanced" and r.tokens in balanced]
+        for group in sorted({key(r) for r in spread}):
+            held = [r for r in spread if key(r) == group]
+            rest = [r for r in own if not (r.distribution != "balanced" and key(r) == group)]
+            if by == "N":
+                rest = [r for r in rest if str(r.tokens) != group]
+            try:
+                cost = fit_tile_cost(rest, block_m=block_m, exact=True).tile_cost_us
+            except TileError:
+                continue
+            before, after = [], []
+            for r in held:
+                b = balanced[r.tokens]
+                before.append(100 * abs(b.b2_us / r.b2_us - 1))
+                after.append(100 * abs((b.b2_us + cost * (r.tiles - b.tiles)) / r.b2_us - 1))
+            out.append(
+                HeldOut(
+                    block_m,
+                    by,
+                    group,
+                    cost,
+                    len(held),
+                    statistics.median(before),
+                    max(before),
+                    statistics.median(after),
+                    max(after),
+                )
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle", type=Path)
-    p.add_argument("evidence", type=Path, help="load_spread.json from scripts/h200_load_spread.py")
+    p.add_argument(
+        "evidence",
+        type=Path,
+        nargs="+",
+        help="load_spread.json file(s) from scripts/h200_load_spread.py (merged)",
+    )
     p.add_argument(
         "--block-m",
         type=int,
@@ -121,18 +218,49 @@ def main(argv: list[str] | None = None) -> int:
         help="fit and charge tiles on vLLM blocks of at least this many rows (FP8: 64)",
     )
     p.add_argument(
+        "--blocks",
+        help="comma-separated block sizes: one cost per block size (format 4), e.g. 128,64,32",
+    )
+    p.add_argument(
         "--deployments",
         default=",".join(DEPLOYMENT_TABLES),
         help="comma-separated measured deployments to record (tp1, ep2)",
+    )
+    p.add_argument(
+        "--held-out",
+        action="store_true",
+        help="print the held-out errors per block size and record nothing",
     )
     args = p.parse_args(argv)
     wanted = [d for d in args.deployments.split(",") if d]
     unknown = set(wanted) - set(DEPLOYMENT_TABLES)
     if unknown:
         p.error(f"unknown deployments {sorted(unknown)}; known: {sorted(DEPLOYMENT_TABLES)}")
-    costs = attach(args.bundle, json.loads(args.evidence.read_text()), wanted, block_m=args.block_m)
+    blocks = None
+    if args.blocks:
+        try:
+            blocks = [int(b) for b in args.blocks.split(",") if b]
+        except ValueError:
+            p.error(f"--blocks takes integers, got {args.blocks!r}")
+    raw = merged([json.loads(e.read_text()) for e in args.evidence])
+    if args.held_out:
+        for deployment in wanted:
+            rows = rows_of(raw, deployment)
+            for b in blocks or sorted({r.block_m for r in rows}, reverse=True):
+                for h in held_out(rows, b):
+                    print(
+                        f"{deployment} {b}-row held out {h.by} {h.group}: cost {h.cost_us:.3f} "
+                        f"({h.records} records) median {h.median_before:.1f} -> "
+                        f"{h.median_after:.1f} %, max {h.max_before:.1f} -> {h.max_after:.1f} %"
+                    )
+        return 0
+    costs = attach(args.bundle, raw, wanted, block_m=args.block_m, blocks=blocks)
     for deployment, c in costs.items():
-        print(f"{args.bundle}: {deployment} tile_cost_us {c:.3f}")
+        if isinstance(c, dict):
+            for b, v in c.items():
+                print(f"{args.bundle}: {deployment} {b}-row tile_cost_us {v:.3f}")
+        else:
+            print(f"{args.bundle}: {deployment} tile_cost_us {c:.3f}")
     return 0
 
 

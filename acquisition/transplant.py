@@ -42,7 +42,7 @@ def spec_of(root: Path, entry: TableEntry) -> TableSpec:
     """The writer's description of ``entry`` as published under ``root``."""
     if entry.layout != "current":
         raise BundleError(entry.where, "only current-layout entries can be moved")
-    if entry.expert_loads.tile_model is not None:
+    if entry.expert_loads.models:
         # Tile models point at load_spread.csv files that this tool does not carry.
         raise BundleError(entry.where, "carries expert load models; move those with their tool")
     table = load_table(root, entry)

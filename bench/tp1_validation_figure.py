@@ -4,7 +4,8 @@ factor-2 table and with the kernel-step table, for each routing in the evidence.
 
 Reads the comparisons `acquisition.estimate_validation` wrote into the evidence directory:
 `comparison-f2.json` (factor-2 modular table, no charge), `comparison-f2-tiles.json` (with it),
-`comparison-f2k-tiles.json` (the kernel-step modular table, with it) and, for ``--summary``, every
+`comparison-f2k-tiles.json` (the kernel-step modular table, with it), `comparison-f2k-blocks.json`
+when present (the same with its per-block-size costs, bundle format 4) and, for ``--summary``, every
 `comparison-*.json` there.
 
     PYTHONPATH=. .venv/bin/python bench/tp1_validation_figure.py docs/evidence/h200-tp1-validation \
@@ -55,6 +56,9 @@ def figure(evidence: Path, out: Path) -> None:
                 evidence / "comparison-f2k-tiles.json", "histogram", routing
             ),
         }
+        blocks = evidence / "comparison-f2k-blocks.json"
+        if blocks.is_file():  # the per-block costs (bundle format 4)
+            arms["f2k, counts + per-block tile costs"] = _steps(blocks, "histogram", routing)
         top, bottom = axes[0][col], axes[1][col]
         measured = arms["f2, counts + tiles"]
         top.plot(
@@ -63,7 +67,8 @@ def figure(evidence: Path, out: Path) -> None:
             "k.-",
             label="measured (block less routing kernels)",
         )
-        for (label, rows), style in zip(arms.items(), ("C1:", "C2-", "C3--"), strict=True):
+        styles = ("C1:", "C2-", "C3--", "C4-.")[: len(arms)]
+        for (label, rows), style in zip(arms.items(), styles, strict=True):
             n = [s["tokens"][0] for s in rows]
             top.plot(n, [s["experts_estimate_us"] for s in rows], style, label=label)
             bottom.plot(n, [100 * s["experts_error"] for s in rows], style + "o", ms=3)

@@ -51,16 +51,17 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
                 file=out,
             )
         for entry in report.bundle.entries:
-            model = entry.expert_loads.tile_model
-            if model is None:
-                continue
+            loads = entry.expert_loads
             spread = report.loads.get(entry.table_path, ())
-            print(
-                f"loads: {entry.table_path}: rows {entry.expert_loads.rows}; row tiles of "
-                f">= {model.block_m} rows cost {model.tile_cost_us} us each (vLLM "
-                f"{model.vllm_version}), refitted from {len(spread)} timed loads",
-                file=out,
-            )
+            for model in loads.models:
+                # format 3: one cost for blocks of at least block_m rows; 4: one per block size
+                at = ">= " if loads.tile_model is not None else ""
+                print(
+                    f"loads: {entry.table_path}: rows {loads.rows}; row tiles of "
+                    f"{at}{model.block_m} rows cost {model.tile_cost_us} us each (vLLM "
+                    f"{model.vllm_version}), refitted from {len(spread)} timed loads",
+                    file=out,
+                )
         for name in report.bundle.missing_files:
             print(f"note: meta.yaml names {name}, which is not in this bundle", file=out)
         return 0

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,22 @@ def _tokens(value: Any) -> Any:
     return value
 
 
+def _block_costs(models: Any) -> dict[int, float]:
+    """Format 4's ``tile_models`` as the registry states them: {block_m: tile_cost_us}."""
+    out: dict[int, float] = {}
+    for m in models if isinstance(models, list) else []:
+        block = m.get("block_m") if isinstance(m, dict) else None
+        cost = m.get("tile_cost_us") if isinstance(m, dict) else None
+        if (
+            isinstance(block, int)
+            and not isinstance(block, bool)
+            and isinstance(cost, (int, float))
+            and not isinstance(cost, bool)
+        ):
+            out[block] = float(cost)
+    return out
+
+
 def _local_cluster(cluster: Cluster | str | None) -> Cluster | None:
     if isinstance(cluster, str):
         raise QueryError(
@@ -248,6 +264,7 @@ class RemoteDeployment:
         modes: Sequence[str],
         fitted_tile_cost_us: float | None = None,
         tile_block_m: int | None = None,
+        block_costs: Mapping[int, float] | None = None,
     ) -> None:
         self._tables = tables
         self.target = target
@@ -262,6 +279,9 @@ class RemoteDeployment:
 
             tile_block_m = MODEL_BLOCK_M
         self.tile_block_m = tile_block_m
+        # Format 4 (issue 18): the table's cost per vLLM block size, each charged exactly there;
+        # None: format 3's one cost, charged at blocks of at least tile_block_m rows.
+        self.block_costs = None if block_costs is None else dict(block_costs)
         self._envelope = {
             "bundle": answerer["sha256"],
             "target": {
@@ -272,6 +292,20 @@ class RemoteDeployment:
             },
         }
         self._scalars: dict[tuple[Any, ...], float] = {}
+
+    def tile_cost_at(self, block_m: int) -> float | None:
+        """As `DeploymentTables.tile_cost_at`, from the registry's statement of the table."""
+        if self.block_costs is not None:
+            return self.block_costs.get(block_m)
+        if self.fitted_tile_cost_us is None or block_m < self.tile_block_m:
+            return None
+        return self.fitted_tile_cost_us
+
+    def tile_charge_us(self, block_m: int, tile_cost_us: float | None) -> float | None:
+        """As `DeploymentTables.tile_charge_us`."""
+        if tile_cost_us is not None:
+            return float(tile_cost_us) if block_m >= self.tile_block_m else None
+        return self.tile_cost_at(block_m)
 
     def _known(self, component: str, mode: str) -> None:
         # Worded as DeploymentTables words it: the same error before any request is sent.
@@ -692,7 +726,12 @@ class RemoteTables:
                 f"/api/v1/bundles/{answerer['id']}/"
             )
         table = next(t for t in detail["tables"] if t["target"] == target.as_dict())
-        model = (table.get("expert_loads") or {}).get("tile_model") or {}
+        loads = table.get("expert_loads") or {}
+        model = loads.get("tile_model") or {}
+        per_block = _block_costs(loads.get("tile_models"))
+        if per_block:  # format 4: the largest block's model stands for the table's one cost
+            largest = max(per_block)
+            model = {"tile_cost_us": per_block[largest], "block_m": largest}
         cost = model.get("tile_cost_us")
         block = model.get("block_m")
         return RemoteDeployment(
@@ -705,6 +744,7 @@ class RemoteTables:
             block
             if isinstance(block, int) and not isinstance(block, bool) and block >= 1
             else None,
+            per_block or None,
         )
 
     # --- the layer estimate --------------------------------------------------------------

@@ -76,6 +76,10 @@ class DeploymentTables(Protocol):
     @property
     def tile_block_m(self) -> int: ...
 
+    def tile_cost_at(self, block_m: int) -> float | None: ...
+
+    def tile_charge_us(self, block_m: int, tile_cost_us: float | None) -> float | None: ...
+
     def balanced_tiles_batch(
         self,
         tokens: npt.ArrayLike,
@@ -870,18 +874,19 @@ class LayerEstimator:
         """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged
         where vLLM's block is at least each rank's ``tile_block_m`` rows (its tile model's
         ``block_m``, else 128)."""
-        if cost_us == TABLE_TILE_COST:
-            costs = [t.fitted_tile_cost_us for t in self.ranks]
-            missing = [r for r, c in enumerate(costs) if c is None]
+        table = cost_us == TABLE_TILE_COST
+        if table:
+            missing = [r for r, t in enumerate(self.ranks) if t.fitted_tile_cost_us is None]
             if missing:
                 raise QueryError(
                     f"tile_cost_us='table': the tables of ranks {missing} record no fitted tile "
                     "cost (bundle format 3's expert_loads.tile_model); give a number"
                 )
+            given: float | None = None
         elif isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:
             raise QueryError(f"tile_cost_us must be a number >= 0 or 'table', got {cost_us!r}")
         else:
-            costs = [float(cost_us)] * len(self.ranks)
+            given = float(cost_us)
         if routing.expert_counts is None:
             raise QueryError(
                 f"tile_cost_us needs per-expert counts: the {routing.policy} policy gives none; "
@@ -891,6 +896,7 @@ class LayerEstimator:
             return
         times = components[EXPERTS]
         ranges = self.deployment.expert_ranges()
+        charged: set[tuple[int, float]] = set()
         for rank, tables in enumerate(self.ranks):
             shape = tables.tile_shape()
             start, stop = ranges[rank]
@@ -898,24 +904,41 @@ class LayerEstimator:
             a = routing.activated_experts[:, rank]
             m = routing.local_assignments[:, rank]
             blocks = np.array([shape.config(int(x)).block_m for x in n.tolist()])
-            pick = np.flatnonzero(
-                (blocks >= tables.tile_block_m) & np.isfinite(times[:, rank]) & (a > 0)
-            )
+            # The cost per step: the rank's table's charge at the block vLLM picks at that N
+            # (a given number where the block is at least tile_block_m; 'table': the table's
+            # own cost for that block, nothing where it records none).
+            per_block = {int(b): tables.tile_charge_us(int(b), given) for b in set(blocks.tolist())}
+            cost = np.array([per_block[int(b)] or 0.0 for b in blocks.tolist()])
+            has = np.array([per_block[int(b)] is not None for b in blocks.tolist()], dtype=bool)
+            pick = np.flatnonzero(has & np.isfinite(times[:, rank]) & (a > 0))
             if pick.size == 0:
                 continue
+            charged |= {(b, c) for b, c in per_block.items() if c is not None}
             reference = tables.balanced_tiles_batch(n[pick], a[pick], m[pick], mode)
             counts = routing.expert_counts[pick, start:stop]
             run = (-(-counts // blocks[pick, None])).sum(axis=1)
             ok = reference.code == OK
-            cost = costs[rank]
-            assert cost is not None  # checked above
-            times[pick[ok], rank] += cost * (run[ok] - reference.time_us[ok])
-        charged = ", ".join(sorted({f"{c:g}" for c in costs if c is not None}))
-        source = " (each rank's table's fitted cost)" if cost_us == TABLE_TILE_COST else ""
+            times[pick[ok], rank] += cost[pick[ok]] * (run[ok] - reference.time_us[ok])
+        source = " (each rank's table's fitted cost)" if table else ""
         least = ", ".join(sorted({str(t.tile_block_m) for t in self.ranks}))
+        if given is not None or not any(_per_block(t) for t in self.ranks):
+            # One cost per rank for every block of at least its tile_block_m (format 3)
+            costs = {given} if given is not None else {t.fitted_tile_cost_us for t in self.ranks}
+            each = ", ".join(sorted(f"{c:g}" for c in costs if c is not None))
+            what = f"at {each} us each{source} where vLLM's block is at least {least} rows"
+        else:
+            what = (
+                "at "
+                + ", ".join(
+                    f"{c:g} us where vLLM's block is {b} rows"
+                    for b, c in sorted(charged, reverse=True)
+                )
+                if charged
+                else "at nothing (no step ran a block with a recorded cost)"
+            ) + source
         notes.append(
-            f"expert-kernel row tiles beyond the table's balanced tiles are charged at "
-            f"{charged} us each{source} where vLLM's block is at least {least} rows (issue 18)"
+            f"expert-kernel row tiles beyond the table's balanced tiles are charged {what} "
+            "(issue 18)"
         )
 
     def _lookup(
@@ -1174,3 +1197,9 @@ def estimator_for(
     if found is None:
         found = cache[key] = LayerEstimator(tables, tp, dp, sequence_parallel)
     return found
+
+
+def _per_block(tables: DeploymentTables) -> bool:
+    """Whether a rank's table charges blocks below its tile_block_m (format 4's per-block
+    costs): then the estimate's note names the cost of each block it charged."""
+    return any(tables.tile_cost_at(b) is not None for b in (16, 32, 64) if b < tables.tile_block_m)

@@ -339,17 +339,21 @@ class TileFit:
     groups: int
 
 
-def fit_tile_cost(rows: Sequence[TimedLoad], *, block_m: int = MODEL_BLOCK_M) -> TileFit:
+def fit_tile_cost(
+    rows: Sequence[TimedLoad], *, block_m: int = MODEL_BLOCK_M, exact: bool = False
+) -> TileFit:
     """The cost of a row tile from loads timed at the same N (issue 18).
 
     Only stable records (B and 2B arms within 3 %) whose block is at least ``block_m`` rows
     count; each N is its own group (its balanced and spread loads differ in tiles only, the
     rows and pairs being the same), and the slope is the pooled within-group least squares of
     the 2B time on the tiles: sum (x - mean_N x)(y - mean_N y) / sum (x - mean_N x)^2.
+    ``exact``: only records whose block is exactly ``block_m`` rows (a per-block model, bundle
+    format 4).
     """
     groups: dict[int, list[TimedLoad]] = {}
     for r in rows:
-        if r.stable and r.block_m >= block_m:
+        if r.stable and (r.block_m == block_m if exact else r.block_m >= block_m):
             groups.setdefault(r.tokens, []).append(r)
     sxy = sxx = 0.0
     used = 0
@@ -365,5 +369,6 @@ def fit_tile_cost(rows: Sequence[TimedLoad], *, block_m: int = MODEL_BLOCK_M) ->
         used += len(rs)
         kept += 1
     if sxx <= 0:
-        raise TileError(f"no N with loads of different tiles at blocks of >= {block_m} rows")
+        which = "" if exact else ">= "
+        raise TileError(f"no N with loads of different tiles at blocks of {which}{block_m} rows")
     return TileFit(sxy / sxx, used, kept)

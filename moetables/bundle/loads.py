@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from moetables.bundle.model import (
+    BLOCK_TILE_MODEL_SCHEMA,
     EXPERT_LOAD_ROWS,
+    LOADS_FORMAT_VERSION,
     TILE_MODEL_SCHEMAS,
     ExpertLoads,
     TableEntry,
@@ -54,6 +56,7 @@ __all__ = [
     "parse_expert_loads",
     "read_load_spread",
     "tile_model_record",
+    "tile_models_record",
 ]
 
 LOAD_SPREAD_FILE = "load_spread.csv"
@@ -157,16 +160,22 @@ def read_load_spread(text: str, where: str) -> list[LoadSpreadRow]:
 
 
 def parse_expert_loads(root: Path, tp: int, raw: Any, *, version: int, where: str) -> ExpertLoads:
-    """An entry's ``expert_loads`` (format 3; absent: balanced rows, no model)."""
+    """An entry's ``expert_loads`` (format 3; absent: balanced rows, no model). Format 4 may
+    give ``tile_models`` (one per vLLM block size) in place of ``tile_model``."""
     if raw is None:
         return ExpertLoads()
-    if version < 3:
+    if version < LOADS_FORMAT_VERSION:
         raise BundleError(where, "expert_loads needs format_version 3")
     if not isinstance(raw, dict):
         raise BundleError(where, "must be a mapping with rows and optionally tile_model")
-    unknown = set(raw) - {"rows", "tile_model"}
+    known = {"rows", "tile_model"} | ({"tile_models"} if version >= 4 else set())
+    unknown = set(raw) - known
     if unknown:
-        raise BundleError(where, f"unknown keys {sorted(unknown)}; it takes rows, tile_model")
+        raise BundleError(
+            where,
+            f"unknown keys {sorted(unknown)}; it takes {', '.join(sorted(known))}"
+            + ("" if version >= 4 else " (tile_models needs format_version 4)"),
+        )
     rows = raw.get("rows")
     if rows not in EXPERT_LOAD_ROWS:
         raise BundleError(
@@ -175,16 +184,44 @@ def parse_expert_loads(root: Path, tp: int, raw: Any, *, version: int, where: st
             "load are never read as balanced ones",
         )
     model = raw.get("tile_model")
+    models = raw.get("tile_models")
+    if model is not None and models is not None:
+        raise BundleError(
+            where, "gives both tile_model and tile_models: one charge per table, not two"
+        )
+    if models is not None:
+        mwhere = f"{where}.tile_models"
+        if not isinstance(models, list) or not models:
+            raise BundleError(mwhere, "must be a non-empty list of per-block models")
+        parsed = tuple(
+            _parse_model(root, tp, m, BLOCK_TILE_MODEL_SCHEMA, f"{mwhere}[{i}]")
+            for i, m in enumerate(models)
+        )
+        blocks = [m.block_m for m in parsed]
+        if len(set(blocks)) != len(blocks):
+            raise BundleError(mwhere, f"names a block size twice: {blocks}; one cost per block")
+        return ExpertLoads(rows=str(rows), tile_models=parsed)
     if model is None:
         return ExpertLoads(rows=str(rows))
-    mwhere = f"{where}.tile_model"
+    return ExpertLoads(
+        rows=str(rows),
+        tile_model=_parse_model(root, tp, model, TILE_MODEL_SCHEMAS[0], f"{where}.tile_model"),
+    )
+
+
+def _parse_model(root: Path, tp: int, model: Any, schema_wanted: str, mwhere: str) -> TileModel:
+    """One tile model mapping: its schema must be ``schema_wanted`` (format 3's ``tile_model``
+    is row-tiles-v1, format 4's ``tile_models`` items row-tiles-per-block-v1: R30, the two
+    charge different blocks and are never read as each other)."""
     if not isinstance(model, dict):
         raise BundleError(mwhere, "must be a mapping")
     schema = model.get("schema")
-    if schema not in TILE_MODEL_SCHEMAS:
+    if schema != schema_wanted:
+        known = sorted({*TILE_MODEL_SCHEMAS, BLOCK_TILE_MODEL_SCHEMA})
         raise BundleError(
             f"{mwhere}.schema",
-            f"unknown tile model {schema!r}; this reader knows {list(TILE_MODEL_SCHEMAS)}",
+            f"unknown tile model {schema!r} here; it must be {schema_wanted!r} (this reader "
+            f"knows {known})",
         )
     version_text = model.get("vllm_version")
     if not isinstance(version_text, str) or not version_text:
@@ -217,33 +254,38 @@ def parse_expert_loads(root: Path, tp: int, raw: Any, *, version: int, where: st
         raise BundleError(
             f"{mwhere}.evidence", "is required: a fitted cost names what it is fitted on"
         )
-    return ExpertLoads(
-        rows=str(rows),
-        tile_model=TileModel(str(schema), version_text, int(block), float(cost), evidence),
-    )
+    return TileModel(str(schema), version_text, int(block), float(cost), evidence)
 
 
 def load_spread_evidence(root: Path, entry: TableEntry) -> tuple[LoadSpreadRow, ...] | None:
-    """The entry's tile-model evidence, checksummed, and its fit checked against the recorded
-    cost; None when the entry has no model."""
-    model = entry.expert_loads.tile_model
-    if model is None or model.evidence is None:
+    """The entry's tile-model evidence, checksummed, and each model's fit checked against its
+    recorded cost (a per-block model on the records of exactly its block); None when the entry
+    has no model."""
+    models = entry.expert_loads.models
+    if not models:
         return None
     from moetables.tiles import TileError, fit_tile_cost
 
-    ref = model.evidence
-    rows = read_load_spread(read_checked_text(root, ref), ref.path)
-    try:
-        fit = fit_tile_cost(rows, block_m=model.block_m)
-    except TileError as exc:
-        raise BundleError(ref.path, f"fits no tile cost: {exc}") from None
-    if round(fit.tile_cost_us, COST_DIGITS) != model.tile_cost_us:
-        raise BundleError(
-            f"{entry.where}:expert_loads.tile_model.tile_cost_us",
-            f"is {model.tile_cost_us}, but its evidence {ref.path} fits "
-            f"{round(fit.tile_cost_us, COST_DIGITS)}",
-        )
-    return tuple(rows)
+    files: dict[Any, list[LoadSpreadRow]] = {}  # per evidence reference (path and checksum)
+    for model in models:
+        ref = model.evidence
+        if ref is None:
+            continue
+        rows = files.get(ref) or read_load_spread(read_checked_text(root, ref), ref.path)
+        files[ref] = rows
+        exact = model.schema == BLOCK_TILE_MODEL_SCHEMA
+        try:
+            fit = fit_tile_cost(rows, block_m=model.block_m, exact=exact)
+        except TileError as exc:
+            raise BundleError(ref.path, f"fits no tile cost: {exc}") from None
+        if round(fit.tile_cost_us, COST_DIGITS) != model.tile_cost_us:
+            field = "tile_model" if not exact else f"tile_models[block_m={model.block_m}]"
+            raise BundleError(
+                f"{entry.where}:expert_loads.{field}.tile_cost_us",
+                f"is {model.tile_cost_us}, but its evidence {ref.path} fits "
+                f"{round(fit.tile_cost_us, COST_DIGITS)}",
+            )
+    return tuple(r for rows in files.values() for r in rows)
 
 
 def tile_model_record(
@@ -263,3 +305,26 @@ def tile_model_record(
             "evidence": dict(evidence),
         },
     }
+
+
+def tile_models_record(
+    rows: Iterable[LoadSpreadRow], *, blocks: Iterable[int], evidence: dict[str, str]
+) -> dict[str, Any]:
+    """The ``expert_loads`` mapping (format 4) of an entry with one cost per vLLM block size in
+    ``blocks``, each fitted on ``rows`` of exactly that block (all rows in one evidence file)."""
+    from moetables.tiles import VLLM_VERSION, fit_tile_cost
+
+    rows = list(rows)
+    models = []
+    for block in sorted(set(blocks), reverse=True):
+        fit = fit_tile_cost(rows, block_m=block, exact=True)
+        models.append(
+            {
+                "schema": BLOCK_TILE_MODEL_SCHEMA,
+                "vllm_version": VLLM_VERSION,
+                "block_m": block,
+                "tile_cost_us": round(fit.tile_cost_us, COST_DIGITS),
+                "evidence": dict(evidence),
+            }
+        )
+    return {"rows": "balanced", "tile_models": models}

@@ -12,6 +12,8 @@ import numpy.typing as npt
 from moetables.geometry import ExpertGeometry, MoeTarget
 
 __all__ = [
+    "BLOCK_MODELS_FORMAT_VERSION",
+    "BLOCK_TILE_MODEL_SCHEMA",
     "COLUMNS",
     "CONSERVED_COMPONENTS",
     "CONTRACT_SCHEMAS",
@@ -40,15 +42,20 @@ __all__ = [
 
 CURRENT_SCHEMA = "moe-components"
 # Format versions of the current layout this reader knows: 2 adds quality evidence files, 3 the
-# per-entry ``expert_loads`` record (issue 18: the rows' load distribution, a fitted tile model).
-CURRENT_FORMAT_VERSIONS = (1, 2, 3)
+# per-entry ``expert_loads`` record (issue 18: the rows' load distribution, a fitted tile model),
+# 4 the per-block-size tile models (``expert_loads.tile_models``: one cost per vLLM block size).
+CURRENT_FORMAT_VERSIONS = (1, 2, 3, 4)
 CURRENT_FORMAT_VERSION = 2
 LOADS_FORMAT_VERSION = 3
+BLOCK_MODELS_FORMAT_VERSION = 4
 # The per-expert load distributions an expert row may be measured under. Every table so far
 # holds the acquisition stimulus' balanced histogram; another name is refused, never read as it.
 EXPERT_LOAD_ROWS = ("balanced",)
 # Tile models this reader applies (moetables.tiles: vLLM's row tiles, a cost per extra tile).
 TILE_MODEL_SCHEMAS = ("row-tiles-v1",)
+# Format 4's per-block model: its cost holds where vLLM's block is exactly ``block_m`` rows (a
+# v1 model's, where it is at least ``block_m``: a different charge, so a different name, R30).
+BLOCK_TILE_MODEL_SCHEMA = "row-tiles-per-block-v1"
 # Method/schema versions of current contracts this reader knows (R30: a semantic method
 # change gets a new name, and an unknown one is refused rather than read as this one).
 CONTRACT_SCHEMAS = ("moe-components-contract-v1",)
@@ -118,6 +125,28 @@ class ExpertLoads:
 
     rows: str = "balanced"
     tile_model: TileModel | None = None
+    # Format 4 (``tile_models``): one model per vLLM block size, each charged where vLLM's block
+    # is exactly its ``block_m``; never together with ``tile_model``.
+    tile_models: tuple[TileModel, ...] = ()
+
+    def block_cost_us(self, block_m: int) -> float | None:
+        """The recorded cost of an extra row tile where vLLM's block is ``block_m`` rows, or
+        None where nothing is recorded for that block (the tile charge then adds nothing).
+        A format-3 model covers every block of at least its ``block_m`` rows; a format-4 one
+        exactly its own."""
+        if self.tile_model is not None:
+            m = self.tile_model
+            return m.tile_cost_us if block_m >= m.block_m else None
+        for m in self.tile_models:
+            if m.block_m == block_m:
+                return m.tile_cost_us
+        return None
+
+    @property
+    def models(self) -> tuple[TileModel, ...]:
+        """Every recorded model (format 3's one or format 4's per block), largest block first."""
+        found = (self.tile_model,) if self.tile_model is not None else self.tile_models
+        return tuple(sorted(found, key=lambda m: -m.block_m))
 
 
 @dataclass(frozen=True, slots=True)

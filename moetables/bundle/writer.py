@@ -28,8 +28,10 @@ from moetables.bundle.loads import (
     format_load_spread,
     load_spread_evidence,
     tile_model_record,
+    tile_models_record,
 )
 from moetables.bundle.model import (
+    BLOCK_MODELS_FORMAT_VERSION,
     COLUMNS,
     COMPONENTS,
     CURRENT_FORMAT_VERSION,
@@ -228,9 +230,11 @@ def _write_quality(stage: Path, spec: TableSpec) -> dict[str, Any]:
 
 def _format_of(tp: int, owner: dict[str, Any]) -> dict[str, Any]:
     """Format 2 when every entry of the TP carries quality evidence, else format 1; format 3
-    when, besides, an entry records its expert loads (issue 18)."""
+    when, besides, an entry records its expert loads (issue 18); format 4 when one records a
+    cost per block size (``tile_models``)."""
     with_quality = [e for e in owner["entries"] if "quality" in e]
     loads = any("expert_loads" in e for e in owner["entries"])
+    per_block = any("tile_models" in (e.get("expert_loads") or {}) for e in owner["entries"])
     if not with_quality:
         if loads:
             raise BundleError(
@@ -247,7 +251,13 @@ def _format_of(tp: int, owner: dict[str, Any]) -> dict[str, Any]:
         )
     # schema first, then the version, then the entries: the order a reader expects.
     entries = owner.pop("entries")
-    owner["format_version"] = LOADS_FORMAT_VERSION if loads else CURRENT_FORMAT_VERSION
+    owner["format_version"] = (
+        BLOCK_MODELS_FORMAT_VERSION
+        if per_block
+        else LOADS_FORMAT_VERSION
+        if loads
+        else CURRENT_FORMAT_VERSION
+    )
     owner["entries"] = entries
     return {}
 
@@ -256,12 +266,21 @@ def attach_tile_models(
     dest: str | Path,
     models: Mapping[MoeTarget, Sequence[LoadSpreadRow]],
     *,
-    block_m: int,
+    block_m: int | None = None,
+    blocks: Sequence[int] | None = None,
 ) -> Path:
     """Record, for each named target of the bundle at ``dest``, its row-tile model fitted on
     ``models[target]`` (issue 18, format 3): the evidence is written beside the target's table
     as ``load_spread.csv`` and the entry gets ``expert_loads`` (rows balanced, the fitted cost).
-    Tables and quality evidence keep their bytes; the result is validated, then swapped in."""
+    Tables and quality evidence keep their bytes; the result is validated, then swapped in.
+
+    ``block_m``: one cost, charged where vLLM's block is at least that many rows (format 3's
+    ``tile_model``). ``blocks``: one cost per vLLM block size named, each fitted on the records
+    of exactly that block and charged only there (format 4's ``tile_models``). One of the two."""
+    if (block_m is None) == (blocks is None):
+        raise ValueError("give block_m (one cost) or blocks (one cost per block size), not both")
+    if blocks is not None and (not blocks or any(int(b) < 1 for b in blocks)):
+        raise ValueError(f"blocks must name block sizes >= 1, got {blocks!r}")
     dest = Path(dest)
     with _meta_lock(dest):
         stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
@@ -282,13 +301,14 @@ def attach_tile_models(
                     folder = str(entry["table"]).rsplit("/", 1)[0]
                     data = format_load_spread(rows)
                     _write_fresh(stage / f"tp{tp}" / folder / LOAD_SPREAD_FILE, data)
-                    entry["expert_loads"] = tile_model_record(
-                        rows,
-                        block_m=block_m,
-                        evidence={
-                            "file": f"{folder}/{LOAD_SPREAD_FILE}",
-                            "sha256": hashlib.sha256(data).hexdigest(),
-                        },
+                    evidence = {
+                        "file": f"{folder}/{LOAD_SPREAD_FILE}",
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                    }
+                    entry["expert_loads"] = (
+                        tile_model_record(rows, block_m=block_m, evidence=evidence)
+                        if block_m is not None
+                        else tile_models_record(rows, blocks=blocks or (), evidence=evidence)
                     )
                 owner.update(_format_of(int(tp), owner))
             if wanted:

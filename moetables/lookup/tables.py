@@ -154,20 +154,37 @@ class DeploymentTables:
 
     @property
     def fitted_tile_cost_us(self) -> float | None:
-        """The table's own row-tile cost (format 3's tile model, issue 18), or None: the cost
-        a load description is charged at when the caller names none."""
-        model = self.entry.expert_loads.tile_model
-        return None if model is None else model.tile_cost_us
+        """The table's own row-tile cost (format 3's tile model, issue 18; format 4: the cost
+        of its largest recorded block), or None: whether a load description can be answered
+        without a caller's cost. Where the table records a cost per block size, the charge
+        reads `tile_cost_at` instead."""
+        models = self.entry.expert_loads.models
+        return models[0].tile_cost_us if models else None
 
     @property
     def tile_block_m(self) -> int:
-        """The smallest vLLM block (rows) whose extra tiles are charged: the table's tile model's
-        ``block_m`` (format 3; 64 for the FP8 table, whose kernel never runs 128-row blocks at
-        E = 128), else `moetables.tiles.MODEL_BLOCK_M` (128)."""
+        """The smallest vLLM block (rows) whose extra tiles a caller's one cost is charged at:
+        the table's tile model's ``block_m`` (format 3; 64 for the FP8 table, whose kernel never
+        runs 128-row blocks at E = 128); format 4: its largest recorded block (a caller's one
+        number is not read as every block's cost); else `moetables.tiles.MODEL_BLOCK_M` (128)."""
         from moetables.tiles import MODEL_BLOCK_M
 
-        model = self.entry.expert_loads.tile_model
-        return MODEL_BLOCK_M if model is None else model.block_m
+        models = self.entry.expert_loads.models
+        return models[0].block_m if models else MODEL_BLOCK_M
+
+    def tile_cost_at(self, block_m: int) -> float | None:
+        """The table's recorded cost of an extra row tile where vLLM's block is ``block_m`` rows
+        (issue 18; format 4 records one per block size, format 3 one for blocks of at least its
+        ``block_m``), or None: nothing is charged there."""
+        return self.entry.expert_loads.block_cost_us(block_m)
+
+    def tile_charge_us(self, block_m: int, tile_cost_us: float | None) -> float | None:
+        """The one place the cost per extra tile is chosen: a caller's ``tile_cost_us`` where
+        vLLM's block is at least `tile_block_m` rows, else the table's own cost for that block
+        (`tile_cost_at`); None: no charge at this block."""
+        if tile_cost_us is not None:
+            return float(tile_cost_us) if block_m >= self.tile_block_m else None
+        return self.tile_cost_at(block_m)
 
     def tile_shape(self) -> KernelShape:
         """The expert kernel's shape of this rank (local experts, whole expert width, dtype,
@@ -254,8 +271,9 @@ class DeploymentTables:
         to rank^-alpha) or explicit per-expert counts (A of them nonzero, adding up to M). The
         row tiles beyond the table's balanced ones are charged ``tile_cost_us`` each where
         vLLM's block is at least `tile_block_m` rows (the table's tile model's ``block_m``, else
-        128; `moetables.tiles`); any load but balanced needs the cost,
-        given or the table's own fitted one (``fitted_tile_cost_us``, bundle format 3).
+        128; `moetables.tiles`); without ``tile_cost_us``, at the table's own cost for the block
+        vLLM picks at N (`tile_cost_at`: format 3's one model, format 4's per block size),
+        nothing where none is recorded. Any load but balanced needs a cost, given or recorded.
         """
         from moetables.tiles import TileError, load_tiles
 
@@ -268,10 +286,9 @@ class DeploymentTables:
         base = self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode)
         if loads is None or (isinstance(loads, str) and loads == "balanced"):
             return base
-        cost = tile_cost_us if tile_cost_us is not None else fitted
-        assert cost is not None  # load_problem: any load but balanced needs a cost
         bm = self.tile_shape().config(tokens).block_m
-        if bm < self.tile_block_m:
+        cost = self.tile_charge_us(bm, tile_cost_us)
+        if cost is None:
             return base
         try:
             tiles = load_tiles(loads, activated_experts, local_assignments, bm)

@@ -124,10 +124,14 @@ def test_the_bf16_tables_keep_their_128_row_model() -> None:
         assert tables.tile_block_m == MODEL_BLOCK_M == 128
     tp1 = ComponentTables(BF16).deployment(1, 1, 0)
     assert tp1.tile_block_m == 128
-    # N = 512 runs 64-row blocks in the bf16 TP1 kernel: not charged by its 128-row model.
-    assert tp1.experts_time_us(512, 128, 4096, loads="power_law(1.2)") == tp1.time_us(
-        "experts", 512, 128, 4096
+    # N = 512 runs 64-row blocks in the bf16 TP1 kernel: a caller's one cost is not charged
+    # there (it is a 128-row cost); the table's own 64-row cost (format 4) is.
+    plain = tp1.time_us("experts", 512, 128, 4096)
+    assert tp1.experts_time_us(512, 128, 4096, loads="power_law(1.2)", tile_cost_us=1.416) == (
+        plain
     )
+    assert tp1.tile_cost_at(64) == 0.541
+    assert tp1.experts_time_us(512, 128, 4096, loads="power_law(1.2)") > plain
 
 
 def test_the_estimate_charges_each_rank_at_its_own_block() -> None:

@@ -70,7 +70,8 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
     expert_loads = serializers.SerializerMethodField(
         help_text="issue 18: the expert rows' load distribution (balanced) and, from bundle "
         "format 3, the table's fitted row-tile model (tile_model.tile_cost_us: the cost a "
-        "lookup's load description is charged at when the query names none)"
+        "lookup's load description is charged at when the query names none); from format 4, "
+        "tile_models: one such cost per vLLM block size (block_m), each charged exactly there"
     )
 
     class Meta:
