@@ -217,16 +217,17 @@ class SegmentedExpertSurface:
             if self.remote is None:
                 raise CoverageError(f"{self.label}: this table has no all-remote (A=M=0) rows")
             return self.remote.time(tokens)
+        # Infeasible is worded with the table's label, as a one-surface table words it.
+        if not g.feasible(tokens, active, pairs):
+            low, high = g.assignment_bounds(tokens, active) if tokens >= 1 else (0, 0)
+            raise QueryError(
+                f"{self.label}: N={tokens} A={active} M={pairs} is infeasible: "
+                f"{g.infeasibility(tokens, active, pairs)} "
+                f"(need 1 <= A <= {g.local_experts} and {low} <= M <= {high})"
+            )
         segment = self.segments[bisect.bisect_left(self._ends, tokens)]
         surface = segment.surface
         if surface is None:
-            if not g.feasible(tokens, active, pairs):
-                low, high = g.assignment_bounds(tokens, active) if tokens >= 1 else (0, 0)
-                raise QueryError(
-                    f"{self.label}: N={tokens} A={active} M={pairs} is infeasible: "
-                    f"{g.infeasibility(tokens, active, pairs)} "
-                    f"(need 1 <= A <= {g.local_experts} and {low} <= M <= {high})"
-                )
             raise CoverageError(self.outside_message(tokens, active, pairs))
         try:
             return surface.time(tokens, active, pairs)
