@@ -159,6 +159,9 @@ class SegmentedExpertSurface:
         self.label = label
         self.coordinates: Coordinates = coordinates
         self.kernel_switches = switches
+        self._local_experts = geometry.local_experts
+        self._top_k = geometry.top_k
+        self._floor_per_token = max(0, geometry.top_k - geometry.remote_experts)
         remote = (active == 0) & (pairs == 0)
         positive = ~remote
         pn, pa, pm, pt = tokens[positive], active[positive], pairs[positive], times[positive]
@@ -217,8 +220,15 @@ class SegmentedExpertSurface:
             if self.remote is None:
                 raise CoverageError(f"{self.label}: this table has no all-remote (A=M=0) rows")
             return self.remote.time(tokens)
-        # Infeasible is worded with the table's label, as a one-surface table words it.
-        if not g.feasible(tokens, active, pairs):
+        # Infeasible is worded with the table's label, as a one-surface table words it
+        # (ExpertGeometry.feasible for A, M not both 0, inlined: this runs once a query).
+        if not (
+            tokens >= 1
+            and 1 <= active <= self._local_experts
+            and max(active, tokens * self._floor_per_token)
+            <= pairs
+            <= tokens * min(self._top_k, active)
+        ):
             low, high = g.assignment_bounds(tokens, active) if tokens >= 1 else (0, 0)
             raise QueryError(
                 f"{self.label}: N={tokens} A={active} M={pairs} is infeasible: "
@@ -281,11 +291,10 @@ class SegmentedExpertSurface:
             return self._one_segment(int(which[0]), tokens, active, pairs)
         values = np.full(count, np.nan)
         codes = np.full(count, OK, dtype=np.int8)
-        order = np.argsort(which, kind="stable")
-        present, starts = np.unique(which[order], return_index=True)
-        bounds = [*starts.tolist(), count]
-        for j, s in enumerate(present.tolist()):
-            rows = order[bounds[j] : bounds[j + 1]]
+        # One pass per segment present (a few dozen at most) costs less than sorting the rows.
+        present = np.flatnonzero(np.bincount(which, minlength=len(self.segments)))
+        for s in present.tolist():
+            rows = np.flatnonzero(which == s)
             values[rows], codes[rows] = self._one_segment(
                 s, tokens[rows], active[rows], pairs[rows]
             )
