@@ -46,6 +46,7 @@ def plain(dp: int, rank: int) -> DeploymentTables:
     return ComponentTables(PLAIN).deployment(1, dp, rank)
 
 
+@cache
 def positive_points(d: DeploymentTables) -> tuple[np.ndarray, ...]:
     table = load_table(d.root, d.entry)
     rows = table.select("experts", "eager")
@@ -220,7 +221,8 @@ def f2k_query(draw: st.DrawFn) -> tuple[tuple[str, int, int], int, int, int]:
     target = draw(st.sampled_from(F2K_TARGETS))
     d = deployment(*target)
     g = d.entry.geometry
-    n = draw(st.integers(1, 17000))
+    top = int(positive_points(d)[0].max())
+    n = draw(st.integers(1, top + top // 8))  # the support and a little past it
     a = draw(st.integers(1, g.local_experts))
     low, high = g.assignment_bounds(n, a)
     assume(low <= high)
