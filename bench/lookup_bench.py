@@ -11,6 +11,10 @@ Measures, on this machine, as medians over ``--repeat`` runs:
 - the baseline: the historical method in plain per-query Python (bisect over rows, linear
   interpolation), uncached, on the real LLMServingSim bundle;
 - open + validate of the real bundle and of the 2,000-point bundle;
+- with ``--real BUNDLE:TP:DP:RANK`` (repeatable; ``--real-only`` skips the rest): a shipped
+  table's lookup door against the same door with its expert surface swapped for one
+  triangulation over every point (before kernel segments): build, batch and uncached scalar
+  speed, and the ratios, measured in this process;
 - leave-one-out relative error of the expert surface in log and raw coordinates, on the real
   historical eager expert rows and on any bundle given with ``--loo BUNDLE --tp --dp --rank``.
 
@@ -100,16 +104,18 @@ def synthetic_bundle(dest: Path) -> tuple[Path, ExpertGeometry]:
 
 
 def random_queries(
-    g: ExpertGeometry, count: int, seed: int
+    g: ExpertGeometry, count: int, seed: int, top: int = 4096
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    n = np.exp(rng.uniform(0, math.log(4096), count)).astype(np.int64).clip(1, 4096)
+    n = np.exp(rng.uniform(0, math.log(top), count)).astype(np.int64).clip(1, top)
     a = (
         np.exp(rng.uniform(0, math.log(g.local_experts), count))
         .astype(np.int64)
         .clip(1, g.local_experts)
     )
     a = np.minimum(a, n * g.top_k)  # A distinct experts need at least ceil(A/k) tokens
+    # With fewer than k remote experts each token keeps k - R pairs local (EP1: A >= k).
+    a = np.maximum(a, max(1, g.top_k - g.remote_experts))
     low = np.maximum(a, n * max(0, g.top_k - g.remote_experts))
     high = n * np.minimum(g.top_k, a)
     m = np.exp(rng.uniform(np.log(low), np.log(high) + 1e-12)).astype(np.int64).clip(low, high)
@@ -177,6 +183,80 @@ def loo_bundle(path: Path, tp: int, dp: int, rank: int) -> dict[str, dict[str, f
     return {c: loo(*cols, deployment.entry.geometry, c) for c in ("log", "raw")}
 
 
+def real_table(spec: str, queries: int, repeat: int) -> dict[str, object]:
+    """One shipped table (``BUNDLE:TP:DP:RANK``), its lookup door against the same door with
+    the expert surface swapped for one triangulation over every point (the lookup before
+    kernel segments), in this process: build, batch and uncached scalar speed, and ratios.
+    For a table without kernel steps both are the same surface (the ratio is the noise)."""
+    root, tp, dp, rank = spec.rsplit(":", 3)
+    from moetables.bundle import load_table
+
+    builds, whole_builds = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        door = ComponentTables(Path(root)).deployment(int(tp), int(dp), int(rank))
+        builds.append(time.perf_counter() - start)
+    table = load_table(door.root, door.entry)
+    rows = table.select("experts", "eager")
+    cols = (
+        table.tokens[rows],
+        table.activated_experts[rows],
+        table.local_assignments[rows],
+        table.time_us[rows],
+    )
+    g = door.entry.geometry
+    for _ in range(repeat):
+        start = time.perf_counter()
+        whole = ExpertSurface(*cols, g, label="whole")
+        whole_builds.append(time.perf_counter() - start)
+    segmented = door._experts[("experts", "eager")]
+    top = int(cols[0].max())
+    n, a, m = random_queries(g, queries, seed=1, top=top)
+    count = 20_000
+    sn, sa, sm = (x.tolist() for x in random_queries(g, count * repeat, seed=2, top=top))
+    out: dict[str, object] = {
+        "surface": type(segmented).__name__,
+        "expert_rows": int(cols[0].size),
+        "segments": len(getattr(segmented, "segments", [])) or 1,
+        "deployment_build_s": statistics.median(builds),
+        "whole_surface_build_s": statistics.median(whole_builds),
+    }
+    # Before and after in turn, round by round (A B A B ...), so that drift on a shared
+    # machine falls on both alike; each figure is the median of its rounds.
+    surfaces = (("before", whole), ("after", segmented))
+    batch: dict[str, list[float]] = {"before": [], "after": []}
+    scalar: dict[str, list[float]] = {"before": [], "after": []}
+    for name, surface in surfaces:
+        door._experts[("experts", "eager")] = surface  # type: ignore[assignment]
+        door.batch("experts", n[:1000], a[:1000], m[:1000])
+        answered = door.batch("experts", n, a, m).code == 0
+        out[f"batch_answered_share_{name}"] = float(answered.mean())
+    for r in range(repeat):
+        for name, surface in surfaces:
+            door._experts[("experts", "eager")] = surface  # type: ignore[assignment]
+            start = time.perf_counter()
+            door.batch("experts", n, a, m)
+            batch[name].append(time.perf_counter() - start)
+            door.time_us.cache_clear()
+            lookup = door.time_us
+            start = time.perf_counter()
+            for i in range(r * count, (r + 1) * count):
+                try:
+                    lookup("experts", sn[i], sa[i], sm[i])
+                except (LookupError, ValueError):
+                    pass
+            scalar[name].append(time.perf_counter() - start)
+    for name, _ in surfaces:
+        out[f"batch_queries_per_s_{name}"] = queries / statistics.median(batch[name])
+        out[f"scalar_uncached_queries_per_s_{name}"] = count / statistics.median(scalar[name])
+    ratios = [b / a_ for a_, b in zip(batch["after"], batch["before"], strict=True)]
+    out["batch_after_over_before_per_round"] = ratios
+    door._experts[("experts", "eager")] = segmented
+    for key in ("batch_queries_per_s", "scalar_uncached_queries_per_s"):
+        out[f"{key}_after_over_before"] = out[f"{key}_after"] / out[f"{key}_before"]  # type: ignore[operator]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queries", type=int, default=1_000_000)
@@ -185,8 +265,20 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--dp", type=int, default=2)
     parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument(
+        "--real",
+        action="append",
+        default=[],
+        help="BUNDLE:TP:DP:RANK of a shipped table: its door against one whole triangulation",
+    )
+    parser.add_argument("--real-only", action="store_true", help="only the --real tables")
     args = parser.parse_args()
     results: dict[str, object] = {}
+    for spec in args.real:
+        results[f"real {spec}"] = real_table(spec, args.queries, args.repeat)
+    if args.real_only:
+        print(json.dumps(results, indent=2))
+        return
     work = Path(tempfile.mkdtemp())
     try:
         path, g = synthetic_bundle(work / "synthetic")

@@ -36,8 +36,10 @@ from typing import Any
 
 __all__ = [
     "EMBEDDED_DEVICES",
+    "KERNEL_STEPS_RULE",
     "VLLM_VERSION",
     "KernelShape",
+    "KernelSwitches",
     "TritonConfig",
     "TritonConfigError",
     "config_dtype",
@@ -48,6 +50,11 @@ __all__ = [
 ]
 
 VLLM_VERSION = "0.26.0"
+# The kernel-step rule: which kernel runs for each row count is `KernelSwitches.kernel`. The
+# planner records it in a contract (``expert_sampling.kernel_steps.rule``) and the lookups split
+# such a table into segments by it. v2: every tuned H200 file of vLLM 0.26.0 (v1 knew
+# E=128,N=768 bf16 only) and block FP8.
+KERNEL_STEPS_RULE = "vllm-0.26.0-triton-config-steps-v2"
 DATA = Path(__file__).parent / "data" / "vllm-0.26.0-fused-moe-h200.json"
 # Devices whose complete set of tuned files is embedded: for them "no file" means vLLM's default.
 EMBEDDED_DEVICES = ("NVIDIA_H200",)
@@ -254,3 +261,38 @@ def _select(shape: KernelShape, rows: int) -> TritonConfig:
             found.num_stages,
         )  # fmt: skip
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSwitches:
+    """Which kernel vLLM runs for each row count N of one rank: its configuration and whether
+    the pairs skip the sort (``naive_block_assignment``). One definition for both readers: the
+    planner's kernel-step rule (``acquisition.plan.kernel``) measures both sides of every switch,
+    and the lookups (``moetables.lookup.segments``) split such a table at the same switches, so
+    plan and lookup agree by construction."""
+
+    shape: KernelShape
+    global_experts: int
+    top_k: int
+    expert_map: bool
+
+    def naive(self, rows: int) -> bool:
+        """``_prepare_expert_assignment``: no expert map and ``rows * top_k * 4 <= E_global``."""
+        return not self.expert_map and rows * self.top_k * 4 <= self.global_experts
+
+    def kernel(self, rows: int) -> tuple[TritonConfig, bool]:
+        return self.shape.config(rows), self.naive(rows)
+
+    def switches(self, maximum: int) -> list[int]:
+        """Every t in ``[1, maximum)`` whose kernel differs from t + 1's: the segments are
+        ``1..t1``, ``t1+1..t2``, ... (an integer N is never between t and t + 1)."""
+        out: list[int] = []
+        if maximum < 2:
+            return out
+        previous = self.kernel(1)
+        for n in range(2, maximum + 1):
+            current = self.kernel(n)
+            if current != previous:
+                out.append(n - 1)
+            previous = current
+        return out

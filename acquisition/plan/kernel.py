@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from moetables.triton_config import (
+    KERNEL_STEPS_RULE,
     KernelShape,
+    KernelSwitches,
     TritonConfig,
     TritonConfigError,
     config_dtype,
@@ -55,8 +57,8 @@ __all__ = [
     "tuned_config",
 ]
 
-# v2: every tuned H200 file of vLLM 0.26.0 (v1 knew E=128,N=768 bf16 only) and block FP8.
-KERNEL_STEPS_RULE = "vllm-0.26.0-triton-config-steps-v2"
+# KERNEL_STEPS_RULE (v2: every tuned H200 file of vLLM 0.26.0 and block FP8) is owned by
+# moetables.triton_config, with the switches it names: the lookups read the same definition.
 # Corners A*B*j, A*B*j + A for j up to this: the first steps are 100 %, 50 %, 33 % of the tiles
 # before them; later ones are within what the geometric grid already resolves.
 DEFAULT_ASSIGNMENT_STEPS = 3
@@ -151,22 +153,24 @@ class KernelSteps:
     def config(self, rows: int) -> TritonConfig:
         return self.shape.config(rows)
 
+    @property
+    def switches_rule(self) -> KernelSwitches:
+        """The kernel per row count (`moetables.triton_config.KernelSwitches`): the same
+        definition the lookups split a kernel-step table by."""
+        return KernelSwitches(self.shape, self.global_experts, self.top_k, self.expert_map)
+
     def naive(self, rows: int) -> bool:
         """``_prepare_expert_assignment``: no expert map and ``rows * top_k * 4 <= E_global``."""
-        return not self.expert_map and rows * self.top_k * 4 <= self.global_experts
+        return self.switches_rule.naive(rows)
 
     def kernel(self, rows: int) -> tuple[TritonConfig, bool]:
-        return self.config(rows), self.naive(rows)
+        return self.switches_rule.kernel(rows)
 
     def row_steps(self, maximum: int) -> list[int]:
         """Rows on both sides of every switch of the kernel in ``[1, maximum]``."""
         rows: set[int] = set()
-        previous = self.kernel(1)
-        for n in range(2, maximum + 1):
-            current = self.kernel(n)
-            if current != previous:
-                rows.update((n - 1, n))
-            previous = current
+        for t in self.switches_rule.switches(maximum):
+            rows.update((t, t + 1))
         return sorted(rows)
 
     def row_corners(self, maximum: int, actives: Iterable[int]) -> list[int]:

@@ -10,6 +10,7 @@ from moetables.lookup.queries import (
     parse_query,
     parse_request,
 )
+from moetables.lookup.segments import SegmentedExpertSurface
 from moetables.lookup.surface import ExpertSurface
 from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables
 
@@ -25,6 +26,7 @@ __all__ = [
     "LookupRequest",
     "Query",
     "RequestError",
+    "SegmentedExpertSurface",
     "parse_query",
     "parse_request",
 ]

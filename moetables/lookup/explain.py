@@ -16,6 +16,7 @@ import numpy as np
 
 from moetables.bundle import EXPERTS, ComponentTable
 from moetables.lookup.balanced import BalancedExpertSurface
+from moetables.lookup.segments import SegmentedExpertSurface
 from moetables.lookup.surface import ExpertSurface
 from moetables.lookup.tables import DeploymentTables
 
@@ -102,6 +103,15 @@ def explain_expert(
             f"historical balanced table: between measured rows N={lo} and N={hi}, the "
             "publisher's smallest-A-spread segment or triangle (its vertices are not exposed)",
         )
+    rule_note = ""
+    if isinstance(surface, SegmentedExpertSurface):
+        # A kernel-step table: the query's own kernel segment's surface answered it.
+        segment = surface.segment(n)
+        if segment.surface is None:
+            return Explanation(value, (), f"kernel segment {segment.span}: no measured point")
+        p_tok, p_act, p_prs = p_tok[segment.rows], p_act[segment.rows], p_prs[segment.rows]
+        rule_note = f" on kernel segment {segment.span} ({segment.kernel})"
+        surface = segment.surface
     assert isinstance(surface, ExpertSurface)
     if surface._locator is not None:
         if surface.coordinates == "log":
@@ -120,6 +130,9 @@ def explain_expert(
                 for v, w in zip(located[0], located[1], strict=True)
                 if w > 0.0
             )
-            rule = f"affine interpolation over a {surface.dimension}-D simplex ({surface.coordinates} coordinates)"
+            rule = (
+                f"affine interpolation over a {surface.dimension}-D simplex "
+                f"({surface.coordinates} coordinates){rule_note}"
+            )
             return Explanation(value, vertices, rule)
-    return Explanation(value, (), "interpolation along the measured line")
+    return Explanation(value, (), f"interpolation along the measured line{rule_note}")

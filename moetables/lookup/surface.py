@@ -31,7 +31,7 @@ from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.lookup.curves import LocalCurve
 from moetables.lookup.locate import HintMap, SimplexLocator, Snap
 
-__all__ = ["Coordinates", "ExpertSurface"]
+__all__ = ["Coordinates", "ExpertSurface", "feasibility_codes"]
 
 Coordinates = Literal["log", "raw"]
 IntArray = npt.NDArray[np.int64]
@@ -69,6 +69,21 @@ def _pool() -> ThreadPoolExecutor:
 def _key(tokens: IntArray, active: IntArray, pairs: IntArray) -> IntArray:
     # Measured coordinates stay far below 2**21 each, so three fit one int64 key.
     return (tokens << 42) | (active << 21) | pairs
+
+
+def feasibility_codes(
+    g: ExpertGeometry, tokens: IntArray, active: IntArray, pairs: IntArray
+) -> npt.NDArray[np.int8]:
+    """Per row: INVALID where no routing gives (N, A, M) (A = M = 0 needs N >= 1 and an
+    all-remote choice), else OK."""
+    codes = np.full(tokens.shape[0], OK, dtype=np.int8)
+    remote = (active == 0) & (pairs == 0)
+    low = np.maximum(active, tokens * max(0, g.top_k - g.remote_experts))
+    high = tokens * np.minimum(g.top_k, active)
+    feasible = (tokens >= 1) & (active >= 1) & (active <= g.local_experts)
+    feasible &= (pairs >= low) & (pairs <= high)
+    codes[~(feasible | (remote & (tokens >= 1) & g.all_remote_possible))] = INVALID
+    return codes
 
 
 class ExpertSurface:
@@ -247,16 +262,10 @@ class ExpertSurface:
         self, tokens: IntArray, active: IntArray, pairs: IntArray
     ) -> tuple[FloatArray, npt.NDArray[np.int8]]:
         """Times (NaN where refused) and per-row codes: OK, OUT_OF_SUPPORT or INVALID."""
-        g = self.geometry
         count = tokens.shape[0]
         values = np.full(count, np.nan)
-        codes = np.full(count, OK, dtype=np.int8)
+        codes = feasibility_codes(self.geometry, tokens, active, pairs)
         remote = (active == 0) & (pairs == 0)
-        low = np.maximum(active, tokens * max(0, g.top_k - g.remote_experts))
-        high = tokens * np.minimum(g.top_k, active)
-        feasible = (tokens >= 1) & (active >= 1) & (active <= g.local_experts)
-        feasible &= (pairs >= low) & (pairs <= high)
-        codes[~(feasible | (remote & (tokens >= 1) & g.all_remote_possible))] = INVALID
 
         if remote.any():
             rows = np.flatnonzero(remote & (codes == OK))

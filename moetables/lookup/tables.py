@@ -30,6 +30,7 @@ from moetables.lookup.queries import (
     parse_query,
     read_columns,
 )
+from moetables.lookup.segments import SegmentedExpertSurface, contract_kernel_switches
 from moetables.lookup.surface import Coordinates, ExpertSurface
 from moetables.triton_config import KernelShape
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["BatchResult", "ComponentTables", "DeploymentTables"]
 
 SCALAR_CACHE_SIZE = 65536
+
+AnySurface = ExpertSurface | SegmentedExpertSurface | BalancedExpertSurface
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +61,18 @@ class DeploymentTables:
         table = load_table(root, entry)
         where = f"{entry.target.deployment} tp{entry.target.tp}"
         self._local: dict[tuple[str, str], LocalCurve] = {}
-        self._experts: dict[tuple[str, str], ExpertSurface | BalancedExpertSurface] = {}
+        self._experts: dict[tuple[str, str], AnySurface] = {}
+        # A kernel-step table (its contract records expert_sampling.kernel_steps) answers each
+        # query from its own kernel segment in N (moetables.lookup.segments); historical
+        # balanced tables keep their old interpolation (R42).
+        self.kernel_switches = (
+            contract_kernel_switches(entry.contract, entry.geometry, where)
+            if entry.layout != "historical"
+            else None
+        )
         # The expert rows' (N, A, M), kept for the balanced-tile surface (issue 18), built lazily.
         self._expert_points: dict[str, tuple[npt.NDArray[np.int64], ...]] = {}
-        self._tile_surfaces: dict[str, ExpertSurface | BalancedExpertSurface] = {}
+        self._tile_surfaces: dict[str, AnySurface] = {}
         for component in entry.components:
             for mode in entry.modes:
                 rows = table.select(component, mode)
@@ -86,14 +97,12 @@ class DeploymentTables:
                         label=label,
                     )
                 else:
-                    self._experts[(component, mode)] = ExpertSurface(
+                    self._experts[(component, mode)] = self._surface(
                         table.tokens[rows],
                         table.activated_experts[rows],
                         table.local_assignments[rows],
                         table.time_us[rows],
-                        entry.geometry,
-                        label=label,
-                        coordinates=coordinates,
+                        label,
                     )
         self.components = entry.components
         self.modes = entry.modes
@@ -102,6 +111,37 @@ class DeploymentTables:
         self.owner: ComponentTables | None = None
         # A bounded cache keyed by every coordinate (R40); errors are not cached.
         self.time_us = functools.lru_cache(maxsize=SCALAR_CACHE_SIZE)(self._time_us)
+
+    def _surface(
+        self,
+        tokens: npt.NDArray[np.int64],
+        active: npt.NDArray[np.int64],
+        pairs: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float64],
+        label: str,
+    ) -> ExpertSurface | SegmentedExpertSurface:
+        """The surface of a current-layout table's expert rows: one triangulation, or one per
+        kernel segment where the contract records kernel steps."""
+        if self.kernel_switches is not None:
+            return SegmentedExpertSurface(
+                tokens,
+                active,
+                pairs,
+                values,
+                self.entry.geometry,
+                self.kernel_switches,
+                label=label,
+                coordinates=self._coordinates,
+            )
+        return ExpertSurface(
+            tokens,
+            active,
+            pairs,
+            values,
+            self.entry.geometry,
+            label=label,
+            coordinates=self._coordinates,
+        )
 
     def estimate(
         self,
@@ -197,7 +237,7 @@ class DeploymentTables:
         except ValueError as exc:
             raise QueryError(str(exc)) from None
 
-    def _tile_surface(self, mode: str) -> ExpertSurface | BalancedExpertSurface:
+    def _tile_surface(self, mode: str) -> AnySurface:
         """The table's own points with the stimulus' row tiles in place of time: interpolated
         exactly as time is, it gives the balanced tiles the table embodies anywhere."""
         surface = self._tile_surfaces.get(mode)
@@ -225,9 +265,7 @@ class DeploymentTables:
         if isinstance(old, BalancedExpertSurface):
             surface = BalancedExpertSurface(n, a, m, tiles, self.entry.geometry, label=label)
         else:
-            surface = ExpertSurface(
-                n, a, m, tiles, self.entry.geometry, label=label, coordinates=self._coordinates
-            )
+            surface = self._surface(n, a, m, tiles, label)
         self._tile_surfaces[mode] = surface
         return surface
 
@@ -614,7 +652,7 @@ class DeploymentTables:
         surface = self._experts.get((query.component, query.mode))
         if (
             code == OUT_OF_SUPPORT
-            and type(surface) is ExpertSurface
+            and isinstance(surface, (ExpertSurface, SegmentedExpertSurface))
             and (query.activated_experts, query.local_assignments) != (0, 0)
         ):
             # Batch and scalar locate alike (bit for bit), so the batch's refusal stands:

@@ -245,3 +245,47 @@ def test_it_retries_an_unavailable_registry_with_backoff(flaky: str) -> None:
     assert (status, json.loads(data)["answers"][0]["time_us"]) == (200, 1.5)
     assert _Flaky.calls == 2
     assert not math.isnan(1.5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kernel_step_bundle_answers_as_component_tables_bit_for_bit(live_server: Any) -> None:
+    """A kernel-step table (answered per kernel segment in N, R40) through RemoteTables: the
+    same answers, batches and refusals as in process, next to every switch too."""
+    path = ROOT / "H200-vllm-modular-f2k" / QWEN
+    bundle = publish_bundle(path).bundle
+    local = ComponentTables(path)
+    remote = remote_tables(live_server.url, bundle=bundle.pk)
+    try:
+        for entry in local.bundle.entries:
+            t = entry.target
+            here = local.deployment(t.tp, t.dp, t.rank, t.sequence_parallel)
+            there = remote.deployment(t.tp, t.dp, t.rank, t.sequence_parallel)
+            switches = here.kernel_switches
+            assert switches is not None
+            g = here.entry.geometry
+            near = [
+                {
+                    "component": "experts",
+                    "tokens": n,
+                    "activated_experts": a,
+                    "local_assignments": g.balanced_total(n) if g.remote_experts else 8 * n,
+                }
+                for s in switches.switches(4096)
+                for n in (s, s + 1)
+                for a in (8, 40)
+            ]
+            queries = _queries(here) + near
+            assert there.answer(queries) == here.answer(queries)
+            n = [q["tokens"] for q in near]
+            a = [q["activated_experts"] for q in near]
+            m = [q["local_assignments"] for q in near]
+            mine, theirs = here.batch("experts", n, a, m), there.batch("experts", n, a, m)
+            assert np.array_equal(mine.time_us, theirs.time_us, equal_nan=True)
+            assert np.array_equal(mine.code, theirs.code)
+            for q in near[:12]:
+                args = {k: v for k, v in q.items() if k != "component"}
+                _same_outcome(here.time_us, there.time_us, "experts", **args)
+    finally:
+        for tables in OPENED:
+            tables.close()
+        OPENED.clear()

@@ -96,3 +96,53 @@ def test_a_lookup_at_a_kernel_switch_answers_as_moetables(
     # A = 8 at N = 384 runs 32-row blocks (12 row tiles per expert), at 385 64-row blocks (7):
     # the measured step, not an interpolation across it.
     assert answers[0]["time_us"] > 1.4 * answers[2]["time_us"]
+
+
+@pytest.mark.parametrize("kind", ["modular", "live"])
+def test_segment_aware_lookups_over_rest_equal_moetables_bit_for_bit(
+    api: APIClient, imported: dict[str, int], kind: str
+) -> None:
+    """The kernel-segment-aware lookup (one triangulation per kernel segment in N) is the one
+    door: REST answers equal in-process ones bit for bit, next to every switch of the DP1 table
+    and at A the switch rows do not carry, refusals and their messages included (R40, R43)."""
+    import numpy as np
+
+    local = ComponentTables(FOLDERS[kind]).deployment(1, 1, 0)
+    switches = local.kernel_switches
+    assert switches is not None
+    rng = np.random.default_rng(11)
+    queries: list[dict[str, object]] = []
+    for t in switches.switches(2048):
+        for n in (t - 1, t, t + 1, t + 2):
+            for a in (8, 24, 40, 100, int(rng.integers(8, 129))):
+                queries.append(
+                    {
+                        "component": "experts",
+                        "tokens": n,
+                        "activated_experts": a,
+                        "local_assignments": 8 * n,
+                    }
+                )
+    queries.append(
+        {
+            "component": "experts",
+            "tokens": 4000,
+            "activated_experts": 64,
+            "local_assignments": 32000,
+        }
+    )
+    queries.append(
+        {"component": "experts", "tokens": 3, "activated_experts": 2, "local_assignments": 24}
+    )
+    target = {"tp": 1, "dp": 1, "rank": 0, "sequence_parallel": False}
+    response = api.post(
+        "/api/v1/lookup",
+        json.dumps({"bundle": imported[kind], "target": target, "queries": queries}),
+        content_type="application/json",
+    )
+    assert response.status_code == 200, response.content
+    expected = json.loads(json.dumps(local.answer(queries)))
+    answers = response.json()["answers"]
+    assert answers == expected
+    assert sum("time_us" in x for x in answers) > 0.75 * len(queries)  # small N: A > 8N infeasible
+    assert answers[-2]["error"] == "out_of_support" and answers[-1]["error"] == "invalid"
