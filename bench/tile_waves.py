@@ -298,6 +298,8 @@ def per_record(r: dict[str, Any]) -> dict[str, Any]:
         "balanced_tiles": r["balanced_tiles"],
         "waves": list(waves(r["tiles"], c, rd)),
         "balanced_waves": list(waves(r["balanced_tiles"], c, rd)),
+        "waves_r2": list(waves(r["tiles"], c, 2)),
+        "balanced_waves_r2": list(waves(r["balanced_tiles"], c, 2)),
         "measured_us": r["measured_us"],
         "excess_us": r["excess_us"],
     }

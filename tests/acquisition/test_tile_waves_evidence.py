@@ -42,3 +42,17 @@ def test_the_committed_verdict() -> None:
         if r["N"] == 384 and r["distribution"] == "uniform"
     }
     assert uni[133] - uni[132] > 15
+
+
+def test_wave_probe_counts_run_the_asked_tiles() -> None:
+    from moetables.tiles import row_tiles
+    from scripts.h200_wave_probe import TOP_K, tile_counts, topk_ids
+
+    for n, block in ((200, 32), (256, 32), (384, 32)):
+        for j in range(0, 33):
+            counts = tile_counts(n, block, j)
+            assert sum(counts) == n * TOP_K and len(counts) == 128
+            assert row_tiles(counts, block) == 128 + j
+            rows = topk_ids(counts, n)
+            assert all(len(set(r)) == TOP_K for r in rows)
+            assert [sum(r.count(e) for r in rows) for e in range(128)] == counts
