@@ -18,8 +18,8 @@ This reads the committed measurements only (no new runs):
   table (as ``bench/small_block_tiles.py``), against the extra tiles and the extra waves over
   the table's balanced histogram at (A, M);
 - the TP1 engine's forwards with their captured counts (``docs/evidence/h200-tp1-validation``,
-  ``comparison-f2-tiles.json``, policy ``histogram``): measured expert time minus the estimate
-  (balanced table at the forward's (N, A, M); at N >= 1,024 it already charges 128-row tiles).
+  ``comparison-f2.json``, policy ``histogram``, N >= 64): measured expert time minus the
+  estimate (the balanced table at the forward's (N, A, M), no tile charge).
 
 Per (arm, block size): one cost per extra tile (today's model) and one cost per extra wave,
 where a wave of w2 counts ``K_w2 / K_w13 = 768 / 2048`` of a w13 wave (a program's MMA work is
@@ -184,7 +184,7 @@ def kernel_records(
 
 
 def engine_records(tables: DeploymentTables) -> list[dict[str, Any]]:
-    cmp = json.loads((ENGINE / "comparison-f2-tiles.json").read_text())
+    cmp = json.loads((ENGINE / "comparison-f2.json").read_text())
     counts = {}
     for routing in sorted({row["routing"] for row in cmp["forwards"]}):
         forwards, _ = load_forwards(ENGINE, routing)
@@ -193,7 +193,7 @@ def engine_records(tables: DeploymentTables) -> list[dict[str, Any]]:
     shape = _shape("tp1 bf16")
     out = []
     for row in cmp["forwards"]:
-        if row["policy"] != "histogram" or row["N"] < 64 or row["N"] > 640:
+        if row["policy"] != "histogram" or row["N"] < 64:
             continue
         c = counts[(row["routing"], row["rep"], row["step"])]
         block = shape.config(row["N"]).block_m
@@ -357,13 +357,21 @@ def report(kernels: Sequence[Path] = KERNELS) -> dict[str, Any]:
                 per_n[str(n)] = {
                     "before": errors(rn, 0.0, model),
                     "after": errors(rn, cost, model),
+                    "by_routing": {
+                        d: {
+                            "before": errors(rd, 0.0, model),
+                            "after": errors(rd, cost, model),
+                        }
+                        for d in sorted({r["distribution"] for r in rn})
+                        if (rd := [r for r in rn if r["distribution"] == d])
+                    },
                 }
             per_model[model] = {"kernel_cost_us": cost, "per_N": per_n}
         transfer[str(block)] = per_model
     return {
         "sources": {
             "kernels": [str(k) for k in kernels],
-            "engine": str(ENGINE / "comparison-f2-tiles.json"),
+            "engine": str(ENGINE / "comparison-f2.json"),
             "bundles": {"bf16": BF16, "fp8": FP8},
         },
         "h200": {"sms": SMS, "smem_per_sm": SMEM_SM, "warps_per_sm": WARPS_SM},
