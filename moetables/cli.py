@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         type=_tile_cost,
         help="issue 18: us per expert-kernel row tile beyond the table's balanced "
         "tiles (counting policies; docs/estimate.md), or 'table': each rank's table's own "
-        "fitted cost (bundle format 3)",
+        "fitted cost (bundle format 3; format 4: the cost of the block vLLM picks at N)",
     )
     p = sub.add_parser("export", help="write the bundle for another simulator")
     p.add_argument("bundle")

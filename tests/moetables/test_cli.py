@@ -90,3 +90,20 @@ def test_it_fails_clearly_for_an_uncovered_deployment(shared_copy: Path) -> None
     )
     assert done.returncode == 1
     assert "no table for TP1/DP1/EP1 rank 0" in done.stderr
+
+
+def test_a_reader_that_closes_the_pipe_ends_it_quietly() -> None:
+    """`python -m moetables info BUNDLE | head` (QA, session 5): the closed pipe ends the
+    command with status 1 and no traceback on stderr."""
+    bundle = REPO / "bundles/H200-vllm-modular-f2k/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moetables", "info", str(bundle)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes anything: its first write meets EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
