@@ -113,6 +113,14 @@ def _json_field(text: str, what: str) -> Any:
         raise QueryError(f"{what}: not JSON ({exc.msg})") from None
 
 
+def _whole(text: str, what: str) -> int:
+    """A form's whole number, refused naming the field (not Python's int() message)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise QueryError(f"{what}: {text!r} is not a whole number") from None
+
+
 def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
     bundle = get_object_or_404(Bundle, pk=pk)
     deployments = _deployments(bundle)
@@ -153,14 +161,21 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
     }
     if "tokens" in params:
         try:
-            tp, dp, sp = (int(v) for v in form["deployment"].split("/"))
+            parts = form["deployment"].split("/")
+            if len(parts) != 3:
+                raise QueryError(f"deployment: {form['deployment']!r} is not TP/DP/SP")
+            tp, dp, sp = (_whole(v, "deployment") for v in parts)
             raw: dict[str, Any] = {
                 "tp": tp,
                 "dp": dp,
                 "sequence_parallel": bool(sp),
-                "tokens": [int(n) for n in form["tokens"].replace(" ", "").split(",") if n],
+                "tokens": [
+                    _whole(n, "tokens per DP rank")
+                    for n in form["tokens"].replace(" ", "").split(",")
+                    if n
+                ],
                 "policy": form["policy"],
-                "seed": int(form["seed"] or 0),
+                "seed": _whole(form["seed"] or "0", "seed"),
                 "mode": form["mode"],
             }
             for key in ("expert_counts", "active_curve", "load_shares"):

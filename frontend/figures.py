@@ -113,9 +113,13 @@ def expert_slice_figure(
     Cells the lookup refuses (outside measured support) stay blank; the two lines bound the
     feasible A at each N for this M, so blank cells inside them are unmeasured, not impossible.
     """
-    tokens, active, _pairs, _ = _expert_rows(rows, mode)
+    tokens, active, pairs, _ = _expert_rows(rows, mode)
     positive = active > 0
     ns = _token_grid(tokens[positive])
+    if chosen.pairs is not None:
+        # The grid thins a table of many N (the kernel-step tables: > MAX_GRID_TOKENS); the N
+        # measured at this M always stay in it, or a slice of one N (TP1: M = 8N) is blank.
+        ns = np.union1d(ns, tokens[positive & (pairs == chosen.pairs)])
     avals = np.arange(1, geometry.local_experts + 1, dtype=np.int64)
     nn, aa = np.meshgrid(ns, avals)
     if chosen.pairs is None:

@@ -294,7 +294,9 @@ def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str
 
 def table_label(table: DeploymentTable) -> str:
     b = table.bundle
-    return f"#{b.pk} {b.hardware} {b.model} {b.variant} · {table}"
+    # The backend tells apart same-name bundles of one deployment (vllm-live vs vllm-modular).
+    backend = f" {table.backend}" if table.backend else ""
+    return f"#{b.pk} {b.hardware} {b.model} {b.variant}{backend} · {table}"
 
 
 def compare_context(
@@ -311,6 +313,7 @@ def compare_context(
             "ep",
             "rank",
             "sequence_parallel",
+            "backend",
             "bundle__id",
             "bundle__hardware",
             "bundle__model",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from moetables.bundle import EXPERTS, validate_bundle
+from moetables.bundle import EXPERTS, TableEntry, validate_bundle
 from moetables.comm import ClusterError, load_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
@@ -71,6 +71,34 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
     return 1
 
 
+def _kernel_segments(entry: TableEntry, tokens: Any) -> list[dict[str, Any]] | None:
+    """A kernel-step table's segments in N (docs/bundle-format.md, "Kernel-step tables"): each
+    answers from its own points only, so the table's support box alone would mislead a caller;
+    None for a table planned without kernel steps."""
+    from moetables.lookup.segments import _describe, contract_kernel_switches
+
+    try:
+        switches = contract_kernel_switches(entry.contract, entry.geometry, entry.table_path)
+    except BundleError:
+        return None  # validate names the problem
+    if switches is None or len(tokens) == 0:
+        return None
+    top = int(max(tokens))
+    starts = [1, *(t + 1 for t in switches.switches(top))]
+    ends = [*(t - 1 for t in starts[1:]), top]
+    out = []
+    for first, last in zip(starts, ends, strict=True):
+        inside = [int(n) for n in tokens if first <= n <= last]
+        out.append(
+            {
+                "tokens": [first, last],
+                "measured_tokens": [min(inside), max(inside)] if inside else None,
+                "kernel": _describe(switches.kernel(first)),
+            }
+        )
+    return out
+
+
 def describe(path: str | Path) -> dict[str, Any]:
     """What ``info`` prints: identity, and per deployment its components and support."""
     report = validate_bundle(path)
@@ -103,6 +131,11 @@ def describe(path: str | Path) -> dict[str, Any]:
                         ("local_assignments", table.local_assignments),
                     )
                 }
+                segments = _kernel_segments(
+                    entry, table.tokens[experts & (table.activated_experts > 0)]
+                )
+                if segments is not None:
+                    item["kernel_segments"] = segments
         else:
             item["problem"] = next((p for p in report.problems if entry.table_path in p), None)
         deployments.append(item)
@@ -403,7 +436,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         type=_tile_cost,
         help="issue 18: us per expert-kernel row tile beyond the table's balanced "
         "tiles (counting policies; docs/estimate.md), or 'table': each rank's table's own "
-        "fitted cost (bundle format 3)",
+        "fitted cost (bundle format 3; format 4: the cost of the block vLLM picks at N)",
     )
     p = sub.add_parser("export", help="write the bundle for another simulator")
     p.add_argument("bundle")

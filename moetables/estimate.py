@@ -880,7 +880,8 @@ class LayerEstimator:
             if missing:
                 raise QueryError(
                     f"tile_cost_us='table': the tables of ranks {missing} record no fitted tile "
-                    "cost (bundle format 3's expert_loads.tile_model); give a number"
+                    "cost (bundle format 3's expert_loads.tile_model or format 4's tile_models); "
+                    "give a number"
                 )
             given: float | None = None
         elif isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:

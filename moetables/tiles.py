@@ -258,7 +258,9 @@ def contract_kernel_shape(
         raise TileError(f"{where}: {exc}") from None
 
 
-_POWER_LAW = re.compile(r"^power_law\(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*\)$")
+# A sign is read too, so that a negative alpha is refused as such (power_law_shares), not as an
+# unknown description.
+_POWER_LAW = re.compile(r"^power_law\(\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*\)$")
 
 LoadSpec = str | Sequence[int]
 

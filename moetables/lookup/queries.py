@@ -119,7 +119,15 @@ def load_problem(
         or not isinstance(tile_cost_us, (int, float))
         or not (math.isfinite(tile_cost_us) and tile_cost_us >= 0)
     ):
-        return f"tile_cost_us must be a finite number >= 0 (us per row tile), got {tile_cost_us!r}"
+        hint = (
+            ": leave it out to charge the table's own fitted cost ('table' is the estimate's)"
+            if tile_cost_us == "table"
+            else ""
+        )
+        return (
+            f"tile_cost_us must be a finite number >= 0 (us per row tile), got {tile_cost_us!r}"
+            + hint
+        )
     return None
 
 

@@ -324,6 +324,10 @@ class DeploymentTables:
         base = self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode)
         if loads is None or (isinstance(loads, str) and loads == "balanced"):
             return base
+        if activated_experts == 0:
+            # An all-remote row (A = M = 0, feasible: time_us answered it): no pair, no tile,
+            # nothing to spread, so every description is the table's answer.
+            return base
         bm = self.tile_shape().config(tokens).block_m
         cost = self.tile_charge_us(bm, tile_cost_us)
         if cost is None:

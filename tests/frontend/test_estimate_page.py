@@ -103,6 +103,25 @@ def test_it_estimates_on_the_page_and_refuses_with_the_rank(
     assert "rank 0 gate_routing at rows=3000" in refused.content.decode()
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("tokens", "5,abc", "tokens per DP rank: &#x27;abc&#x27; is not a whole number"),
+        ("seed", "x", "seed: &#x27;x&#x27; is not a whole number"),
+        ("deployment", "1,2,0", "deployment: &#x27;1,2,0&#x27; is not TP/DP/SP"),
+        ("deployment", "1/b/0", "deployment: &#x27;b&#x27; is not a whole number"),
+    ],
+)
+def test_a_malformed_number_is_refused_naming_its_field(
+    client: Any, h200_bundle: Any, field: str, value: str, message: str
+) -> None:
+    """QA, session 5: not Python's "invalid literal for int() with base 10"."""
+    params = {"deployment": "1/2/0", "tokens": "5,300", "policy": "random", "seed": "1"}
+    text = client.get(f"/bundles/{h200_bundle.pk}/estimate", {**params, field: value}).content
+    assert "Refused (invalid)" in text.decode() and message in text.decode(), text.decode()
+    assert "invalid literal" not in text.decode()
+
+
 def test_it_answers_the_page_within_the_dashboards_200_ms(client: Any, h200_bundle: Any) -> None:
     import time
 

@@ -173,3 +173,13 @@ def test_it_summarises_an_acquisition_contract(client: Client, h200_bundle: Any)
     assert "NVIDIA H200" in html and "TRITON (vllm-modular)" in html
     assert "2.11.0+cu130" in html and "0.26.0" in html
     assert "{&#x27;" not in html  # no raw structured fields
+
+
+def test_the_compare_choices_name_each_tables_backend(client: Client, h200_bundle: Any) -> None:
+    """Same-name bundles of one deployment (the H200 Qwen3 bf16 live and modular tables) are
+    told apart in the compare page's choices by their backend (QA, session 5)."""
+    table = h200_bundle.tables.first()
+    assert table.backend
+    html = client.get("/compare/").content.decode()
+    label = f"#{h200_bundle.pk} {h200_bundle.hardware} {h200_bundle.model} {h200_bundle.variant}"
+    assert f"{label} {table.backend} · {table}</option>" in html

@@ -168,8 +168,10 @@ def test_the_estimate_charges_each_rank_at_its_tables_cost_when_asked(
     assert [r.compute_us for r in table.ranks] == [r.compute_us for r in explicit.ranks]
     assert all(a.compute_us > b.compute_us for a, b in zip(table.ranks, plain.ranks, strict=True))
     assert any("table's fitted cost" in n for n in table.notes)
-    with pytest.raises(QueryError, match=r"ranks \[0, 1\] record no fitted tile cost"):
+    with pytest.raises(QueryError, match=r"ranks \[0, 1\] record no fitted tile cost") as refused:
         old.estimate([2048, 2048], tile_cost_us="table", **kwargs)
+    # Both formats' fields are named (format 4 records tile_models; QA, session 5).
+    assert "format 4's tile_models" in str(refused.value)
 
 
 def _edit(bundle: Path, change: object) -> None:

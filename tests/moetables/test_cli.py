@@ -90,3 +90,43 @@ def test_it_fails_clearly_for_an_uncovered_deployment(shared_copy: Path) -> None
     )
     assert done.returncode == 1
     assert "no table for TP1/DP1/EP1 rank 0" in done.stderr
+
+
+def test_a_reader_that_closes_the_pipe_ends_it_quietly() -> None:
+    """`python -m moetables info BUNDLE | head` (QA, session 5): the closed pipe ends the
+    command with status 1 and no traceback on stderr."""
+    bundle = REPO / "bundles/H200-vllm-modular-f2k/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moetables", "info", str(bundle)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes anything: its first write meets EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_info_names_the_kernel_segments_of_a_kernel_step_table() -> None:
+    """QA, session 5: a kernel-step table answers each N from its own segment only (R40), so
+    `info` lists the segments beside the support box; other tables list none."""
+    from moetables.lookup import ComponentTables
+
+    f2k = REPO / "bundles/H200-vllm-modular-f2k/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    done = run("info", str(f2k))
+    assert done.returncode == 0, done.stderr
+    for item in json.loads(done.stdout)["deployments"]:
+        t = item["target"]
+        switches = ComponentTables(f2k).deployment(t["tp"], t["dp"], t["rank"]).kernel_switches
+        assert switches is not None
+        segments = item["kernel_segments"]
+        top = item["support"]["tokens"][1]
+        assert [s["tokens"][1] for s in segments[:-1]] == switches.switches(top)
+        assert segments[0]["tokens"][0] == 1 and segments[-1]["tokens"][1] == top
+        assert all(s["measured_tokens"] is not None for s in segments)
+        assert all("BLOCK_SIZE_M=" in s["kernel"] for s in segments)
+    f2 = REPO / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+    plain = json.loads(run("info", str(f2)).stdout)["deployments"]
+    assert all("kernel_segments" not in item for item in plain)

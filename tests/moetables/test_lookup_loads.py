@@ -68,7 +68,9 @@ def test_it_answers_a_described_query_as_experts_time_us_does() -> None:
     ("query", "fragment"),
     [
         ({**EXPERT, "loads": "zipf", "tile_cost_us": 1}, "loads must be 'balanced'"),
-        ({**EXPERT, "loads": "power_law(-1)", "tile_cost_us": 1}, "loads must be"),
+        # A negative alpha is refused as such, not as an unknown description (QA, session 5).
+        ({**EXPERT, "loads": "power_law(-1)", "tile_cost_us": 1}, "alpha must be finite and >= 0"),
+        ({**EXPERT, "loads": "power_law(+x)", "tile_cost_us": 1}, "loads must be 'balanced'"),
         ({**EXPERT, "loads": [1.5] * 64, "tile_cost_us": 1}, "integers >= 0"),
         ({**EXPERT, "loads": [], "tile_cost_us": 1}, "must not be empty"),
         ({**EXPERT, "loads": {"a": 1}, "tile_cost_us": 1}, "a string or a list"),
@@ -79,6 +81,8 @@ def test_it_answers_a_described_query_as_experts_time_us_does() -> None:
         ({**EXPERT, "loads": "uniform", "tile_cost_us": -1}, "finite number >= 0"),
         ({**EXPERT, "loads": "uniform", "tile_cost_us": "1"}, "finite number >= 0"),
         ({**EXPERT, "loads": "uniform", "tile_cost_us": True}, "finite number >= 0"),
+        # The estimate's 'table' is not a lookup's cost: the message says what to do instead.
+        ({**EXPERT, "loads": "uniform", "tile_cost_us": "table"}, "leave it out to charge"),
         (
             {"component": "gate_routing", "tokens": 4, "loads": "uniform", "tile_cost_us": 1},
             "for experts only, not 'gate_routing'",
@@ -248,3 +252,17 @@ def test_the_cli_reads_descriptions_from_jsonl(tmp_path: Path, capsys: Any) -> N
     assert lines[2]["time_us"] == RANK.experts_time_us(
         2048, 64, 8192, loads="uniform", tile_cost_us=1.764
     )
+
+
+def test_an_all_remote_row_is_the_tables_answer_under_any_description() -> None:
+    """A rank that gets no pair (A = M = 0, the all-remote rows of the DP2 tables) has no tile
+    to spread: a described lookup answers the table's time, not "active must be >= 1" (QA,
+    session 5), in process and in a batch."""
+    base = RANK.time_us("experts", 1024, 0, 0)
+    for loads in ("uniform", "power_law(1.2)", [0] * 64):
+        assert RANK.experts_time_us(1024, 0, 0, loads=loads) == base
+        assert RANK.experts_time_us(1024, 0, 0, loads=loads, tile_cost_us=1.6) == base
+    batch = RANK.batch("experts", [1024, 2048], [0, 64], [0, 8192], loads="uniform")
+    assert batch.code.tolist() == [0, 0]
+    assert batch.time_us[0] == base
+    assert batch.time_us[1] == RANK.experts_time_us(2048, 64, 8192, loads="uniform")
