@@ -101,7 +101,7 @@ def transplant(source: Path, dest: Path, deployments: Sequence[str] | None, note
     if {p: after.get(p) for p in expected} != expected or {p: after.get(p) for p in kept} != kept:
         raise BundleError(str(dest), f"table checksums changed: {expected | kept} -> {after}")
     return [
-        f"{r['deployment']}: {r['replaced_table_sha256']} -> {r['table_sha256']}"
+        f"{r['deployment']}: {r['replaced_table_sha256'] or 'new'} -> {r['table_sha256']}"
         for r in record[-len(chosen) :]
     ]
 

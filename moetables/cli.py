@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from moetables.bundle import EXPERTS, TableEntry, validate_bundle
+from moetables.bundle import EXPERTS, validate_bundle
 from moetables.comm import ClusterError, load_cluster
+from moetables.describe import contracts_vllm_version, kernel_segments, tile_costs
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.lookup import ComponentTables
@@ -71,34 +72,6 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
     return 1
 
 
-def _kernel_segments(entry: TableEntry, tokens: Any) -> list[dict[str, Any]] | None:
-    """A kernel-step table's segments in N (docs/bundle-format.md, "Kernel-step tables"): each
-    answers from its own points only, so the table's support box alone would mislead a caller;
-    None for a table planned without kernel steps."""
-    from moetables.lookup.segments import _describe, contract_kernel_switches
-
-    try:
-        switches = contract_kernel_switches(entry.contract, entry.geometry, entry.table_path)
-    except BundleError:
-        return None  # validate names the problem
-    if switches is None or len(tokens) == 0:
-        return None
-    top = int(max(tokens))
-    starts = [1, *(t + 1 for t in switches.switches(top))]
-    ends = [*(t - 1 for t in starts[1:]), top]
-    out = []
-    for first, last in zip(starts, ends, strict=True):
-        inside = [int(n) for n in tokens if first <= n <= last]
-        out.append(
-            {
-                "tokens": [first, last],
-                "measured_tokens": [min(inside), max(inside)] if inside else None,
-                "kernel": _describe(switches.kernel(first)),
-            }
-        )
-    return out
-
-
 def describe(path: str | Path) -> dict[str, Any]:
     """What ``info`` prints: identity, and per deployment its components and support."""
     report = validate_bundle(path)
@@ -119,6 +92,9 @@ def describe(path: str | Path) -> dict[str, Any]:
             "local_experts": entry.geometry.local_experts,
             "table_sha256": entry.table_sha256,
         }
+        costs = tile_costs(entry.expert_loads)
+        if costs:
+            item["tile_costs"] = costs
         if table is not None:
             experts = table.component == EXPERTS
             item["rows"] = len(table)
@@ -131,7 +107,7 @@ def describe(path: str | Path) -> dict[str, Any]:
                         ("local_assignments", table.local_assignments),
                     )
                 }
-                segments = _kernel_segments(
+                segments = kernel_segments(
                     entry, table.tokens[experts & (table.activated_experts > 0)]
                 )
                 if segments is not None:
@@ -146,7 +122,9 @@ def describe(path: str | Path) -> dict[str, Any]:
         "hardware": bundle.hardware,
         "model": bundle.model,
         "variant": bundle.variant,
-        "vllm_version": bundle.meta.get("vllm_version"),
+        # meta.yaml names it for the historical layout; current bundles name it per contract
+        "vllm_version": bundle.meta.get("vllm_version")
+        or contracts_vllm_version(e.contract for e in bundle.entries),
         "missing_files": list(bundle.missing_files),
         "deployments": deployments,
     }

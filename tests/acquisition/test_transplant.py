@@ -84,3 +84,16 @@ def test_it_refuses_to_mix_an_entry_without_evidence_into_a_format_2_bundle(
     with pytest.raises(BundleError, match="mixes entries"):
         transplant(plain, shipped, None, "x")
     assert (shipped / "meta.yaml").read_bytes() == meta
+
+
+def test_it_prints_new_for_a_target_the_destination_lacked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QA, session 5: a new target printed ``None -> <sha>``."""
+    shipped = _bundle(tmp_path / "shipped", 1.0, [DP1, DP2[0]])
+    new = _bundle(tmp_path / "new", 1.0, [DP1, *DP2])
+    assert (
+        main([str(new), str(shipped), "--deployment", "tp1/dp2_ep2_rank1_sp0", "--note", "x"]) == 0
+    )
+    sha = next(e.table_sha256 for e in open_bundle(shipped).entries if e.target == DP2[1])
+    assert capsys.readouterr().out.strip() == f"tp1/dp2_ep2_rank1_sp0: new -> {sha}"

@@ -130,3 +130,33 @@ def test_info_names_the_kernel_segments_of_a_kernel_step_table() -> None:
     f2 = REPO / "bundles/H200-vllm-modular-f2/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
     plain = json.loads(run("info", str(f2)).stdout)["deployments"]
     assert all("kernel_segments" not in item for item in plain)
+
+
+def test_info_names_the_contracts_vllm_version_and_the_per_block_tile_costs() -> None:
+    """QA, session 5: current-layout bundles printed ``"vllm_version": null`` although every
+    contract names it; the recorded per-block row-tile costs (issue 18) are listed too."""
+    from moetables.bundle import open_bundle
+
+    for name in ("H200-vllm-modular-f2k", "H200-vllm-modular-tp2-f2", "H200-vllm-live-f2k"):
+        path = REPO / f"bundles/{name}/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+        done = run("info", str(path))
+        assert done.returncode == 0, done.stderr
+        info = json.loads(done.stdout)
+        assert info["layout"] == "current" and info["vllm_version"] == "0.26.0", name
+        bundle = open_bundle(path)
+        for item, entry in zip(info["deployments"], bundle.entries, strict=True):
+            models = entry.expert_loads.models
+            assert [c["block_m"] for c in item.get("tile_costs", [])] == [m.block_m for m in models]
+            assert [c["tile_cost_us"] for c in item.get("tile_costs", [])] == [
+                m.tile_cost_us for m in models
+            ]
+
+
+def test_a_bundle_wide_vllm_version_needs_every_contract_to_agree() -> None:
+    from moetables.describe import contracts_vllm_version
+
+    assert contracts_vllm_version([{"backend": {"vllm_version": "0.26.0"}}] * 2) == "0.26.0"
+    assert (
+        contracts_vllm_version([{"vllm_version": "0.26.0"}, {"versions": {"vllm": "0.25"}}]) is None
+    )
+    assert contracts_vllm_version([{"vllm_version": "0.26.0"}, {}]) is None
