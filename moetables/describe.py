@@ -19,7 +19,7 @@ def kernel_segments(entry: TableEntry, tokens: Any) -> list[dict[str, Any]] | No
     answers from its own points only, so the table's support box alone would mislead a caller.
     ``tokens`` are the measured N of its expert rows. None for a table planned without kernel
     steps (or one whose contract ``validate`` refuses)."""
-    from moetables.lookup.segments import _describe, contract_kernel_switches
+    from moetables.lookup.segments import contract_kernel_switches, describe_kernel
 
     try:
         switches = contract_kernel_switches(entry.contract, entry.geometry, entry.table_path)
@@ -37,7 +37,7 @@ def kernel_segments(entry: TableEntry, tokens: Any) -> list[dict[str, Any]] | No
             {
                 "tokens": [first, last],
                 "measured_tokens": [min(inside), max(inside)] if inside else None,
-                "kernel": _describe(switches.kernel(first)),
+                "kernel": describe_kernel(switches.kernel(first)),
             }
         )
     return out

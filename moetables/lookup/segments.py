@@ -114,7 +114,7 @@ def contract_kernel_switches(
     )
 
 
-def _describe(kernel: tuple[TritonConfig, bool]) -> str:
+def describe_kernel(kernel: tuple[TritonConfig, bool]) -> str:
     config, naive = kernel
     return (
         f"BLOCK_SIZE_M={config.block_m} BLOCK_SIZE_N={config.block_n} "
@@ -182,7 +182,7 @@ class SegmentedExpertSurface:
             first = ends[i - 1] + 1 if i else 1
             last = ends[i] if i < len(ends) else None
             rows = np.flatnonzero(which == i)
-            kernel = _describe(switches.kernel(first))
+            kernel = describe_kernel(switches.kernel(first))
             span = f"N {first}..{last}" if last is not None else f"N >= {first}"
             surface = (
                 ExpertSurface(
