@@ -21,7 +21,7 @@ from registry.services.profiles import published_profile
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
-__all__ = ["estimate_page", "timeline_figure"]
+__all__ = ["estimate_page", "tile_cost_field", "timeline_figure"]
 
 COLORS = {"compute": "#2b6cb0", "wait": "#d69e2e", "transfer": "#c53030"}
 
@@ -97,6 +97,10 @@ def timeline_figure(answer: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class _NoDeployment(Exception):
+    """The form names a deployment (TP/DP/SP) the bundle has no table for."""
+
+
 def _deployments(bundle: Bundle) -> list[tuple[int, int, bool]]:
     seen = {(t.tp, t.dp, t.sequence_parallel) for t in bundle.tables.all()}
     return sorted(seen)
@@ -121,6 +125,20 @@ def _whole(text: str, what: str) -> int:
         raise QueryError(f"{what}: {text!r} is not a whole number") from None
 
 
+def tile_cost_field(text: str) -> float | str:
+    """The form's ``tile_cost_us`` (issue 18) as the API takes it: ``"table"`` or a number;
+    whether the number may be used is the request parser's to say."""
+    text = text.strip()
+    if text == "table":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise QueryError(
+            f"tile_cost_us: {text!r} is neither a number (us per row tile) nor 'table'"
+        ) from None
+
+
 def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
     bundle = get_object_or_404(Bundle, pk=pk)
     deployments = _deployments(bundle)
@@ -142,6 +160,7 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
         "load_shares": params.get("load_shares", ""),
         "profile": params.get("profile", ""),
         "layer": params.get("layer", ""),
+        "tile_cost_us": params.get("tile_cost_us", ""),
     }
     context: dict[str, Any] = {
         "bundle": bundle,
@@ -165,6 +184,13 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
             if len(parts) != 3:
                 raise QueryError(f"deployment: {form['deployment']!r} is not TP/DP/SP")
             tp, dp, sp = (_whole(v, "deployment") for v in parts)
+            if (tp, dp, bool(sp)) not in deployments:
+                # Before the token counts: their count follows the deployment, so naming it
+                # wrong would otherwise read as a token-count mistake.
+                raise _NoDeployment(
+                    f"no such deployment TP{tp} · DP{dp}{' · SP' if sp else ''} in this bundle; "
+                    "it has " + ", ".join(c["label"] for c in context["deployments"])
+                )
             raw: dict[str, Any] = {
                 "tp": tp,
                 "dp": dp,
@@ -192,6 +218,8 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
                 if not form["layer"].strip().isdigit():
                     raise QueryError(f"layer: {form['layer']!r} is not a layer index")
                 raw["layer"] = int(form["layer"])
+            if form["tile_cost_us"].strip():
+                raw["tile_cost_us"] = tile_cost_field(form["tile_cost_us"])
             cluster = named_cluster(form["cluster"]) if form["cluster"] else None
             answer = answer_estimate(
                 tables_for(BundleRef(bundle.pk, bundle.sha256)),
@@ -201,6 +229,8 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
             assert isinstance(answer, dict)
             context["answer"] = answer
             context["charts"] = {"timeline": timeline_figure(answer)}
+        except _NoDeployment as exc:
+            context["error"] = ("no_deployment", str(exc))
         except ValueError as exc:  # QueryError, ClusterError, a bad number: the input
             context["error"] = ("invalid", str(exc))
         except CoverageError as exc:

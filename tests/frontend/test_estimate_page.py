@@ -181,3 +181,43 @@ def test_it_draws_the_per_rank_timeline_in_a_browser(
         assert "layer time unknown" in page.inner_text("#estimate-answer")
     finally:
         context.close()
+
+
+def test_a_deployment_the_bundle_lacks_is_named_not_miscounted(
+    client: Any, h200_bundle: Any
+) -> None:
+    """QA, session 5: TP1/DP9 read "needs one token count per DP rank (9)"."""
+    params = {"deployment": "1/9/0", "tokens": "5,300", "policy": "balanced"}
+    text = client.get(f"/bundles/{h200_bundle.pk}/estimate", params).content.decode()
+    assert "Refused (no_deployment)" in text, text
+    assert "no such deployment TP1 · DP9 in this bundle; it has TP1 · DP1, TP1 · DP2" in text
+    assert "needs one token count per DP rank" not in text
+
+
+def test_the_tile_cost_goes_through_the_apis_request_parser(client: Any, h200_bundle: Any) -> None:
+    """Issue 18 on the page: ``tile_cost_us`` as POST /api/v1/estimate takes it (R44)."""
+    from moetables.estimate_query import answer_estimate, parse_estimate_request
+    from registry.lookup.services import BundleRef, tables_for
+
+    url = f"/bundles/{h200_bundle.pk}/estimate"
+    base = {"deployment": "1/2/0", "tokens": "40,300", "policy": "random", "seed": "3"}
+    page = client.get(url, {**base, "tile_cost_us": "2.5"})
+    assert page.context["error"] is None, page.context["error"]
+    raw = {"tp": 1, "dp": 2, "tokens": [40, 300], "policy": "random", "seed": 3}
+    tables = tables_for(BundleRef(h200_bundle.pk, h200_bundle.sha256))
+    charged = answer_estimate(tables, parse_estimate_request({**raw, "tile_cost_us": 2.5}), None)
+    plain = answer_estimate(tables, parse_estimate_request(raw), None)
+    assert isinstance(charged, dict) and isinstance(plain, dict)
+    assert page.context["answer"]["layer_compute_us"] == charged["layer_compute_us"]
+    (charge,) = set(charged["notes"]) - set(plain["notes"])  # the page's default cluster aside
+    assert charge in page.context["answer"]["notes"]
+    assert "charged at 2.5 us each" in page.content.decode()
+    for value, message in [
+        ("cheap", "tile_cost_us: &#x27;cheap&#x27; is neither a number"),
+        ("-1", "tile_cost_us: must be a number &gt;= 0"),
+    ]:
+        text = client.get(url, {**base, "tile_cost_us": value}).content.decode()
+        assert "Refused (invalid)" in text and message in text, text
+        assert 'id="e-tile-cost" name="tile_cost_us"' in text and 'aria-invalid="true"' in text
+    balanced = client.get(url, {**base, "policy": "balanced", "tile_cost_us": "1"})
+    assert "balanced policy gives no per-expert counts" in balanced.content.decode()
