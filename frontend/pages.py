@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,6 +11,7 @@ from django.http import Http404
 
 from frontend import figures
 from moetables.bundle import EXPERTS
+from moetables.describe import kernel_segments, tile_costs
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.lookup.explain import explain_expert
 from registry.models import AcquisitionJob, Bundle, DeploymentTable
@@ -227,10 +230,19 @@ def table_context(
         if sel.any()
         else (1, 1, geometry.top_k)
     )
+    # What `python -m moetables info` prints for this entry, in its words (moetables.describe).
+    entry = loaded.lookups.entry
+    rows = loaded.rows
+    segments = kernel_segments(
+        entry, rows.tokens[(rows.component == EXPERTS) & (rows.activated_experts > 0)]
+    )
     return {
         "table": table,
         "bundle": table.bundle,
         "geometry": geometry,
+        "tile_costs": tile_costs(entry.expert_loads),
+        "load_rows": entry.expert_loads.rows,
+        "kernel_segments": segments or [],
         "mode": mode,
         "slices": slices,
         "chosen": chosen,
@@ -257,8 +269,60 @@ def _int(raw: Any) -> int | None:
         return None
 
 
+class FieldError(ValueError):
+    """A form field the playground cannot read; ``field`` names it for the page."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def load_fields(raw_loads: Any, raw_cost: Any) -> dict[str, Any]:
+    """The playground's optional load description (issue 18) as a lookup query's keys.
+
+    ``loads``: empty (balanced, the table's own answer), ``balanced``, ``uniform``,
+    ``power_law(alpha)`` or a JSON list of per-expert counts. ``tile_cost_us``: empty or
+    ``table`` (the table's own fitted cost, which the lookup charges when none is given) or a
+    number. Whether the pair makes sense for the query is the lookup's to say
+    (``moetables.lookup.queries``), as for POST /api/v1/lookup."""
+    keys: dict[str, Any] = {}
+    text = str(raw_loads or "").strip()
+    if text.startswith("["):
+        try:
+            keys["loads"] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FieldError(
+                "loads", f"loads: per-expert counts are not JSON ({exc.msg})"
+            ) from None
+    elif text:
+        keys["loads"] = text
+    cost = str(raw_cost or "").strip()
+    if cost and cost != "table":
+        try:
+            keys["tile_cost_us"] = float(cost)
+        except ValueError:
+            raise FieldError(
+                "tile_cost_us",
+                f"tile_cost_us: {cost!r} is neither a number (us per row tile) nor 'table'",
+            ) from None
+        if not math.isfinite(keys["tile_cost_us"]):
+            raise FieldError("tile_cost_us", f"tile_cost_us: {cost!r} is not a finite number")
+    return keys
+
+
+def _load_field(message: str) -> str | None:
+    """Which load field a lookup's refusal is about: the lookup words each one's problems
+    starting with the field's name (``moetables.lookup.queries.load_problem``)."""
+    if "needs tile_cost_us" in message or message.startswith("tile_cost_us"):
+        return "tile_cost_us"
+    return "loads" if message.startswith("loads") else None
+
+
 def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str, Any]:
-    """One playground query: the time and the measured rows behind it, or why it is refused."""
+    """One playground query: the time and the measured rows behind it, or why it is refused.
+
+    With a load description the time is the lookup's own answer to the same query
+    (``Deployment.answer``, as POST /api/v1/lookup gives it), beside the balanced one."""
     component = str(params.get("component") or EXPERTS)
     mode = _mode(table, params.get("mode"))
     n, a, m = (
@@ -270,7 +334,25 @@ def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str
     if n is None or (component == EXPERTS and (a is None or m is None)):
         return {**context, "error": "invalid", "message": "give whole numbers for N, A and M"}
     try:
+        keys = load_fields(params.get("loads"), params.get("tile_cost_us"))
+    except FieldError as exc:
+        return {**context, "error": "invalid", "field": exc.field, "message": str(exc)}
+    context["loads"] = keys.get("loads")
+    try:
         loaded = load_deployment(table)
+        if keys:
+            query = {
+                "component": component,
+                "mode": mode,
+                "tokens": n,
+                **({} if component != EXPERTS else {"activated_experts": a}),
+                **({} if component != EXPERTS else {"local_assignments": m}),
+                **keys,
+            }
+            (answer,) = loaded.lookups.answer([query])
+            if "error" in answer:
+                return {**context, **answer, "field": _load_field(answer["message"])}
+            context["loaded_time_us"] = answer["time_us"]
         if component == EXPERTS:
             assert a is not None and m is not None
             found = explain_expert(loaded.lookups, loaded.rows, n, a, m, mode)
@@ -364,6 +446,7 @@ __all__ = [
     "bundle_summary",
     "compare_context",
     "filter_choices",
+    "load_fields",
     "lookup_answer",
     "recent_jobs",
     "table_context",
