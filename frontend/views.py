@@ -90,7 +90,11 @@ def table_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def table_lookup(request: HttpRequest, pk: int) -> HttpResponse:
     """The lookup playground's answer (an htmx fragment)."""
     table = get_object_or_404(DeploymentTable.objects.select_related("bundle"), pk=pk)
-    return render(request, "frontend/_lookup.html", pages.lookup_answer(table, request.GET))
+    context = pages.lookup_answer(table, request.GET)
+    # htmx swaps the answer in; the load fields come back out of band, marked where refused.
+    context["htmx"] = request.headers.get("HX-Request") == "true"
+    context["values"] = {k: request.GET.get(k, "") for k in ("loads", "tile_cost_us")}
+    return render(request, "frontend/_lookup.html", context)
 
 
 @_storage_safe

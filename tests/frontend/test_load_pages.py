@@ -124,3 +124,22 @@ def test_a_load_description_is_for_experts_only(client: Client, f2k: Any) -> Non
         {"component": "gate_routing", "tokens": 8, "loads": "uniform", "tile_cost_us": "1"},
     ).content.decode()
     assert "loads: a load description is for experts only" in html
+
+
+def test_htmx_gets_the_load_fields_back_marked_where_refused(client: Client, f2k: Any) -> None:
+    table = f2k.tables.get(tp=1, dp=1)
+    n, a, m = client.get(f"/tables/{table.pk}/").context["example"]
+    url = f"/tables/{table.pk}/lookup"
+    query = {"component": "experts", "tokens": n, "activated_experts": a, "local_assignments": m}
+    refused = client.get(
+        url, {**query, "loads": "uniform", "tile_cost_us": "x"}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert 'id="q-tilecost" name="tile_cost_us" value="x"' in refused
+    assert 'aria-invalid="true" aria-describedby="lookup-error" hx-swap-oob="true"' in refused
+    assert refused.count("hx-swap-oob") == 2 and refused.count("aria-invalid") == 1
+    fixed = client.get(
+        url, {**query, "loads": "uniform", "tile_cost_us": "1"}, HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert fixed.count("hx-swap-oob") == 2 and "aria-invalid" not in fixed
+    plain = client.get(url, {**query, "loads": "uniform", "tile_cost_us": "x"}).content.decode()
+    assert "hx-swap-oob" not in plain  # no htmx: the fragment alone
