@@ -143,3 +143,22 @@ def test_htmx_gets_the_load_fields_back_marked_where_refused(client: Client, f2k
     assert fixed.count("hx-swap-oob") == 2 and "aria-invalid" not in fixed
     plain = client.get(url, {**query, "loads": "uniform", "tile_cost_us": "x"}).content.decode()
     assert "hx-swap-oob" not in plain  # no htmx: the fragment alone
+
+
+def test_table_cost_on_a_table_without_one_is_refused_naming_tile_cost(
+    client: Client, current_bundle: Any
+) -> None:
+    table = current_bundle.tables.first()
+    page = client.get(
+        f"/tables/{table.pk}/lookup",
+        {
+            "component": "experts",
+            "tokens": 8,
+            "activated_experts": 2,
+            "local_assignments": 8,
+            "loads": "uniform",
+            "tile_cost_us": "table",
+        },
+    )
+    assert page.context["field"] == "tile_cost_us", page.content.decode()
+    assert "records no fitted tile cost" in page.content.decode()
