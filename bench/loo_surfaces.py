@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from acquisition.plan import CaptureSizes, CudagraphMode, build_plan
-from acquisition.plan.kernel import KernelSteps
+from acquisition.plan.kernel import KERNEL_STEPS_RULE, KernelSteps
 from moetables.bundle import Bundle, TableEntry, load_table, open_bundle
 from moetables.geometry import ExpertGeometry
 from moetables.lookup.surface import ExpertSurface
@@ -115,7 +115,10 @@ def kernel_steps(entry: TableEntry) -> KernelSteps:
     g = entry.geometry
     geometry = entry.contract.get("geometry") or {}
     block = geometry.get("weight_block_size")
+    # The rule the table was planned with (v2 or v3), as its contract records it.
+    record = (entry.contract.get("expert_sampling") or {}).get("kernel_steps") or {}
     return KernelSteps.for_target(
+        rule=str(record.get("rule", KERNEL_STEPS_RULE)),
         hardware=str(entry.contract.get("hardware", "H200")),
         dtype=str(geometry.get("dtype") or "bf16"),
         local_experts=g.local_experts,

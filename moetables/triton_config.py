@@ -37,6 +37,8 @@ from typing import Any
 __all__ = [
     "EMBEDDED_DEVICES",
     "KERNEL_STEPS_RULE",
+    "KERNEL_STEPS_RULES",
+    "KERNEL_STEPS_RULE_V3",
     "VLLM_VERSION",
     "KernelShape",
     "KernelSwitches",
@@ -55,6 +57,11 @@ VLLM_VERSION = "0.26.0"
 # such a table into segments by it. v2: every tuned H200 file of vLLM 0.26.0 (v1 knew
 # E=128,N=768 bf16 only) and block FP8.
 KERNEL_STEPS_RULE = "vllm-0.26.0-triton-config-steps-v2"
+# v3: v2's switches (the same segments: a v3 table is split exactly as a v2 table) plus both
+# edges of every block-padding ramp in M (acquisition.plan.kernel, "v3"). Plans name the rule they
+# used; the lookups read either.
+KERNEL_STEPS_RULE_V3 = "vllm-0.26.0-triton-config-steps-v3"
+KERNEL_STEPS_RULES = (KERNEL_STEPS_RULE, KERNEL_STEPS_RULE_V3)
 DATA = Path(__file__).parent / "data" / "vllm-0.26.0-fused-moe-h200.json"
 # Devices whose complete set of tuned files is embedded: for them "no file" means vLLM's default.
 EMBEDDED_DEVICES = ("NVIDIA_H200",)

@@ -17,7 +17,12 @@ from acquisition.plan import (
     build_plan,
     derived_capture_sizes,
 )
-from acquisition.plan.kernel import KernelSteps, KernelStepsError
+from acquisition.plan.kernel import (
+    KERNEL_STEPS_RULE,
+    KERNEL_STEPS_RULE_V3,
+    KernelSteps,
+    KernelStepsError,
+)
 from acquisition.protocol.measure import ProtocolSettings
 from acquisition.request import AcquisitionRequest
 from moetables.bundle import EXPERTS
@@ -162,8 +167,11 @@ def kernel_steps_for(request: AcquisitionRequest, geometry: ExpertGeometry) -> K
         return None
     if request.kernel_steps == "auto" and request.backend not in _TRITON_BACKENDS:
         return None
+    # auto and on stay on v2: v3 grows a DP1 plan by more than 30 % (docs/acquisition.md).
+    rule = KERNEL_STEPS_RULE_V3 if request.kernel_steps == "v3" else KERNEL_STEPS_RULE
     try:
         return KernelSteps.for_target(
+            rule=rule,
             hardware=request.hardware,
             dtype=request.dtype,
             local_experts=geometry.local_experts,
@@ -174,7 +182,7 @@ def kernel_steps_for(request: AcquisitionRequest, geometry: ExpertGeometry) -> K
             weight_block=request.model.weight_block_size,
         )
     except KernelStepsError:
-        if request.kernel_steps == "on":
+        if request.kernel_steps in ("on", "v2", "v3"):
             raise
         return None
 

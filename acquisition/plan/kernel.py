@@ -24,6 +24,18 @@ The rule adds, before anything is measured (R10):
   every j, the last row before and the first row after each ramp (cheap: one target, and the
   staircase of a few experts' tiles is the largest error there).
 
+Rule v3 (``KERNEL_STEPS_RULE_V3``, opt-in: ``--moe-kernel-steps v3``) adds both edges of every
+ramp, so that each ramp is measured at r = 0, 1, A - 1 and A where M = A*B*j + r. Between r = 0
+and r = A the *sum* of row tiles is linear, but the per-expert tile counts are not: at r = 1 the
+first expert enters tile j + 1 (the largest expert's tiles, and the last wave's occupancy, step
+there), and at r = A - 1 -> A the last one does. v2 measured r = 0 and r = A only, so a query
+inside a ramp was interpolated over both of those steps. With r = 1 and A - 1 measured every
+piece between measured points has one count of experts per tile count per step: the kernel's
+work is linear there whichever of these it follows. At EP1 (M = N k, r moves k pairs a row) the
+edges are rows: the first row past the corner and the last row before the ramp's end. Configuration
+only (B at N, the A grid, k): R10. The switches are v2's, so a v3 table splits into the same
+segments.
+
 The configuration itself comes from `moetables.triton_config` (vLLM 0.26.0's every tuned H200
 file, embedded, and ``get_default_config``), the same table the lookups' tile model reads. The
 rule is modelled for bf16/fp16 and block FP8 (``fp8_w8a8``, the Triton path: DeepGEMM off) on the
@@ -38,6 +50,8 @@ from typing import Any
 
 from moetables.triton_config import (
     KERNEL_STEPS_RULE,
+    KERNEL_STEPS_RULE_V3,
+    KERNEL_STEPS_RULES,
     KernelShape,
     KernelSwitches,
     TritonConfig,
@@ -49,6 +63,8 @@ from moetables.triton_config import (
 
 __all__ = [
     "KERNEL_STEPS_RULE",
+    "KERNEL_STEPS_RULES",
+    "KERNEL_STEPS_RULE_V3",
     "KernelSteps",
     "KernelStepsError",
     "TritonConfig",
@@ -90,6 +106,8 @@ class KernelSteps:
     top_k: int
     expert_map: bool
     assignment_steps: int = DEFAULT_ASSIGNMENT_STEPS
+    # v2 (the default: the shipped f2k plans) or v3 (adds both edges of every padding ramp).
+    rule: str = KERNEL_STEPS_RULE
 
     @classmethod
     def for_target(
@@ -104,6 +122,7 @@ class KernelSteps:
         quantization: str | None = None,
         weight_block: tuple[int, int] | None = None,
         assignment_steps: int = DEFAULT_ASSIGNMENT_STEPS,
+        rule: str = KERNEL_STEPS_RULE,
     ) -> KernelSteps:
         """The rule for a target, or `KernelStepsError` where its configuration is not known.
 
@@ -122,6 +141,10 @@ class KernelSteps:
                 f"hardware {hardware!r}: vLLM's tuned Triton configurations for it are not "
                 "embedded (moetables/triton_config.py embeds the H200's)"
             )
+        if rule not in KERNEL_STEPS_RULES:
+            raise KernelStepsError(
+                f"kernel-step rule {rule!r} is not known (known: {', '.join(KERNEL_STEPS_RULES)})"
+            )
         if assignment_steps < 0:
             raise KernelStepsError(f"assignment_steps must be >= 0, got {assignment_steps}")
         return cls(
@@ -131,7 +154,13 @@ class KernelSteps:
             # vLLM builds an expert map whenever experts are split over EP ranks.
             expert_map=local_experts < global_experts,
             assignment_steps=assignment_steps,
+            rule=rule,
         )
+
+    @property
+    def ramp_edges(self) -> bool:
+        """Whether the rule measures both edges of each padding ramp (v3)."""
+        return self.rule == KERNEL_STEPS_RULE_V3
 
     @property
     def device(self) -> str:
@@ -188,7 +217,11 @@ class KernelSteps:
                     last = (active * b * j) // k
                     after = -(-(active * b * j + active) // k)
                     if self.config(first).block_m == b and not self.naive(first):
-                        rows.update(r for r in (last, after) if 1 <= r <= maximum)
+                        edges: tuple[int, ...] = (last, after)
+                        if self.ramp_edges:
+                            # The first row past the corner, the last row before the ramp ends.
+                            edges += (last + 1, max(last + 1, after - 1))
+                        rows.update(r for r in edges if 1 <= r <= maximum)
                     j += 1
         return sorted(rows)
 
@@ -197,18 +230,21 @@ class KernelSteps:
         if active < 1 or self.naive(rows):
             return []
         tile = active * self.config(rows).block_m
+        # v3: also r = 1 and r = A - 1 past the corner (M = A*B*j + r), the ramp's two edges.
+        offsets = (0, 1, active - 1, active) if self.ramp_edges else (0, active)
         corners = {
             m
             for j in range(1, self.assignment_steps + 1)
-            for m in (tile * j, tile * j + active)
+            for m in (tile * j + r for r in offsets)
             if low <= m <= high
         }
         return sorted(corners)
 
     def as_dict(self) -> dict[str, Any]:
-        """The rule and its inputs, as plans and contracts record them."""
-        return {
-            "rule": KERNEL_STEPS_RULE,
+        """The rule and its inputs, as plans and contracts record them (a v2 record is the one
+        the shipped f2k plans hashed, key for key)."""
+        record = {
+            "rule": self.rule,
             "kernel": "vllm TritonExperts (fused_moe_kernel)",
             **self.shape.as_dict(),
             "global_experts": self.global_experts,
@@ -219,3 +255,13 @@ class KernelSteps:
             "naive_block_assignment between t and t+1",
             "assignments": "A*B*j and A*B*j+A for j = 1..assignment_steps, B = BLOCK_SIZE_M at N",
         }
+        if self.ramp_edges:
+            record["assignments"] = (
+                "A*B*j, A*B*j+1, A*B*j+A-1 and A*B*j+A for j = 1..assignment_steps, "
+                "B = BLOCK_SIZE_M at N"
+            )
+            record["ramp_rows"] = (
+                "at EP1, for every A and j: the last row before A*B*j, the first after it, the "
+                "last before A*B*j+A and the first at or after it"
+            )
+        return record

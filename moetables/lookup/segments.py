@@ -33,7 +33,7 @@ from moetables.lookup.codes import OK, OUT_OF_SUPPORT
 from moetables.lookup.curves import LocalCurve
 from moetables.lookup.surface import Coordinates, ExpertSurface, feasibility_codes
 from moetables.triton_config import (
-    KERNEL_STEPS_RULE,
+    KERNEL_STEPS_RULES,
     KernelShape,
     KernelSwitches,
     TritonConfig,
@@ -64,11 +64,13 @@ def contract_kernel_switches(
     if not isinstance(record, Mapping):
         raise BundleError(where, "expert_sampling.kernel_steps is not a mapping")
     rule = record.get("rule")
-    if rule != KERNEL_STEPS_RULE:
+    # v2 and v3 have the same switches (v3 adds points inside segments only).
+    if rule not in KERNEL_STEPS_RULES:
         raise BundleError(
             where,
             f"expert_sampling.kernel_steps.rule {rule!r} is not known to this reader "
-            f"(it knows {KERNEL_STEPS_RULE!r}); its kernel segments cannot be derived",
+            f"(it knows {', '.join(map(repr, KERNEL_STEPS_RULES))}); its kernel segments cannot "
+            "be derived",
         )
     # Imported here: moetables.tiles imports the lookup package's modules.
     from moetables.tiles import contract_kernel_shape
