@@ -24,10 +24,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.kernel_step_loo import _door, _positive, _switch  # noqa: E402
-from bench.loo_surfaces import PointError, is_knot, kernel_steps  # noqa: E402
-from moetables.bundle import open_bundle  # noqa: E402
-from moetables.lookup.segments import SegmentedExpertSurface  # noqa: E402
+from bench.kernel_step_loo import _door, _positive, _switch
+from bench.loo_surfaces import PointError, is_knot, kernel_steps
+from moetables.bundle import open_bundle
+from moetables.lookup.segments import SegmentedExpertSurface
 
 
 def where(bundle_root: Path, deployment: str, threshold: float) -> list[dict[str, Any]]:
