@@ -16,7 +16,12 @@
 #   mixtral-rank1  Mixtral-8x7B vllm-modular DP2 rank 1 resumed from its checkpoint (the
 #                  shipped plan, kernel steps off; scripts/h200_models.sh mixtral-modular).
 #                  ~1 min                                  limit MIXTRAL_RANK1_S=90
-#   all            the four in this order (~11-14 min: two calls; see below)
+#   v3-modular-dp1 Qwen3-30B-A3B bf16, vllm-modular TP1/DP1 alone, factor 2 with kernel-step rule
+#                  v3 (--moe-kernel-steps v3: v2 plus both edges of every padding ramp; issue 20
+#                  item 1): 633 rows. ~1.5-2 min                limit V3_MODULAR_S=200
+#   v3-live        the same v3 plan through vllm-live TP1 (633 rows). ~1.5-2.5 min
+#                                                          limit V3_LIVE_S=240
+#   all            the first four in this order (~11-14 min: two calls; see below)
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
 #   bash scripts/h200_next.sh PART...
@@ -67,8 +72,8 @@ finish() { # PART STATUS START LOGFILE
   pack "$1"
 }
 
-qwen3() { # PART BACKEND DPS LIMIT_S: the factor-2 plan with the kernel-step rule
-  local label=$1 backend=$2 dps=$3 limit=$4
+qwen3() { # PART BACKEND DPS LIMIT_S [RULE]: the factor-2 plan with the kernel-step rule
+  local label=$1 backend=$2 dps=$3 limit=$4 steps=${5:-on}
   local run=$ROOT/$label
   mkdir -p "$run"
   local extra=()
@@ -81,7 +86,7 @@ qwen3() { # PART BACKEND DPS LIMIT_S: the factor-2 plan with the kernel-step rul
   extra+=("${more[@]}")
   local cmd=(python3 -m acquisition slice "$QWEN3" --hardware H200 --tp 1 --tp-refresh 1
     --group moe --max-num-batched-tokens 2048 --max-num-seqs 128 --moe-rounds 3
-    --measurement-iterations 3 --moe-grid-factor 2 --moe-kernel-steps on
+    --measurement-iterations 3 --moe-grid-factor 2 --moe-kernel-steps "$steps"
     --cudagraph-capture-sizes "$CAPTURES" --no-progress-bar --dp "$dps" --backend "$backend"
     --out-root "$run/out" --progress-json "$run/progress.jsonl" --phase-log "$run/phases.jsonl"
     "${extra[@]}")
@@ -131,8 +136,9 @@ parts=()
 for arg in "$@"; do
   case $arg in
     all) parts+=(qwen3-modular qwen3-live fp8-dp1 mixtral-rank1) ;;
-    qwen3-modular | qwen3-live | fp8-dp1 | mixtral-rank1) parts+=("$arg") ;;
-    *) log "unknown part $arg (qwen3-modular qwen3-live fp8-dp1 mixtral-rank1 all)" ;;
+    qwen3-modular | qwen3-live | fp8-dp1 | mixtral-rank1 | v3-modular-dp1 | v3-live)
+      parts+=("$arg") ;;
+    *) log "unknown part $arg (qwen3-modular qwen3-live fp8-dp1 mixtral-rank1 v3-modular-dp1 v3-live all)" ;;
   esac
 done
 [ ${#parts[@]} -gt 0 ] || { log "nothing to run"; exit 2; }
@@ -144,6 +150,8 @@ for p in "${parts[@]}"; do
   case $p in
     qwen3-modular) qwen3 "$p" vllm-modular 1,2 "${QWEN3_MODULAR_S:-560}" ;;
     qwen3-live) qwen3 "$p" vllm-live 1 "${QWEN3_LIVE_S:-300}" ;;
+    v3-modular-dp1) qwen3 "$p" vllm-modular 1 "${V3_MODULAR_S:-200}" v3 ;;
+    v3-live) qwen3 "$p" vllm-live 1 "${V3_LIVE_S:-240}" v3 ;;
     fp8-dp1) fp8_dp1 ;;
     mixtral-rank1) mixtral_rank1 ;;
   esac

@@ -120,3 +120,18 @@ def test_extra_arguments_reach_the_qwen3_acquisitions(stubs: Path, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     argv = (tmp_path / "root" / "qwen3-live" / "argv.txt").read_text()
     assert "--engine-attention-backend TRITON_ATTN --triton-precompile-workers 1" in argv
+
+
+@pytest.mark.parametrize(
+    ("part", "backend"), [("v3-modular-dp1", "vllm-modular"), ("v3-live", "vllm-live")]
+)
+def test_the_v3_parts_run_dp1_with_rule_v3(
+    stubs: Path, tmp_path: Path, part: str, backend: str
+) -> None:
+    """Issue 20 item 1: the re-measure of DP1 and live with kernel-step rule v3."""
+    result = run(stubs, tmp_path, part)
+    assert result.returncode == 0, result.stderr
+    assert summary(tmp_path)[0].startswith(f"{part}: exit 0")
+    argv = (tmp_path / "root" / part / "argv.txt").read_text()
+    assert "--moe-kernel-steps v3" in argv and "--moe-kernel-steps on" not in argv
+    assert f"--dp 1 --backend {backend}" in argv
