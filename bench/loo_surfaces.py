@@ -247,7 +247,23 @@ def is_knot(e: PointError, steps: KernelSteps) -> bool:
     if e.pairs - step < e.active:
         return False
     t0, t1, t2 = tiles(e.pairs - step), tiles(e.pairs), tiles(e.pairs + step)
-    return t1 - t0 != t2 - t1
+    if t1 - t0 != t2 - t1:
+        return True
+    if not steps.ramp_edges or steps.naive(e.tokens):
+        return False
+
+    # Rule v3 also plans both edges of each ramp: where the largest expert's tiles step (the
+    # first expert into the next tile) and where the smallest's do (the last one).
+    def largest(m: int) -> int:
+        base, extra = divmod(m, e.active)
+        return math.ceil((base + (extra > 0)) / b)
+
+    def smallest(m: int) -> int:
+        return math.ceil((m // e.active) / b)
+
+    return largest(e.pairs - step) != largest(e.pairs) or smallest(e.pairs) != smallest(
+        e.pairs + step
+    )
 
 
 def predict_kernel_steps(

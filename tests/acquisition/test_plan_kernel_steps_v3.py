@@ -157,3 +157,21 @@ def test_v3_refuses_a_configuration_it_does_not_model(tmp_path: Path) -> None:
     with pytest.raises(OptionError) as caught:
         prepare(build_parser().parse_args(args), args)
     assert caught.value.field == "kernel_steps"
+
+
+def test_the_loo_classes_count_v3s_ramp_edges_as_bends_and_v2_as_before() -> None:
+    """bench's `is_knot`: a v3 table's ramp edges are bends (removed, they are answered over a
+    step); a v2 table's classes do not change (the published v2 LOO stays reproducible)."""
+    from bench.loo_surfaces import PointError, is_knot
+
+    v2, v3 = steps(1), steps(1, 0, KERNEL_STEPS_RULE_V3)
+
+    def knot(n: int, a: int, rule: KernelSteps) -> bool:
+        return is_knot(PointError(n, a, 8 * n, 1.0, 1.0), rule)
+
+    # A = 32, B = 128 at EP1: the ramp 1,024..1,028; v3's edges 1,025 and 1,027.
+    assert v3.config(1025).block_m == 128
+    assert [knot(n, 32, v3) for n in (1025, 1026, 1027)] == [True, False, True]
+    assert [knot(n, 32, v2) for n in (1025, 1026, 1027)] == [False, False, False]
+    # Inside a flat stretch neither rule sees a bend.
+    assert not knot(1100, 32, v3) and not knot(1100, 32, v2)
