@@ -378,6 +378,10 @@ def test_a_record_with_an_unknown_rule_or_another_geometry_is_a_corrupt_contract
     unknown["expert_sampling"]["kernel_steps"]["rule"] = "vllm-9.9-triton-config-steps-v9"
     with pytest.raises(BundleError, match="not known to this reader"):
         contract_kernel_switches(unknown, d.entry.geometry, "t")
+    # Rule v3 (issue 20 item 1) has v2's switches: a v3 record splits the table alike.
+    v3 = copy.deepcopy(contract)
+    v3["expert_sampling"]["kernel_steps"]["rule"] = "vllm-0.26.0-triton-config-steps-v3"
+    assert contract_kernel_switches(v3, d.entry.geometry, "t") == d.kernel_switches
     other = copy.deepcopy(contract)
     other["expert_sampling"]["kernel_steps"]["local_experts"] = 128
     with pytest.raises(BundleError, match="local_experts 128"):
