@@ -3,7 +3,11 @@ segments, and whether the lookup itself interpolates across a configuration swit
 item 1; docs/benchmarks.md, "The kernel-step tables, measured").
 
     PYTHONPATH=. .venv/bin/python bench/kernel_step_loo.py --bundle B [--bundle B2 ...] \
-        [--json out.json]
+        [--json out.json] [--classes v2|v3|v4]
+
+``--classes`` reads the points' classes (which points are bends) under another kernel-step
+rule than the one the table's contract records, to compare tables of two rules on one footing
+(e.g. a v3 table read with v4's classes against a v4 table); the default is the table's own.
 
 A kernel segment is a run of rows N that vLLM 0.26.0's `TritonExperts` serves with one
 configuration (`acquisition.plan.kernel.KernelSteps.kernel`: the tuned file's nearest key, or
@@ -40,7 +44,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +53,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from acquisition.plan.kernel import KernelSteps
+from acquisition.plan.kernel import (
+    KERNEL_STEPS_RULE,
+    KERNEL_STEPS_RULE_V3,
+    KERNEL_STEPS_RULE_V4,
+    KernelSteps,
+)
 from bench.loo_surfaces import PointError, is_knot, kernel_steps
 from moetables.bundle import Bundle, TableEntry, load_table, open_bundle
 from moetables.lookup import ComponentTables
@@ -139,9 +148,16 @@ def _switch(steps: KernelSteps, n: int) -> bool:
     return steps.kernel(max(1, n - 1)) != here or steps.kernel(n + 1) != here
 
 
-def leave_one_out(bundle: Bundle, entry: TableEntry, worst: int) -> Loo:
+CLASS_RULES = {"v2": KERNEL_STEPS_RULE, "v3": KERNEL_STEPS_RULE_V3, "v4": KERNEL_STEPS_RULE_V4}
+
+
+def leave_one_out(bundle: Bundle, entry: TableEntry, worst: int, classes: str | None = None) -> Loo:
+    """``classes``: a rule name of `CLASS_RULES` whose bends classify the points (switch rows
+    are every rule's); None: the rule the table's contract records."""
     n, a, m, t = _positive(bundle, entry)
     steps = kernel_steps(entry)
+    if classes is not None:
+        steps = replace(steps, rule=CLASS_RULES[classes])
     run = np.zeros(int(n.max()) + 2, dtype=np.int64)  # runs of one kernel, as below
     for x in range(2, int(n.max()) + 2):
         run[x] = run[x - 1] + (steps.kernel(x) != steps.kernel(x - 1))
@@ -339,6 +355,11 @@ def main() -> None:
     parser.add_argument("--bundle", action="append", type=Path, required=True)
     parser.add_argument("--worst", type=int, default=8)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--classes",
+        choices=sorted(CLASS_RULES),
+        help="classify bends under this rule instead of the table's own",
+    )
     args = parser.parse_args()
     report: dict[str, Any] = {}
 
@@ -357,7 +378,7 @@ def main() -> None:
     for root in args.bundle:
         bundle = open_bundle(root.resolve())
         for entry in bundle.entries:
-            loo = leave_one_out(bundle, entry, args.worst)
+            loo = leave_one_out(bundle, entry, args.worst, args.classes)
             cross = lookup_crossings(bundle, entry)
             name = str(root)
             row = {

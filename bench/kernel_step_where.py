@@ -2,13 +2,19 @@
 measured points answered them (issue 20 item 1; docs/benchmarks.md, "Rule v3").
 
     PYTHONPATH=. .venv/bin/python bench/kernel_step_where.py --bundle B [--bundle B2] \
-        [--deployment dp1_ep1_rank0_sp0] [--threshold 0.05] [--json out.json]
+        [--deployment dp1_ep1_rank0_sp0] [--threshold 0.05] [--json out.json] [--rule v4]
 
 Same classes and same segment-aware surface as `bench/kernel_step_loo.py` (switch rows and tile
 corners excluded: the points "between bends"); per error above the threshold it prints (N, A, M),
 the N's configuration (BLOCK_SIZE_M, segment span), the vertices of the simplex that answered it
 (N, A, M each) and what the answer lacked: the nearest measured A below/above at the same N, and
 the nearest measured N below/above at the same A, in the point's own segment.
+
+``--rule v4`` (a prediction, nothing measured): per error, what that rule's plan would add at
+the error's row N beside the A the table measured there (`KernelSteps.active_points`): the new
+A between the error's measured A neighbours (``lands``: its answer would come from them, not
+across the old factor-2 gap), and whether the error's own (N, A) is a bend under that rule
+(``bend``: an A-side tile corner, measured and excluded from "between bends").
 """
 
 from __future__ import annotations
@@ -24,13 +30,29 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from acquisition.plan.kernel import KERNEL_STEPS_RULE_V3, KERNEL_STEPS_RULE_V4, KernelSteps
 from bench.kernel_step_loo import _door, _positive, _switch
 from bench.loo_surfaces import PointError, is_knot, kernel_steps
 from moetables.bundle import open_bundle
 from moetables.lookup.segments import SegmentedExpertSurface
 
+RULES = {"v3": KERNEL_STEPS_RULE_V3, "v4": KERNEL_STEPS_RULE_V4}
 
-def where(bundle_root: Path, deployment: str, threshold: float) -> list[dict[str, Any]]:
+
+def _with_rule(steps: KernelSteps, rule: str) -> KernelSteps:
+    return KernelSteps(
+        shape=steps.shape,
+        global_experts=steps.global_experts,
+        top_k=steps.top_k,
+        expert_map=steps.expert_map,
+        assignment_steps=steps.assignment_steps,
+        rule=rule,
+    )
+
+
+def where(
+    bundle_root: Path, deployment: str, threshold: float, rule: str | None = None
+) -> list[dict[str, Any]]:
     bundle = open_bundle(bundle_root.resolve())
     out: list[dict[str, Any]] = []
     for entry in bundle.entries:
@@ -38,6 +60,7 @@ def where(bundle_root: Path, deployment: str, threshold: float) -> list[dict[str
             continue
         n, a, m, t = _positive(bundle, entry)
         steps = kernel_steps(entry)
+        planned = _with_rule(steps, RULES[rule]) if rule else None
         switches = _door(bundle, entry).kernel_switches
         sw = np.asarray(switches.switches(int(n.max())), dtype=np.int64)
         seg = np.searchsorted(sw, n, side="left")
@@ -60,6 +83,22 @@ def where(bundle_root: Path, deployment: str, threshold: float) -> list[dict[str
             same_a = sorted({int(x) for x in n[idx][a[idx] == a[i]]})
             lo = int(sw[seg[i] - 1]) + 1 if seg[i] > 0 else 1
             hi = int(sw[seg[i]]) if seg[i] < len(sw) else None
+            below = max((x for x in same_n if x < a[i]), default=None)
+            above = min((x for x in same_n if x > a[i]), default=None)
+            prediction: dict[str, Any] = {}
+            if planned is not None:
+                axis = sorted({*same_n, int(a[i])})
+                added = planned.active_points(int(n[i]), axis)
+                prediction = {
+                    "rule": planned.rule,
+                    "added_at_N": added,
+                    "lands": [
+                        x
+                        for x in added
+                        if (below is None or x > below) and (above is None or x < above)
+                    ],
+                    "bend": int(a[i]) in planned.active_corners(int(n[i])),
+                }
             out.append(
                 {
                     "deployment": deployment,
@@ -70,11 +109,12 @@ def where(bundle_root: Path, deployment: str, threshold: float) -> list[dict[str
                     "block_m": steps.config(int(n[i])).block_m,
                     "naive": steps.naive(int(n[i])),
                     "segment": [lo, hi],
-                    "A_below": max((x for x in same_n if x < a[i]), default=None),
-                    "A_above": min((x for x in same_n if x > a[i]), default=None),
+                    "A_below": below,
+                    "A_above": above,
                     "N_below": max((x for x in same_a if x < n[i]), default=None),
                     "N_above": min((x for x in same_a if x > n[i]), default=None),
                     "A_in_segment": sorted({int(x) for x in a[idx]}),
+                    **prediction,
                 }
             )
     return sorted(out, key=lambda r: (r["N"], r["A"]))
@@ -86,10 +126,13 @@ def main() -> None:
     p.add_argument("--deployment", default="dp1_ep1_rank0_sp0")
     p.add_argument("--threshold", type=float, default=0.05)
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--rule", choices=sorted(RULES), help="also print what this rule's plan adds at each row"
+    )
     args = p.parse_args()
     rows: list[dict[str, Any]] = []
     for b in args.bundle:
-        for r in where(b, args.deployment, args.threshold):
+        for r in where(b, args.deployment, args.threshold, args.rule):
             r["bundle"] = str(b)
             rows.append(r)
             print(
@@ -97,6 +140,12 @@ def main() -> None:
                 f"err={100 * r['err']:.1f}% B={r['block_m']} naive={r['naive']} seg={r['segment']} "
                 f"A-/A+ at N: {r['A_below']}/{r['A_above']}  N-/N+ at A: "
                 f"{r['N_below']}/{r['N_above']}  A in seg: {r['A_in_segment']}"
+                + (
+                    f"  {args.rule}: adds A {r['added_at_N']} at N, lands {r['lands']}, "
+                    f"bend {r['bend']}"
+                    if args.rule
+                    else ""
+                )
             )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

@@ -115,7 +115,7 @@ def kernel_steps(entry: TableEntry) -> KernelSteps:
     g = entry.geometry
     geometry = entry.contract.get("geometry") or {}
     block = geometry.get("weight_block_size")
-    # The rule the table was planned with (v2 or v3), as its contract records it.
+    # The rule the table was planned with (v2, v3 or v4), as its contract records it.
     record = (entry.contract.get("expert_sampling") or {}).get("kernel_steps") or {}
     return KernelSteps.for_target(
         rule=str(record.get("rule", KERNEL_STEPS_RULE)),
@@ -233,6 +233,10 @@ def is_knot(e: PointError, steps: KernelSteps) -> bool:
     if steps.kernel(max(1, e.tokens - 1)) != steps.kernel(e.tokens) or steps.kernel(
         e.tokens + 1
     ) != steps.kernel(e.tokens):
+        return True
+    # Rule v4 also plans the A on both sides of each ramp's ends along A at EP1's 16-row rows:
+    # removed, such a point is interpolated across the bend in A it marks.
+    if steps.active_side and e.active in steps.active_corners(e.tokens):
         return True
     b = steps.config(e.tokens).block_m
     ep1 = steps.local_experts == steps.global_experts

@@ -39,6 +39,7 @@ __all__ = [
     "KERNEL_STEPS_RULE",
     "KERNEL_STEPS_RULES",
     "KERNEL_STEPS_RULE_V3",
+    "KERNEL_STEPS_RULE_V4",
     "VLLM_VERSION",
     "KernelShape",
     "KernelSwitches",
@@ -61,7 +62,10 @@ KERNEL_STEPS_RULE = "vllm-0.26.0-triton-config-steps-v2"
 # edges of every block-padding ramp in M (acquisition.plan.kernel, "v3"). Plans name the rule they
 # used; the lookups read either.
 KERNEL_STEPS_RULE_V3 = "vllm-0.26.0-triton-config-steps-v3"
-KERNEL_STEPS_RULES = (KERNEL_STEPS_RULE, KERNEL_STEPS_RULE_V3)
+# v4: v3 plus A values at EP1's 16-row rows (acquisition.plan.kernel, "v4"); again v2's switches,
+# so the same segments.
+KERNEL_STEPS_RULE_V4 = "vllm-0.26.0-triton-config-steps-v4"
+KERNEL_STEPS_RULES = (KERNEL_STEPS_RULE, KERNEL_STEPS_RULE_V3, KERNEL_STEPS_RULE_V4)
 DATA = Path(__file__).parent / "data" / "vllm-0.26.0-fused-moe-h200.json"
 # Devices whose complete set of tuned files is embedded: for them "no file" means vLLM's default.
 EMBEDDED_DEVICES = ("NVIDIA_H200",)

@@ -21,6 +21,11 @@
 #                  item 1): 633 rows. ~1.5-2 min                limit V3_MODULAR_S=200
 #   v3-live        the same v3 plan through vllm-live TP1 (633 rows). ~1.5-2.5 min
 #                                                          limit V3_LIVE_S=240
+#   v4-modular-dp1 the same with kernel-step rule v4 (--moe-kernel-steps v4: v3 plus the A values
+#                  where the tiles bend along A at EP1's 16-row rows): 1,010 rows. ~1.5-2 min
+#                                                          limit V4_MODULAR_S=200
+#   v4-live        the same v4 plan through vllm-live TP1 (1,010 rows). ~1.5-2 min
+#                                                          limit V4_LIVE_S=220
 #   all            the first four in this order (~11-14 min: two calls; see below)
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
@@ -136,9 +141,10 @@ parts=()
 for arg in "$@"; do
   case $arg in
     all) parts+=(qwen3-modular qwen3-live fp8-dp1 mixtral-rank1) ;;
-    qwen3-modular | qwen3-live | fp8-dp1 | mixtral-rank1 | v3-modular-dp1 | v3-live)
+    qwen3-modular | qwen3-live | fp8-dp1 | mixtral-rank1 | v3-modular-dp1 | v3-live | \
+      v4-modular-dp1 | v4-live)
       parts+=("$arg") ;;
-    *) log "unknown part $arg (qwen3-modular qwen3-live fp8-dp1 mixtral-rank1 v3-modular-dp1 v3-live all)" ;;
+    *) log "unknown part $arg (qwen3-modular qwen3-live fp8-dp1 mixtral-rank1 v3-modular-dp1 v3-live v4-modular-dp1 v4-live all)" ;;
   esac
 done
 [ ${#parts[@]} -gt 0 ] || { log "nothing to run"; exit 2; }
@@ -152,6 +158,8 @@ for p in "${parts[@]}"; do
     qwen3-live) qwen3 "$p" vllm-live 1 "${QWEN3_LIVE_S:-300}" ;;
     v3-modular-dp1) qwen3 "$p" vllm-modular 1 "${V3_MODULAR_S:-200}" v3 ;;
     v3-live) qwen3 "$p" vllm-live 1 "${V3_LIVE_S:-240}" v3 ;;
+    v4-modular-dp1) qwen3 "$p" vllm-modular 1 "${V4_MODULAR_S:-200}" v4 ;;
+    v4-live) qwen3 "$p" vllm-live 1 "${V4_LIVE_S:-220}" v4 ;;
     fp8-dp1) fp8_dp1 ;;
     mixtral-rank1) mixtral_rank1 ;;
   esac

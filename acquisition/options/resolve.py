@@ -20,6 +20,7 @@ from acquisition.plan import (
 from acquisition.plan.kernel import (
     KERNEL_STEPS_RULE,
     KERNEL_STEPS_RULE_V3,
+    KERNEL_STEPS_RULE_V4,
     KernelSteps,
     KernelStepsError,
 )
@@ -168,7 +169,9 @@ def kernel_steps_for(request: AcquisitionRequest, geometry: ExpertGeometry) -> K
     if request.kernel_steps == "auto" and request.backend not in _TRITON_BACKENDS:
         return None
     # auto and on stay on v2: v3 grows a DP1 plan by more than 30 % (docs/acquisition.md).
-    rule = KERNEL_STEPS_RULE_V3 if request.kernel_steps == "v3" else KERNEL_STEPS_RULE
+    rule = {"v3": KERNEL_STEPS_RULE_V3, "v4": KERNEL_STEPS_RULE_V4}.get(
+        request.kernel_steps, KERNEL_STEPS_RULE
+    )
     try:
         return KernelSteps.for_target(
             rule=rule,
@@ -182,7 +185,7 @@ def kernel_steps_for(request: AcquisitionRequest, geometry: ExpertGeometry) -> K
             weight_block=request.model.weight_block_size,
         )
     except KernelStepsError:
-        if request.kernel_steps in ("on", "v2", "v3"):
+        if request.kernel_steps in ("on", "v2", "v3", "v4"):
             raise
         return None
 

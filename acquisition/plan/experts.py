@@ -62,11 +62,15 @@ def expert_points(
     """Every (N, A, M) of the plan, sorted; each satisfies ``geometry.feasible``.
 
     With ``kernel``, each (N, A) also gets the block-padding corners in M of the kernel's
-    configuration at N (`KernelSteps.assignment_corners`).
+    configuration at N (`KernelSteps.assignment_corners`), and under rule v4 an EP1 row with
+    16-row tiles gets the A values where its tiles bend along A (`KernelSteps.active_points`).
     """
     points: set[tuple[int, int, int]] = set()
     for n in tokens:
-        for a in activated_axis(geometry, n, factor):
+        axis = activated_axis(geometry, n, factor)
+        if kernel is not None:
+            axis = sorted({*axis, *kernel.active_points(n, axis)})
+        for a in axis:
             points.update((n, a, m) for m in _assignment_axis(geometry, n, a, factor, kernel))
         if geometry.all_remote_possible:
             points.add((n, 0, 0))

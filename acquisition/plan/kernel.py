@@ -36,6 +36,27 @@ edges are rows: the first row past the corner and the last row before the ramp's
 only (B at N, the A grid, k): R10. The switches are v2's, so a v3 table splits into the same
 segments.
 
+Rule v4 (``KERNEL_STEPS_RULE_V4``, opt-in: ``--moe-kernel-steps v4``) is v3 plus A values at EP1
+on the rows whose BLOCK_SIZE_M is 16. At EP1 M = N k is pinned to the row, so the per-expert
+count M / A, and with it the tiles sum_e ceil(count_e / B), moves only through A; the plan's A
+axis (factor 2: k, 2k, 4k, ...) samples it at five values, and v2/v3 measure the tile ridges
+M = A B j only at those five A (as rows). Along A at fixed M the balanced tiles are a sawtooth:
+A (j + 1) while every expert holds j + 1 tiles (A <= M / (B j + 1)), falling as M - A j (B - 1)
+over the ramp M / (B j + 1) < A < M / (B j) where experts drop to j tiles, then A j. v4 adds, at
+each such row, both sides of both ends of every ramp for j = 1 .. ``assignment_steps``:
+floor(M / (B j + 1)) (the last A at which every expert holds j + 1 tiles or more), the A after
+it, ceil(M / (B j)) (the first at which every expert holds j or fewer) and the A before it. Where
+every expert holds one tile (A B >= M: most of the A axis at N <= 2 A), the tile count is A
+itself and the kernel's live programs A ceil(N_out / BLOCK_SIZE_N) per GEMM fill waves of the
+132 SMs times the programs resident per SM, which the configuration does not fix (the residency
+fitted on the measurements is not the shared-memory bound: docs/benchmarks.md, "Waves, not
+tiles"); there v4 halves the A gap instead (the midpoint of two neighbouring A of the row, both
+in the one-tile region). Why 16-row blocks: a 16-row tile does 16 rows of work per read of its
+expert's weight slice, so a tile costs about one weight read and the tile count is the time;
+at larger blocks a tile is more compute and a padding step a smaller share. EP > 1 keeps v3's
+points: its M axis already carries M / A at every planned (N, A), corners included.
+Configuration only (B at N, k, the A axis): R10. The switches are again v2's.
+
 The configuration itself comes from `moetables.triton_config` (vLLM 0.26.0's every tuned H200
 file, embedded, and ``get_default_config``), the same table the lookups' tile model reads. The
 rule is modelled for bf16/fp16 and block FP8 (``fp8_w8a8``, the Triton path: DeepGEMM off) on the
@@ -44,13 +65,15 @@ H200; other hardware and quantizations are declined (`KernelStepsError`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from moetables.triton_config import (
     KERNEL_STEPS_RULE,
     KERNEL_STEPS_RULE_V3,
+    KERNEL_STEPS_RULE_V4,
     KERNEL_STEPS_RULES,
     KernelShape,
     KernelSwitches,
@@ -65,6 +88,7 @@ __all__ = [
     "KERNEL_STEPS_RULE",
     "KERNEL_STEPS_RULES",
     "KERNEL_STEPS_RULE_V3",
+    "KERNEL_STEPS_RULE_V4",
     "KernelSteps",
     "KernelStepsError",
     "TritonConfig",
@@ -78,6 +102,9 @@ __all__ = [
 # Corners A*B*j, A*B*j + A for j up to this: the first steps are 100 %, 50 %, 33 % of the tiles
 # before them; later ones are within what the geometric grid already resolves.
 DEFAULT_ASSIGNMENT_STEPS = 3
+# Rule v4 adds A values at EP1 on the rows whose BLOCK_SIZE_M is this (the smallest tile: one
+# tile costs about one read of its expert's weight slice, so the tile count is the time).
+ACTIVE_STEPS_BLOCK_M = 16
 
 
 class KernelStepsError(ValueError):
@@ -106,7 +133,8 @@ class KernelSteps:
     top_k: int
     expert_map: bool
     assignment_steps: int = DEFAULT_ASSIGNMENT_STEPS
-    # v2 (the default: the shipped f2k plans) or v3 (adds both edges of every padding ramp).
+    # v2 (the default: the shipped f2k plans), v3 (adds both edges of every padding ramp) or v4
+    # (v3 plus A values at EP1's 16-row rows).
     rule: str = KERNEL_STEPS_RULE
 
     @classmethod
@@ -159,8 +187,52 @@ class KernelSteps:
 
     @property
     def ramp_edges(self) -> bool:
-        """Whether the rule measures both edges of each padding ramp (v3)."""
-        return self.rule == KERNEL_STEPS_RULE_V3
+        """Whether the rule measures both edges of each padding ramp (v3, v4)."""
+        return self.rule in (KERNEL_STEPS_RULE_V3, KERNEL_STEPS_RULE_V4)
+
+    @property
+    def active_side(self) -> bool:
+        """Whether the rule adds A values where the tiles move with A (v4)."""
+        return self.rule == KERNEL_STEPS_RULE_V4
+
+    def _active_row(self, rows: int) -> bool:
+        # EP1 (M = N k: no M axis), sorted assignment (naive blocks have no padding), 16-row tiles.
+        return (
+            self.active_side
+            and self.local_experts == self.global_experts
+            and not self.naive(rows)
+            and self.config(rows).block_m == ACTIVE_STEPS_BLOCK_M
+        )
+
+    def active_corners(self, rows: int) -> list[int]:
+        """v4, at an EP1 row with 16-row tiles: the A where the balanced tiles at M = N k bend.
+
+        For j = 1 .. ``assignment_steps``, both sides of both ends of the ramp
+        M / (B j + 1) < A < M / (B j): floor(M / (B j + 1)) and the A after it, ceil(M / (B j))
+        and the A before it, inside the row's feasible A (k .. min(L, M) at EP1). Empty elsewhere.
+        """
+        if not self._active_row(rows):
+            return []
+        m, b = rows * self.top_k, self.config(rows).block_m
+        low, high = self.top_k, min(self.local_experts, m)
+        found: set[int] = set()
+        for j in range(1, self.assignment_steps + 1):
+            full = m // (b * j + 1)  # every expert holds at least B j + 1 pairs up to here
+            within = -(-m // (b * j))  # every expert holds at most B j pairs from here
+            found.update(a for a in (full, full + 1, within - 1, within) if low <= a <= high)
+        return sorted(found)
+
+    def active_points(self, rows: int, axis: Sequence[int]) -> list[int]:
+        """v4: the A values added at an EP1 row with 16-row tiles, beside the planned ``axis``:
+        its `active_corners`, and the midpoint of every two neighbouring A (after the corners)
+        at which every expert holds at most one tile (A B >= M), where the tile count is A."""
+        if not axis or not self._active_row(rows):
+            return []
+        m, b = rows * self.top_k, self.config(rows).block_m
+        corners = set(self.active_corners(rows))
+        values = sorted(set(axis) | corners)
+        middles = {(x + y) // 2 for x, y in itertools.pairwise(values) if x * b >= m and y - x > 1}
+        return sorted((corners | middles) - set(axis))
 
     @property
     def device(self) -> str:
@@ -263,5 +335,11 @@ class KernelSteps:
             record["ramp_rows"] = (
                 "at EP1, for every A and j: the last row before A*B*j, the first after it, the "
                 "last before A*B*j+A and the first at or after it"
+            )
+        if self.active_side:
+            record["active_rows"] = (
+                f"at EP1 on rows with BLOCK_SIZE_M {ACTIVE_STEPS_BLOCK_M}, M = N*k: A = "
+                "floor(M/(B*j+1)), +1, ceil(M/(B*j)) and -1 for j = 1..assignment_steps, and "
+                "the midpoint of neighbouring A where A*B >= M"
             )
         return record

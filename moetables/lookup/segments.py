@@ -64,7 +64,7 @@ def contract_kernel_switches(
     if not isinstance(record, Mapping):
         raise BundleError(where, "expert_sampling.kernel_steps is not a mapping")
     rule = record.get("rule")
-    # v2 and v3 have the same switches (v3 adds points inside segments only).
+    # v2, v3 and v4 have the same switches (v3 and v4 add points inside segments only).
     if rule not in KERNEL_STEPS_RULES:
         raise BundleError(
             where,

@@ -135,3 +135,18 @@ def test_the_v3_parts_run_dp1_with_rule_v3(
     argv = (tmp_path / "root" / part / "argv.txt").read_text()
     assert "--moe-kernel-steps v3" in argv and "--moe-kernel-steps on" not in argv
     assert f"--dp 1 --backend {backend}" in argv
+
+
+@pytest.mark.parametrize(
+    ("part", "backend"), [("v4-modular-dp1", "vllm-modular"), ("v4-live", "vllm-live")]
+)
+def test_the_v4_parts_run_dp1_with_rule_v4(
+    stubs: Path, tmp_path: Path, part: str, backend: str
+) -> None:
+    """Issue 20 item 1: DP1 and live with kernel-step rule v4 (v3 plus the A-side points)."""
+    result = run(stubs, tmp_path, part)
+    assert result.returncode == 0, result.stderr
+    assert summary(tmp_path)[0].startswith(f"{part}: exit 0")
+    argv = (tmp_path / "root" / part / "argv.txt").read_text()
+    assert "--moe-kernel-steps v4" in argv and "--moe-kernel-steps v3" not in argv
+    assert f"--dp 1 --backend {backend}" in argv

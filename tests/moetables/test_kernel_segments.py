@@ -382,6 +382,10 @@ def test_a_record_with_an_unknown_rule_or_another_geometry_is_a_corrupt_contract
     v3 = copy.deepcopy(contract)
     v3["expert_sampling"]["kernel_steps"]["rule"] = "vllm-0.26.0-triton-config-steps-v3"
     assert contract_kernel_switches(v3, d.entry.geometry, "t") == d.kernel_switches
+    # Rule v4 (v3 plus A values at EP1's 16-row rows) again has v2's switches.
+    v4 = copy.deepcopy(contract)
+    v4["expert_sampling"]["kernel_steps"]["rule"] = "vllm-0.26.0-triton-config-steps-v4"
+    assert contract_kernel_switches(v4, d.entry.geometry, "t") == d.kernel_switches
     other = copy.deepcopy(contract)
     other["expert_sampling"]["kernel_steps"]["local_experts"] = 128
     with pytest.raises(BundleError, match="local_experts 128"):
