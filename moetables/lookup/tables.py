@@ -445,7 +445,7 @@ class DeploymentTables:
         loads: Any, active: int, pairs: int, config: TritonConfig, charge: LoadCharge
     ) -> float:
         """The weighted waves of a load description: explicit counts' own, a distribution's
-        expected over seeded draws (`moetables.waves.expected_waves`)."""
+        expected over its tile total's distribution (`moetables.waves.expected_waves`)."""
         from moetables.tiles import TileError, load_tiles, parse_loads
         from moetables.waves import expected_waves
 

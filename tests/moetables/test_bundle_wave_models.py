@@ -203,8 +203,9 @@ def test_the_step_at_n_384_is_one_wave_of_each_gemm(bundles: dict[str, Path]) ->
 def test_a_distribution_is_charged_its_expected_waves_the_same_every_time(
     bundles: dict[str, Path],
 ) -> None:
-    """uniform / power_law at 32-row blocks: the mean waves of seeded draws (a step function
-    of the tiles, so not the waves of the expected tiles); repeatable, bit for bit."""
+    """uniform / power_law at 32-row blocks: the expected waves over the tile total's
+    distribution (a step function of the tiles, so not the waves of the expected tiles), close
+    to what multinomial draws give; repeatable, bit for bit."""
     t = ComponentTables(bundles["v5"]).deployment(1, 1, 0)
     base = t.experts_time_us(384, 128, 3072)
     uniform = t.experts_time_us(384, 128, 3072, loads="uniform")
