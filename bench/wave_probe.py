@@ -13,7 +13,7 @@ It also derives the residency the compiled kernels allow (registers and shared m
 sm_90: 65,536 registers, allocated per warp in units of 256; 228 KiB shared memory, 1 KiB
 reserved per block).
 
-    PYTHONPATH=. .venv/bin/python bench/wave_probe.py
+    PYTHONPATH=. .venv/bin/python bench/wave_probe.py --figure docs/figures/wave_probe.png
 """
 
 from __future__ import annotations
@@ -83,10 +83,41 @@ def report(path: Path = PROBE) -> dict[str, Any]:
     return out
 
 
+def figure(path: Path, out: Path) -> None:
+    """Excess over 128 tiles against the tiles, per N, with both charges' predictions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    raw = json.loads(path.read_text())
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    t = np.arange(128, 161)
+    for n, style in zip((200, 256, 384), ("C0o-", "C1s-", "C2^-"), strict=True):
+        rows = sorted((r for r in raw["results"] if r["N"] == n), key=lambda r: r["tiles"])
+        us = np.array([r["us"] for r in rows])
+        ax.plot(
+            [r["tiles"] for r in rows], us - us[0], style, ms=3, lw=0.8, label=f"measured, N = {n}"
+        )
+    ax.plot(t, WAVE_COST * (GRID.waves(t, BLOCK_N) - GRID.waves(128, BLOCK_N)), "k-", lw=2,
+            label=f"waves: {WAVE_COST} us per weighted wave, 2 programs/SM, 132 SMs")  # fmt: skip
+    ax.plot(t, TILE_COST * (t - 128), "k--", label=f"tiles: {TILE_COST} us per tile (format 4)")
+    ax.set_xlabel("row tiles run (32-row blocks; 128 = one per expert)")
+    ax.set_ylabel("fused_moe_kernel time over 128 tiles (us)")
+    ax.set_title("H200, Qwen3-30B-A3B bf16 TP1: vLLM's expert kernel, tiles 128..160")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("probe", type=Path, nargs="?", default=PROBE)
+    p.add_argument("--figure", type=Path, help="write the step figure here")
     args = p.parse_args(argv)
+    if args.figure is not None:
+        figure(args.probe, args.figure)
+        return 0
     print(json.dumps(report(args.probe), indent=1))
     return 0
 
