@@ -31,6 +31,18 @@ format-3 128-row model: their 64-row evidence is one N and fails leave-one-out):
 
 ``--held-out`` prints, per block size, the leave-one-distribution-out and leave-one-N-out
 errors of the reader's fit (what decides which block sizes are recorded).
+
+Waves (format 5, `moetables.waves`): at vLLM's tuned 32-row blocks the bf16 TP1 kernel's extra
+time follows waves of its grid over the SMs, not tiles (``docs/benchmarks.md``, "Waves, not
+tiles"); ``--waves 32:2:132`` charges 32-row blocks per weighted wave at 2 programs per SM on
+132 SMs (block:programs_per_sm:sms), fitted by the reader's rule on the same records:
+
+    python -m acquisition.load_spread BUNDLE docs/evidence/h200-load-spread/load_spread.json \
+        docs/evidence/h200-fp8-load-spread/load_spread_bf16_small.json \
+        --deployments tp1 --blocks 128,64 --waves 32:2:132
+
+With ``--held-out``, ``--waves`` blocks are held out with the wave fit (and ``--waves
+32:1:132,32:2:132,...`` compares residencies; nothing is recorded then).
 """
 
 from __future__ import annotations
@@ -38,13 +50,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moetables.bundle import open_bundle
-from moetables.bundle.loads import LoadSpreadRow
+from moetables.bundle.loads import LoadSpreadRow, fit_wave_model, wave_grid
 from moetables.bundle.writer import attach_tile_models
 from moetables.geometry import MoeTarget
 from moetables.tiles import MODEL_BLOCK_M, TileError, fit_tile_cost
@@ -105,6 +117,7 @@ def attach(
     *,
     block_m: int = MODEL_BLOCK_M,
     blocks: Sequence[int] | None = None,
+    waves: Mapping[int, tuple[int, int]] | None = None,
 ) -> dict[str, float | dict[int, float]]:
     """Record each deployment's fitted cost on the bundle's matching tables; returns the costs.
 
@@ -128,9 +141,23 @@ def attach(
         if blocks is None:
             costs[deployment] = fit_tile_cost(rows, block_m=block_m).tile_cost_us
         else:
-            costs[deployment] = {
-                b: fit_tile_cost(rows, block_m=b, exact=True).tile_cost_us for b in blocks
+            per_block = {
+                b: fit_tile_cost(rows, block_m=b, exact=True).tile_cost_us
+                for b in blocks
+                if b not in (waves or {})
             }
+            for b, (r, sms) in (waves or {}).items():
+                entry = _entry(bundle, targets[0])
+                per_block[b] = fit_wave_model(
+                    entry.contract,
+                    entry.geometry.local_experts,
+                    rows,
+                    block_m=b,
+                    programs_per_sm=r,
+                    sms=sms,
+                    where=str(bundle),
+                )
+            costs[deployment] = per_block
         for t in targets:
             models[t] = rows
     if not models:
@@ -138,8 +165,47 @@ def attach(
     if blocks is None:
         attach_tile_models(bundle, models, block_m=block_m)
     else:
-        attach_tile_models(bundle, models, blocks=blocks)
+        attach_tile_models(bundle, models, blocks=blocks, waves=waves)
     return costs
+
+
+def _entry(bundle: Path, target: MoeTarget) -> Any:
+    return next(e for e in open_bundle(bundle).entries if e.target == target)
+
+
+def wave_units(
+    bundle: Path, deployment: str, programs_per_sm: int, sms: int
+) -> Callable[[LoadSpreadRow], float]:
+    """A record's weighted waves (`moetables.waves`) on the deployment's first table."""
+    entry = _entry(bundle, targets_for(bundle, deployment)[0])
+    from moetables.tiles import contract_kernel_shape
+
+    grid = wave_grid(entry.contract, programs_per_sm, sms, str(bundle))
+    shape = contract_kernel_shape(entry.contract, entry.geometry.local_experts)
+
+    def units(r: LoadSpreadRow) -> float:
+        return float(grid.waves(r.tiles, shape.config(r.tokens).block_n))
+
+    return units
+
+
+def _slope(rows: Sequence[LoadSpreadRow], x: Callable[[LoadSpreadRow], float]) -> float:
+    """The reader's rule on any count: the pooled within-N least-squares slope of b2_us."""
+    groups: dict[int, list[LoadSpreadRow]] = {}
+    for r in rows:
+        groups.setdefault(r.tokens, []).append(r)
+    sxy = sxx = 0.0
+    for rs in groups.values():
+        if len(rs) < 2:
+            continue
+        xs = [x(r) for r in rs]
+        mx = statistics.fmean(xs)
+        my = statistics.fmean(r.b2_us for r in rs)
+        sxy += sum((a - mx) * (r.b2_us - my) for a, r in zip(xs, rs, strict=True))
+        sxx += sum((a - mx) ** 2 for a in xs)
+    if sxx <= 0:
+        raise TileError("no N with loads of different counts")
+    return sxy / sxx
 
 
 @dataclass(frozen=True)
@@ -158,11 +224,17 @@ class HeldOut:
     max_after: float
 
 
-def held_out(rows: Sequence[LoadSpreadRow], block_m: int) -> list[HeldOut]:
+def held_out(
+    rows: Sequence[LoadSpreadRow],
+    block_m: int,
+    units: Callable[[LoadSpreadRow], float] | None = None,
+) -> list[HeldOut]:
     """Leave one distribution out, then one N: fit the reader's cost (`fit_tile_cost`, exactly
     ``block_m``-row records) on the rest and predict each held-out record as its N's balanced
     time plus the cost times its tiles beyond the balanced ones. A group that leaves no fit
-    (one N left) is omitted."""
+    (one N left) is omitted. ``units``: count something else than tiles (a record's weighted
+    waves, `wave_units`), fitted by the same rule."""
+    x: Callable[[LoadSpreadRow], float] = units or (lambda r: float(r.tiles))
     own = [r for r in rows if r.block_m == block_m and r.stable]
     balanced = {r.tokens: r for r in own if r.distribution == "balanced"}
     out = []
@@ -178,14 +250,18 @@ def held_out(rows: Sequence[LoadSpreadRow], block_m: int) -> list[HeldOut]:
             if by == "N":
                 rest = [r for r in rest if str(r.tokens) != group]
             try:
-                cost = fit_tile_cost(rest, block_m=block_m, exact=True).tile_cost_us
+                cost = (
+                    fit_tile_cost(rest, block_m=block_m, exact=True).tile_cost_us
+                    if units is None
+                    else _slope(rest, units)
+                )
             except TileError:
                 continue
             before, after = [], []
             for r in held:
                 b = balanced[r.tokens]
                 before.append(100 * abs(b.b2_us / r.b2_us - 1))
-                after.append(100 * abs((b.b2_us + cost * (r.tiles - b.tiles)) / r.b2_us - 1))
+                after.append(100 * abs((b.b2_us + cost * (x(r) - x(b))) / r.b2_us - 1))
             out.append(
                 HeldOut(
                     block_m,
@@ -222,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated block sizes: one cost per block size (format 4), e.g. 128,64,32",
     )
     p.add_argument(
+        "--waves",
+        help="block:programs_per_sm:sms[,...]: blocks charged per weighted wave of the kernel's "
+        "grid (format 5), e.g. 32:2:132; with --held-out several residencies may be compared",
+    )
+    p.add_argument(
         "--deployments",
         default=",".join(DEPLOYMENT_TABLES),
         help="comma-separated measured deployments to record (tp1, ep2)",
@@ -242,23 +323,53 @@ def main(argv: list[str] | None = None) -> int:
             blocks = [int(b) for b in args.blocks.split(",") if b]
         except ValueError:
             p.error(f"--blocks takes integers, got {args.blocks!r}")
+    wave_specs: list[tuple[int, int, int]] = []
+    for spec in (args.waves or "").split(","):
+        if not spec:
+            continue
+        try:
+            b, r, sms = (int(v) for v in spec.split(":"))
+        except ValueError:
+            p.error(f"--waves takes block:programs_per_sm:sms, got {spec!r}")
+        wave_specs.append((b, r, sms))
     raw = merged([json.loads(e.read_text()) for e in args.evidence])
     if args.held_out:
         for deployment in wanted:
             rows = rows_of(raw, deployment)
-            for b in blocks or sorted({r.block_m for r in rows}, reverse=True):
-                for h in held_out(rows, b):
+            runs: list[tuple[int, str, Callable[[LoadSpreadRow], float] | None]] = [
+                (b, "tiles", None)
+                for b in blocks or sorted({r.block_m for r in rows}, reverse=True)
+            ]
+            runs += [
+                (b, f"waves r={r} sms={sms}", wave_units(args.bundle, deployment, r, sms))
+                for b, r, sms in wave_specs
+            ]
+            for b, label, units in runs:
+                for h in held_out(rows, b, units):
                     print(
-                        f"{deployment} {b}-row held out {h.by} {h.group}: cost {h.cost_us:.3f} "
-                        f"({h.records} records) median {h.median_before:.1f} -> "
+                        f"{deployment} {b}-row {label} held out {h.by} {h.group}: cost "
+                        f"{h.cost_us:.3f} ({h.records} records) median {h.median_before:.1f} -> "
                         f"{h.median_after:.1f} %, max {h.max_before:.1f} -> {h.max_after:.1f} %"
                     )
         return 0
-    costs = attach(args.bundle, raw, wanted, block_m=args.block_m, blocks=blocks)
+    waves = {b: (r, sms) for b, r, sms in wave_specs}
+    if len(waves) != len(wave_specs):
+        p.error("--waves names a block twice: record one residency per block")
+    if waves and blocks is None:
+        p.error("--waves records format 5's per-block models: give --blocks too")
+    costs = attach(
+        args.bundle,
+        raw,
+        wanted,
+        block_m=args.block_m,
+        blocks=sorted(set(blocks or ()) | set(waves), reverse=True) if waves else blocks,
+        waves=waves or None,
+    )
     for deployment, c in costs.items():
         if isinstance(c, dict):
             for b, v in c.items():
-                print(f"{args.bundle}: {deployment} {b}-row tile_cost_us {v:.3f}")
+                what = "wave_cost_us" if b in waves else "tile_cost_us"
+                print(f"{args.bundle}: {deployment} {b}-row {what} {v:.3f}")
         else:
             print(f"{args.bundle}: {deployment} tile_cost_us {c:.3f}")
     return 0

@@ -4,9 +4,10 @@ factor-2 table and with the kernel-step table, for each routing in the evidence.
 
 Reads the comparisons `acquisition.estimate_validation` wrote into the evidence directory:
 `comparison-f2.json` (factor-2 modular table, no charge), `comparison-f2-tiles.json` (with it),
-`comparison-f2k-tiles.json` (the kernel-step modular table, with it), `comparison-f2k-blocks.json`
-when present (the same with its per-block-size costs, bundle format 4) and, for ``--summary``, every
-`comparison-*.json` there.
+`comparison-f2k-tiles.json` (the kernel-step modular table, with it), `comparison-f2-waves.json`
+when present (the factor-2 table with its recorded models: per-block tile costs and the 32-row
+wave charge, bundle format 5; else `comparison-f2k-blocks.json`, format 4's per-block costs) and,
+for ``--summary``, every `comparison-*.json` there.
 
     PYTHONPATH=. .venv/bin/python bench/tp1_validation_figure.py docs/evidence/h200-tp1-validation \
         --figure docs/figures/tp1_validation.png --summary
@@ -56,8 +57,11 @@ def figure(evidence: Path, out: Path) -> None:
                 evidence / "comparison-f2k-tiles.json", "histogram", routing
             ),
         }
+        waves = evidence / "comparison-f2-waves.json"
         blocks = evidence / "comparison-f2k-blocks.json"
-        if blocks.is_file():  # the per-block costs (bundle format 4)
+        if waves.is_file():  # the per-block costs with the 32-row wave charge (format 5)
+            arms["f2, counts + per-block costs, 32-row waves"] = _steps(waves, "histogram", routing)
+        elif blocks.is_file():  # the per-block costs (bundle format 4)
             arms["f2k, counts + per-block tile costs"] = _steps(blocks, "histogram", routing)
         top, bottom = axes[0][col], axes[1][col]
         measured = arms["f2, counts + tiles"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from moetables.bundle import EXPERTS, validate_bundle
+from moetables.bundle.model import WaveModel
 from moetables.comm import ClusterError, load_cluster
 from moetables.describe import contracts_vllm_version, kernel_segments, tile_costs
 from moetables.errors import BundleError, CoverageError, QueryError
@@ -57,9 +58,15 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
             for model in loads.models:
                 # format 3: one cost for blocks of at least block_m rows; 4: one per block size
                 at = ">= " if loads.tile_model is not None else ""
+                what = (
+                    f"weighted waves of the kernel's grid ({model.programs_per_sm} programs per "
+                    f"SM, {model.sms} SMs) at {model.block_m}-row blocks cost "
+                    f"{model.wave_cost_us} us each"
+                    if isinstance(model, WaveModel)
+                    else f"row tiles of {at}{model.block_m} rows cost {model.tile_cost_us} us each"
+                )
                 print(
-                    f"loads: {entry.table_path}: rows {loads.rows}; row tiles of "
-                    f"{at}{model.block_m} rows cost {model.tile_cost_us} us each (vLLM "
+                    f"loads: {entry.table_path}: rows {loads.rows}; {what} (vLLM "
                     f"{model.vllm_version}), refitted from {len(spread)} timed loads",
                     file=out,
                 )

@@ -228,7 +228,9 @@ def _tokens(value: Any) -> Any:
 
 
 def _block_costs(models: Any) -> dict[int, float]:
-    """Format 4's ``tile_models`` as the registry states them: {block_m: tile_cost_us}."""
+    """Format 4's ``tile_models`` as the registry states them: {block_m: tile_cost_us}. A format-5
+    wave item has no ``tile_cost_us`` and is left out: its block has no cost per tile
+    (``tile_cost_at`` answers None there, as in process); the registry charges its waves."""
     out: dict[int, float] = {}
     for m in models if isinstance(models, list) else []:
         block = m.get("block_m") if isinstance(m, dict) else None

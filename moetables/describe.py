@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from moetables.bundle.model import ExpertLoads, TableEntry
+from moetables.bundle.model import ExpertLoads, TableEntry, WaveModel
 from moetables.errors import BundleError
 
 __all__ = ["contracts_vllm_version", "kernel_segments", "tile_costs"]
@@ -46,18 +46,25 @@ def kernel_segments(entry: TableEntry, tokens: Any) -> list[dict[str, Any]] | No
 def tile_costs(loads: ExpertLoads) -> list[dict[str, Any]]:
     """The recorded cost of an extra row tile per vLLM block size, largest block first: format
     4 records one per block size (``applies: "exactly"``), format 3 one for every block of at
-    least its ``block_m`` rows (``"at_least"``); empty for a table that records none."""
+    least its ``block_m`` rows (``"at_least"``); empty for a table that records none. A format-5
+    wave model's block has ``tile_cost_us: None`` and its ``wave_cost_us``, ``programs_per_sm``
+    and ``sms`` instead."""
     applies = "at_least" if loads.tile_model is not None else "exactly"
-    return [
-        {
-            "block_m": m.block_m,
-            "applies": applies,
-            "tile_cost_us": m.tile_cost_us,
-            "vllm_version": m.vllm_version,
-            "schema": m.schema,
-        }
-        for m in loads.models
-    ]
+    out: list[dict[str, Any]] = []
+    for m in loads.models:
+        item: dict[str, Any] = {"block_m": m.block_m, "applies": applies}
+        if isinstance(m, WaveModel):
+            # Format 5: charged per weighted wave of the kernel's grid, not per tile.
+            item |= {
+                "tile_cost_us": None,
+                "wave_cost_us": m.wave_cost_us,
+                "programs_per_sm": m.programs_per_sm,
+                "sms": m.sms,
+            }
+        else:
+            item["tile_cost_us"] = m.tile_cost_us
+        out.append(item | {"vllm_version": m.vllm_version, "schema": m.schema})
+    return out
 
 
 def _contract_version(contract: Mapping[str, Any]) -> str | None:

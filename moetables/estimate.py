@@ -36,6 +36,7 @@ from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
 from moetables.triton_config import KernelShape
+from moetables.waves import LoadCharge
 
 
 # What the estimate reads of the lookup tables, as protocols: `moetables.lookup.tables` calls
@@ -79,6 +80,21 @@ class DeploymentTables(Protocol):
     def tile_cost_at(self, block_m: int) -> float | None: ...
 
     def tile_charge_us(self, block_m: int, tile_cost_us: float | None) -> float | None: ...
+
+    def charge_at(self, block_m: int, tile_cost_us: float | None) -> LoadCharge | None: ...
+
+    def charged_units(
+        self, charge: LoadCharge, tokens: npt.ArrayLike, tiles: npt.ArrayLike
+    ) -> npt.NDArray[np.float64]: ...
+
+    def balanced_units_batch(
+        self,
+        charge: LoadCharge,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike,
+        local_assignments: npt.ArrayLike,
+        mode: str = "eager",
+    ) -> _Answers: ...
 
     def balanced_tiles_batch(
         self,
@@ -897,7 +913,7 @@ class LayerEstimator:
             return
         times = components[EXPERTS]
         ranges = self.deployment.expert_ranges()
-        charged: set[tuple[int, float]] = set()
+        charged: set[tuple[int, float, str]] = set()
         for rank, tables in enumerate(self.ranks):
             shape = tables.tile_shape()
             start, stop = ranges[rank]
@@ -908,18 +924,22 @@ class LayerEstimator:
             # The cost per step: the rank's table's charge at the block vLLM picks at that N
             # (a given number where the block is at least tile_block_m; 'table': the table's
             # own cost for that block, nothing where it records none).
-            per_block = {int(b): tables.tile_charge_us(int(b), given) for b in set(blocks.tolist())}
-            cost = np.array([per_block[int(b)] or 0.0 for b in blocks.tolist()])
-            has = np.array([per_block[int(b)] is not None for b in blocks.tolist()], dtype=bool)
-            pick = np.flatnonzero(has & np.isfinite(times[:, rank]) & (a > 0))
-            if pick.size == 0:
-                continue
-            charged |= {(b, c) for b, c in per_block.items() if c is not None}
-            reference = tables.balanced_tiles_batch(n[pick], a[pick], m[pick], mode)
-            counts = routing.expert_counts[pick, start:stop]
-            run = (-(-counts // blocks[pick, None])).sum(axis=1)
-            ok = reference.code == OK
-            times[pick[ok], rank] += cost[pick[ok]] * (run[ok] - reference.time_us[ok])
+            # Format 5: a block may be charged per weighted wave of the kernel's grid instead
+            # (`DeploymentTables.charge_at`, the one place the charge is chosen).
+            per_block = {int(b): tables.charge_at(int(b), given) for b in set(blocks.tolist())}
+            finite = np.isfinite(times[:, rank]) & (a > 0)
+            for b, charge in sorted(per_block.items()):
+                if charge is None:
+                    continue
+                pick = np.flatnonzero((blocks == b) & finite)
+                if pick.size == 0:
+                    continue
+                charged.add((b, charge.cost_us, charge.kind))
+                reference = tables.balanced_units_batch(charge, n[pick], a[pick], m[pick], mode)
+                counts = routing.expert_counts[pick, start:stop]
+                run = tables.charged_units(charge, n[pick], (-(-counts // b)).sum(axis=1))
+                ok = reference.code == OK
+                times[pick[ok], rank] += charge.cost_us * (run[ok] - reference.time_us[ok])
         source = " (each rank's table's fitted cost)" if table else ""
         least = ", ".join(sorted({str(t.tile_block_m) for t in self.ranks}))
         if given is not None or not any(_per_block(t) for t in self.ranks):
@@ -932,7 +952,10 @@ class LayerEstimator:
                 "at "
                 + ", ".join(
                     f"{c:g} us where vLLM's block is {b} rows"
-                    for b, c in sorted(charged, reverse=True)
+                    if k == "tiles"
+                    else f"{c:g} us per weighted wave of the kernel's grid beyond the balanced "
+                    f"histogram's where vLLM's block is {b} rows"
+                    for b, c, k in sorted(charged, reverse=True)
                 )
                 if charged
                 else "at nothing (no step ran a block with a recorded cost)"
@@ -1203,4 +1226,6 @@ def estimator_for(
 def _per_block(tables: DeploymentTables) -> bool:
     """Whether a rank's table charges blocks below its tile_block_m (format 4's per-block
     costs): then the estimate's note names the cost of each block it charged."""
-    return any(tables.tile_cost_at(b) is not None for b in (16, 32, 64) if b < tables.tile_block_m)
+    return any(
+        tables.charge_at(b, None) is not None for b in (16, 32, 64) if b < tables.tile_block_m
+    )

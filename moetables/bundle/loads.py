@@ -24,7 +24,7 @@ Bundles of format 1 and 2 and the historical layout read as ``rows: balanced`` w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,12 @@ from moetables.bundle.model import (
     EXPERT_LOAD_ROWS,
     LOADS_FORMAT_VERSION,
     TILE_MODEL_SCHEMAS,
+    WAVE_MODEL_SCHEMA,
+    WAVE_MODELS_FORMAT_VERSION,
     ExpertLoads,
     TableEntry,
     TileModel,
+    WaveModel,
 )
 from moetables.bundle.quality import (
     csv_rows,
@@ -51,12 +54,14 @@ __all__ = [
     "LOAD_SPREAD_COLUMNS",
     "LOAD_SPREAD_FILE",
     "LoadSpreadRow",
+    "fit_wave_model",
     "format_load_spread",
     "load_spread_evidence",
     "parse_expert_loads",
     "read_load_spread",
     "tile_model_record",
     "tile_models_record",
+    "wave_grid",
 ]
 
 LOAD_SPREAD_FILE = "load_spread.csv"
@@ -194,7 +199,9 @@ def parse_expert_loads(root: Path, tp: int, raw: Any, *, version: int, where: st
         if not isinstance(models, list) or not models:
             raise BundleError(mwhere, "must be a non-empty list of per-block models")
         parsed = tuple(
-            _parse_model(root, tp, m, BLOCK_TILE_MODEL_SCHEMA, f"{mwhere}[{i}]")
+            _parse_wave_model(root, tp, m, version, f"{mwhere}[{i}]")
+            if isinstance(m, dict) and m.get("schema") == WAVE_MODEL_SCHEMA
+            else _parse_model(root, tp, m, BLOCK_TILE_MODEL_SCHEMA, f"{mwhere}[{i}]")
             for i, m in enumerate(models)
         )
         blocks = [m.block_m for m in parsed]
@@ -217,7 +224,7 @@ def _parse_model(root: Path, tp: int, model: Any, schema_wanted: str, mwhere: st
         raise BundleError(mwhere, "must be a mapping")
     schema = model.get("schema")
     if schema != schema_wanted:
-        known = sorted({*TILE_MODEL_SCHEMAS, BLOCK_TILE_MODEL_SCHEMA})
+        known = sorted({*TILE_MODEL_SCHEMAS, BLOCK_TILE_MODEL_SCHEMA, WAVE_MODEL_SCHEMA})
         raise BundleError(
             f"{mwhere}.schema",
             f"unknown tile model {schema!r} here; it must be {schema_wanted!r} (this reader "
@@ -257,6 +264,56 @@ def _parse_model(root: Path, tp: int, model: Any, schema_wanted: str, mwhere: st
     return TileModel(str(schema), version_text, int(block), float(cost), evidence)
 
 
+WAVE_MODEL_KEYS = frozenset(
+    {"schema", "vllm_version", "block_m", "wave_cost_us", "programs_per_sm", "sms", "evidence"}
+)
+
+
+def _parse_wave_model(
+    root: Path, tp: int, model: dict[str, Any], version: int, mwhere: str
+) -> WaveModel:
+    """A format-5 ``tile_models`` item of `WAVE_MODEL_SCHEMA`: a cost per weighted wave of the
+    kernel's grid (`moetables.waves`) where vLLM's block is exactly ``block_m`` rows."""
+    if version < WAVE_MODELS_FORMAT_VERSION:
+        raise BundleError(
+            f"{mwhere}.schema",
+            f"{WAVE_MODEL_SCHEMA} needs format_version {WAVE_MODELS_FORMAT_VERSION}",
+        )
+    unknown = set(model) - WAVE_MODEL_KEYS
+    if unknown:
+        raise BundleError(
+            mwhere, f"unknown keys {sorted(unknown)}; it takes {sorted(WAVE_MODEL_KEYS)}"
+        )
+    cost = model.get("wave_cost_us")
+    if (
+        isinstance(cost, bool)
+        or not isinstance(cost, (int, float))
+        or not (math.isfinite(cost) and cost >= 0)
+    ):
+        raise BundleError(f"{mwhere}.wave_cost_us", f"must be a finite number >= 0, got {cost!r}")
+    # The shared fields (vLLM version, block, evidence) are read as a tile model's are.
+    tile = _parse_model(
+        root,
+        tp,
+        {**model, "schema": WAVE_MODEL_SCHEMA, "tile_cost_us": model.get("wave_cost_us")},
+        WAVE_MODEL_SCHEMA,
+        mwhere,
+    )
+    for key in ("programs_per_sm", "sms"):
+        value = model.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BundleError(f"{mwhere}.{key}", f"must be an integer >= 1, got {value!r}")
+    return WaveModel(
+        WAVE_MODEL_SCHEMA,
+        tile.vllm_version,
+        tile.block_m,
+        tile.tile_cost_us,
+        int(model["programs_per_sm"]),
+        int(model["sms"]),
+        tile.evidence,
+    )
+
+
 def load_spread_evidence(root: Path, entry: TableEntry) -> tuple[LoadSpreadRow, ...] | None:
     """The entry's tile-model evidence, checksummed, and each model's fit checked against its
     recorded cost (a per-block model on the records of exactly its block); None when the entry
@@ -273,6 +330,9 @@ def load_spread_evidence(root: Path, entry: TableEntry) -> tuple[LoadSpreadRow, 
             continue
         rows = files.get(ref) or read_load_spread(read_checked_text(root, ref), ref.path)
         files[ref] = rows
+        if isinstance(model, WaveModel):
+            _check_wave_fit(entry, model, rows, ref.path)
+            continue
         exact = model.schema == BLOCK_TILE_MODEL_SCHEMA
         try:
             fit = fit_tile_cost(rows, block_m=model.block_m, exact=exact)
@@ -286,6 +346,74 @@ def load_spread_evidence(root: Path, entry: TableEntry) -> tuple[LoadSpreadRow, 
                 f"{round(fit.tile_cost_us, COST_DIGITS)}",
             )
     return tuple(r for rows in files.values() for r in rows)
+
+
+def wave_grid(contract: Mapping[str, Any], programs_per_sm: int, sms: int, where: str) -> Any:
+    """The `moetables.waves.WaveGrid` of a wave model on a table: the model's SMs and residency,
+    the contract's expert hidden (``expert_hidden_size``, else ``hidden_size``) and intermediate
+    sizes."""
+    from moetables.tiles import TileError, contract_expert_width
+    from moetables.waves import WaveGrid
+
+    geometry = contract.get("geometry")
+    geometry = geometry if isinstance(geometry, Mapping) else {}
+    hidden = geometry.get("expert_hidden_size", geometry.get("hidden_size"))
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+        raise BundleError(where, "a wave model needs the contract's geometry.expert_hidden_size")
+    try:
+        width = contract_expert_width(contract, where)
+    except TileError as exc:
+        raise BundleError(where, str(exc)) from None
+    return WaveGrid(sms, programs_per_sm, hidden, width)
+
+
+def fit_wave_model(
+    contract: Mapping[str, Any],
+    local_experts: int,
+    rows: Sequence[LoadSpreadRow],
+    *,
+    block_m: int,
+    programs_per_sm: int,
+    sms: int,
+    where: str,
+) -> float:
+    """The wave cost (us per weighted wave) fitted on ``rows`` of exactly ``block_m``-row blocks
+    of a table with this contract, rounded as recorded (`moetables.waves.fit_wave_cost`)."""
+    from moetables.tiles import TileError, contract_kernel_shape
+    from moetables.waves import fit_wave_cost
+
+    try:
+        shape = contract_kernel_shape(contract, local_experts, where)
+        block_n = {r.tokens: shape.config(r.tokens).block_n for r in rows}
+        fit = fit_wave_cost(
+            rows,
+            block_m=block_m,
+            grid=wave_grid(contract, programs_per_sm, sms, where),
+            block_n_at=block_n,
+        )
+    except TileError as exc:
+        raise BundleError(where, f"fits no wave cost: {exc}") from None
+    return round(fit.wave_cost_us, COST_DIGITS)
+
+
+def _check_wave_fit(
+    entry: TableEntry, model: WaveModel, rows: list[LoadSpreadRow], path: str
+) -> None:
+    """Refit a wave model's cost on its evidence and refuse one that is not that fit."""
+    fit = fit_wave_model(
+        entry.contract,
+        entry.geometry.local_experts,
+        rows,
+        block_m=model.block_m,
+        programs_per_sm=model.programs_per_sm,
+        sms=model.sms,
+        where=path,
+    )
+    if fit != model.wave_cost_us:
+        raise BundleError(
+            f"{entry.where}:expert_loads.tile_models[block_m={model.block_m}].wave_cost_us",
+            f"is {model.wave_cost_us}, but its evidence {path} fits {fit}",
+        )
 
 
 def tile_model_record(
@@ -308,15 +436,48 @@ def tile_model_record(
 
 
 def tile_models_record(
-    rows: Iterable[LoadSpreadRow], *, blocks: Iterable[int], evidence: dict[str, str]
+    rows: Iterable[LoadSpreadRow],
+    *,
+    blocks: Iterable[int],
+    evidence: dict[str, str],
+    waves: Mapping[int, tuple[int, int]] | None = None,
+    contract: Mapping[str, Any] | None = None,
+    local_experts: int | None = None,
 ) -> dict[str, Any]:
     """The ``expert_loads`` mapping (format 4) of an entry with one cost per vLLM block size in
-    ``blocks``, each fitted on ``rows`` of exactly that block (all rows in one evidence file)."""
+    ``blocks``, each fitted on ``rows`` of exactly that block (all rows in one evidence file).
+    ``waves``: {block_m: (programs_per_sm, sms)} for the blocks charged per wave instead
+    (format 5; fitted with the table's ``contract`` and ``local_experts``)."""
     from moetables.tiles import VLLM_VERSION, fit_tile_cost
 
     rows = list(rows)
-    models = []
-    for block in sorted(set(blocks), reverse=True):
+    models: list[dict[str, Any]] = []
+    for block in sorted(set(blocks) | set(waves or {}), reverse=True):
+        if waves and block in waves:
+            if contract is None or local_experts is None:
+                raise ValueError("a wave model is fitted with the table's contract")
+            r, sms = waves[block]
+            cost = fit_wave_model(
+                contract,
+                local_experts,
+                rows,
+                block_m=block,
+                programs_per_sm=r,
+                sms=sms,
+                where=evidence.get("file", "load_spread.csv"),
+            )
+            models.append(
+                {
+                    "schema": WAVE_MODEL_SCHEMA,
+                    "vllm_version": VLLM_VERSION,
+                    "block_m": block,
+                    "wave_cost_us": cost,
+                    "programs_per_sm": r,
+                    "sms": sms,
+                    "evidence": dict(evidence),
+                }
+            )
+            continue
         fit = fit_tile_cost(rows, block_m=block, exact=True)
         models.append(
             {

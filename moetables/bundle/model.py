@@ -30,6 +30,8 @@ __all__ = [
     "SUPPLEMENT_KEY",
     "SUPPLEMENT_MEASURED",
     "TILE_MODEL_SCHEMAS",
+    "WAVE_MODELS_FORMAT_VERSION",
+    "WAVE_MODEL_SCHEMA",
     "Bundle",
     "ComponentTable",
     "ExpertLoads",
@@ -38,16 +40,20 @@ __all__ = [
     "QualityRefs",
     "TableEntry",
     "TileModel",
+    "WaveModel",
 ]
 
 CURRENT_SCHEMA = "moe-components"
 # Format versions of the current layout this reader knows: 2 adds quality evidence files, 3 the
 # per-entry ``expert_loads`` record (issue 18: the rows' load distribution, a fitted tile model),
 # 4 the per-block-size tile models (``expert_loads.tile_models``: one cost per vLLM block size).
-CURRENT_FORMAT_VERSIONS = (1, 2, 3, 4)
+# 5 the per-block wave models (``tile_models`` items of ``WAVE_MODEL_SCHEMA``: a cost per wave of
+# the kernel's grid over the SMs, where a cost per tile does not hold).
+CURRENT_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 CURRENT_FORMAT_VERSION = 2
 LOADS_FORMAT_VERSION = 3
 BLOCK_MODELS_FORMAT_VERSION = 4
+WAVE_MODELS_FORMAT_VERSION = 5
 # The per-expert load distributions an expert row may be measured under. Every table so far
 # holds the acquisition stimulus' balanced histogram; another name is refused, never read as it.
 EXPERT_LOAD_ROWS = ("balanced",)
@@ -56,6 +62,10 @@ TILE_MODEL_SCHEMAS = ("row-tiles-v1",)
 # Format 4's per-block model: its cost holds where vLLM's block is exactly ``block_m`` rows (a
 # v1 model's, where it is at least ``block_m``: a different charge, so a different name, R30).
 BLOCK_TILE_MODEL_SCHEMA = "row-tiles-per-block-v1"
+# Format 5's per-block wave model (moetables.waves): where vLLM's block is exactly ``block_m``
+# rows, each weighted wave of the kernel's grid beyond the balanced histogram's costs
+# ``wave_cost_us``. Not a cost per tile, so not a tile schema (R30).
+WAVE_MODEL_SCHEMA = "row-waves-per-block-v1"
 # Method/schema versions of current contracts this reader knows (R30: a semantic method
 # change gets a new name, and an unknown one is refused rather than read as this one).
 CONTRACT_SCHEMAS = ("moe-components-contract-v1",)
@@ -120,6 +130,22 @@ class TileModel:
 
 
 @dataclass(frozen=True, slots=True)
+class WaveModel:
+    """A per-block wave model (format 5, issue 18): where vLLM's block is exactly ``block_m``
+    rows, each weighted wave of the expert kernel's grid (``programs_per_sm`` resident programs
+    on each of ``sms`` SMs; `moetables.waves`) beyond the table's balanced waves costs
+    ``wave_cost_us``. ``evidence`` names the measurement it is fitted on."""
+
+    schema: str
+    vllm_version: str
+    block_m: int
+    wave_cost_us: float
+    programs_per_sm: int
+    sms: int
+    evidence: QualityFile | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExpertLoads:
     """What an entry says of its expert rows' per-expert loads (format 3; older: balanced)."""
 
@@ -127,23 +153,30 @@ class ExpertLoads:
     tile_model: TileModel | None = None
     # Format 4 (``tile_models``): one model per vLLM block size, each charged where vLLM's block
     # is exactly its ``block_m``; never together with ``tile_model``.
-    tile_models: tuple[TileModel, ...] = ()
+    tile_models: tuple[TileModel | WaveModel, ...] = ()
 
     def block_cost_us(self, block_m: int) -> float | None:
         """The recorded cost of an extra row tile where vLLM's block is ``block_m`` rows, or
         None where nothing is recorded for that block (the tile charge then adds nothing).
         A format-3 model covers every block of at least its ``block_m`` rows; a format-4 one
         exactly its own."""
+        model = self.block_model(block_m)
+        return model.tile_cost_us if isinstance(model, TileModel) else None
+
+    def block_model(self, block_m: int) -> TileModel | WaveModel | None:
+        """The model charged where vLLM's block is ``block_m`` rows (format 3's one model for
+        every block of at least its ``block_m``; format 4/5's own), or None."""
         if self.tile_model is not None:
-            m = self.tile_model
-            return m.tile_cost_us if block_m >= m.block_m else None
-        for m in self.tile_models:
-            if m.block_m == block_m:
-                return m.tile_cost_us
-        return None
+            return self.tile_model if block_m >= self.tile_model.block_m else None
+        return next((m for m in self.tile_models if m.block_m == block_m), None)
 
     @property
-    def models(self) -> tuple[TileModel, ...]:
+    def tile_only(self) -> tuple[TileModel, ...]:
+        """The models that cost per tile, largest block first (no wave model)."""
+        return tuple(m for m in self.models if isinstance(m, TileModel))
+
+    @property
+    def models(self) -> tuple[TileModel | WaveModel, ...]:
         """Every recorded model (format 3's one or format 4's per block), largest block first."""
         found = (self.tile_model,) if self.tile_model is not None else self.tile_models
         return tuple(sorted(found, key=lambda m: -m.block_m))

@@ -39,6 +39,8 @@ from moetables.bundle.model import (
     LOADS_FORMAT_VERSION,
     SUPPLEMENT_FIELDS,
     SUPPLEMENT_KEY,
+    WAVE_MODEL_SCHEMA,
+    WAVE_MODELS_FORMAT_VERSION,
 )
 from moetables.bundle.quality import (
     CONSERVATION_FILE,
@@ -231,10 +233,15 @@ def _write_quality(stage: Path, spec: TableSpec) -> dict[str, Any]:
 def _format_of(tp: int, owner: dict[str, Any]) -> dict[str, Any]:
     """Format 2 when every entry of the TP carries quality evidence, else format 1; format 3
     when, besides, an entry records its expert loads (issue 18); format 4 when one records a
-    cost per block size (``tile_models``)."""
+    cost per block size (``tile_models``); format 5 when one of those is a wave model."""
     with_quality = [e for e in owner["entries"] if "quality" in e]
     loads = any("expert_loads" in e for e in owner["entries"])
     per_block = any("tile_models" in (e.get("expert_loads") or {}) for e in owner["entries"])
+    per_wave = any(
+        isinstance(m, dict) and m.get("schema") == WAVE_MODEL_SCHEMA
+        for e in owner["entries"]
+        for m in ((e.get("expert_loads") or {}).get("tile_models") or [])
+    )
     if not with_quality:
         if loads:
             raise BundleError(
@@ -252,7 +259,9 @@ def _format_of(tp: int, owner: dict[str, Any]) -> dict[str, Any]:
     # schema first, then the version, then the entries: the order a reader expects.
     entries = owner.pop("entries")
     owner["format_version"] = (
-        BLOCK_MODELS_FORMAT_VERSION
+        WAVE_MODELS_FORMAT_VERSION
+        if per_wave
+        else BLOCK_MODELS_FORMAT_VERSION
         if per_block
         else LOADS_FORMAT_VERSION
         if loads
@@ -268,6 +277,7 @@ def attach_tile_models(
     *,
     block_m: int | None = None,
     blocks: Sequence[int] | None = None,
+    waves: Mapping[int, tuple[int, int]] | None = None,
 ) -> Path:
     """Record, for each named target of the bundle at ``dest``, its row-tile model fitted on
     ``models[target]`` (issue 18, format 3): the evidence is written beside the target's table
@@ -276,7 +286,9 @@ def attach_tile_models(
 
     ``block_m``: one cost, charged where vLLM's block is at least that many rows (format 3's
     ``tile_model``). ``blocks``: one cost per vLLM block size named, each fitted on the records
-    of exactly that block and charged only there (format 4's ``tile_models``). One of the two."""
+    of exactly that block and charged only there (format 4's ``tile_models``). One of the two.
+    ``waves`` (with ``blocks``): {block_m: (programs_per_sm, sms)}, blocks charged per wave of
+    the kernel's grid instead of per tile (format 5, `moetables.waves`)."""
     if (block_m is None) == (blocks is None):
         raise ValueError("give block_m (one cost) or blocks (one cost per block size), not both")
     if blocks is not None and (not blocks or any(int(b) < 1 for b in blocks)):
@@ -308,7 +320,14 @@ def attach_tile_models(
                     entry["expert_loads"] = (
                         tile_model_record(rows, block_m=block_m, evidence=evidence)
                         if block_m is not None
-                        else tile_models_record(rows, blocks=blocks or (), evidence=evidence)
+                        else tile_models_record(
+                            rows,
+                            blocks=blocks or (),
+                            evidence=evidence,
+                            waves=waves,
+                            contract=entry.get("contract"),
+                            local_experts=int(entry["contract"]["local_experts"]),
+                        )
                     )
                 owner.update(_format_of(int(tp), owner))
             if wanted:

@@ -14,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from moetables.bundle import EXPERTS, Bundle, TableEntry, load_table, open_bundle
-from moetables.errors import CoverageError, QueryError
+from moetables.bundle.model import WaveModel
+from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.geometry import MoeTarget
 from moetables.lookup.balanced import BalancedExpertSurface
 from moetables.lookup.codes import CODE_NAMES, INVALID, OK, OUT_OF_SUPPORT
@@ -32,7 +33,8 @@ from moetables.lookup.queries import (
 )
 from moetables.lookup.segments import SegmentedExpertSurface, contract_kernel_switches
 from moetables.lookup.surface import Coordinates, ExpertSurface
-from moetables.triton_config import KernelShape
+from moetables.triton_config import KernelShape, TritonConfig
+from moetables.waves import LoadCharge, WaveGrid
 
 if TYPE_CHECKING:
     from moetables.comm import Cluster
@@ -49,6 +51,24 @@ AnySurface = ExpertSurface | SegmentedExpertSurface | BalancedExpertSurface
 class BatchResult:
     time_us: npt.NDArray[np.float64]  # NaN where refused
     code: npt.NDArray[np.int8]  # OK, OUT_OF_SUPPORT, INVALID
+
+
+def _balanced_tiles_at(
+    shape: KernelShape,
+    tokens: npt.NDArray[np.int64],
+    active: npt.NDArray[np.int64],
+    pairs: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Row tiles of the balanced stimulus (`moetables.tiles.balanced_counts`: M over A experts
+    as evenly as integers allow) at each (N, A, M), at the block vLLM picks at N; 0 where A = 0."""
+    blocks = np.array([shape.config(int(x)).block_m for x in tokens.ravel().tolist()]).reshape(
+        tokens.shape
+    )
+    safe = np.maximum(active, 1)
+    base, extra = pairs // safe, pairs % safe
+    tiles = (safe - extra) * (-(-base // blocks)) + extra * (-(-(base + 1) // blocks))
+    out: npt.NDArray[np.int64] = np.where(active > 0, tiles, 0)
+    return out
 
 
 class DeploymentTables:
@@ -73,6 +93,7 @@ class DeploymentTables:
         # The expert rows' (N, A, M), kept for the balanced-tile surface (issue 18), built lazily.
         self._expert_points: dict[str, tuple[npt.NDArray[np.int64], ...]] = {}
         self._tile_surfaces: dict[str, AnySurface] = {}
+        self._wave_grids: dict[WaveModel, WaveGrid] = {}
         for component in entry.components:
             for mode in entry.modes:
                 rows = table.select(component, mode)
@@ -198,7 +219,7 @@ class DeploymentTables:
         of its largest recorded block), or None: whether a load description can be answered
         without a caller's cost. Where the table records a cost per block size, the charge
         reads `tile_cost_at` instead."""
-        models = self.entry.expert_loads.models
+        models = self.entry.expert_loads.tile_only
         return models[0].tile_cost_us if models else None
 
     @property
@@ -218,13 +239,54 @@ class DeploymentTables:
         ``block_m``), or None: nothing is charged there."""
         return self.entry.expert_loads.block_cost_us(block_m)
 
-    def tile_charge_us(self, block_m: int, tile_cost_us: float | None) -> float | None:
-        """The one place the cost per extra tile is chosen: a caller's ``tile_cost_us`` where
-        vLLM's block is at least `tile_block_m` rows, else the table's own cost for that block
-        (`tile_cost_at`); None: no charge at this block."""
+    def charge_at(self, block_m: int, tile_cost_us: float | None) -> LoadCharge | None:
+        """The one place a load's charge is chosen (issue 18): a caller's ``tile_cost_us`` per
+        tile where vLLM's block is at least `tile_block_m` rows; else the table's own model for
+        that block: a cost per tile (formats 3, 4) or per weighted wave of the kernel's grid
+        (format 5, `moetables.waves`); None: no charge at this block."""
         if tile_cost_us is not None:
-            return float(tile_cost_us) if block_m >= self.tile_block_m else None
-        return self.tile_cost_at(block_m)
+            if block_m < self.tile_block_m:
+                return None
+            return LoadCharge("tiles", float(tile_cost_us))
+        model = self.entry.expert_loads.block_model(block_m)
+        if model is None:
+            return None
+        if isinstance(model, WaveModel):
+            grid = self._wave_grids.get(model)
+            if grid is None:
+                from moetables.bundle.loads import wave_grid
+
+                e = self.entry
+                try:
+                    grid = wave_grid(e.contract, model.programs_per_sm, model.sms, e.where)
+                except BundleError as exc:
+                    raise QueryError(str(exc)) from None
+                self._wave_grids[model] = grid
+            return LoadCharge("waves", model.wave_cost_us, grid)
+        return LoadCharge("tiles", model.tile_cost_us)
+
+    def tile_charge_us(self, block_m: int, tile_cost_us: float | None) -> float | None:
+        """The cost per extra tile `charge_at` picks at this block; None where there is none or
+        where the block is charged per wave (format 5)."""
+        charge = self.charge_at(block_m, tile_cost_us)
+        return charge.cost_us if charge is not None and charge.kind == "tiles" else None
+
+    def charged_units(
+        self, charge: LoadCharge, tokens: npt.ArrayLike, tiles: npt.ArrayLike
+    ) -> npt.NDArray[np.float64]:
+        """What ``charge`` counts for loads running ``tiles`` row tiles at ``tokens``: the tiles,
+        or their weighted waves at the configuration's BLOCK_SIZE_N for each N."""
+        t = np.asarray(tiles, dtype=np.float64)
+        if charge.grid is None:
+            return t
+        shape = self.tile_shape()
+        n = np.asarray(tokens, dtype=np.int64)
+        block_n = np.array([shape.config(int(x)).block_n for x in n.ravel().tolist()])
+        out = np.empty(t.size, dtype=np.float64)
+        for bn in set(block_n.tolist()):
+            at = block_n == bn
+            out[at] = charge.grid.waves(t.ravel()[at], int(bn))
+        return out.reshape(t.shape)
 
     def tile_shape(self) -> KernelShape:
         """The expert kernel's shape of this rank (local experts, whole expert width, dtype,
@@ -292,6 +354,29 @@ class DeploymentTables:
         )
         return BatchResult(time_us=values, code=codes)
 
+    def balanced_units_batch(
+        self,
+        charge: LoadCharge,
+        tokens: npt.ArrayLike,
+        activated_experts: npt.ArrayLike,
+        local_assignments: npt.ArrayLike,
+        mode: str = "eager",
+    ) -> BatchResult:
+        """What ``charge`` counts for the table's balanced stimulus at (N, A, M): its tiles
+        interpolated as the time is (`balanced_tiles_batch`), or its weighted waves at the
+        query's own (N, A, M) and configuration. Waves are not interpolated between the table's
+        points: points across a configuration switch count programs of other sizes (BLOCK_SIZE_N
+        128 at 64-row blocks, 256 at 32-row), and their waves are not this N's."""
+        if charge.grid is None:
+            return self.balanced_tiles_batch(tokens, activated_experts, local_assignments, mode)
+        n = np.asarray(tokens, dtype=np.int64)
+        a = np.asarray(activated_experts, dtype=np.int64)
+        m = np.asarray(local_assignments, dtype=np.int64)
+        # Refused where the time (and the tiles) are.
+        codes = self.balanced_tiles_batch(n, a, m, mode).code
+        values = self.charged_units(charge, n, _balanced_tiles_at(self.tile_shape(), n, a, m))
+        return BatchResult(time_us=np.where(codes == OK, values, np.nan), code=codes)
+
     def experts_time_us(
         self,
         tokens: int,
@@ -328,17 +413,52 @@ class DeploymentTables:
             # An all-remote row (A = M = 0, feasible: time_us answered it): no pair, no tile,
             # nothing to spread, so every description is the table's answer.
             return base
-        bm = self.tile_shape().config(tokens).block_m
-        cost = self.tile_charge_us(bm, tile_cost_us)
-        if cost is None:
+        config = self.tile_shape().config(tokens)
+        bm = config.block_m
+        charge = self.charge_at(bm, tile_cost_us)
+        if charge is None:
             return base
+        if charge.grid is not None:
+            reference = charge.grid.waves(
+                _balanced_tiles_at(
+                    self.tile_shape(),
+                    np.array([tokens]),
+                    np.array([activated_experts]),
+                    np.array([local_assignments]),
+                ),
+                config.block_n,
+            )
+            return base + charge.cost_us * (
+                self._load_waves(loads, activated_experts, local_assignments, config, charge)
+                - float(reference[0])
+            )
         try:
             tiles = load_tiles(loads, activated_experts, local_assignments, bm)
         except TileError as exc:
             raise QueryError(str(exc)) from None
-        return base + float(cost) * (
+        return base + float(charge.cost_us) * (
             tiles - self.balanced_tiles(tokens, activated_experts, local_assignments, mode)
         )
+
+    @staticmethod
+    def _load_waves(
+        loads: Any, active: int, pairs: int, config: TritonConfig, charge: LoadCharge
+    ) -> float:
+        """The weighted waves of a load description: explicit counts' own, a distribution's
+        expected over its tile total's distribution (`moetables.waves.expected_waves`)."""
+        from moetables.tiles import TileError, load_tiles, parse_loads
+        from moetables.waves import expected_waves
+
+        assert charge.grid is not None
+        try:
+            kind, param = parse_loads(loads)
+            if kind in ("counts", "balanced"):
+                tiles = load_tiles(loads, active, pairs, config.block_m)
+                return float(charge.grid.waves(tiles, config.block_n))
+            alpha = 0.0 if kind == "uniform" else float(param)  # type: ignore[arg-type]
+            return expected_waves(alpha, active, pairs, config.block_m, config.block_n, charge.grid)
+        except TileError as exc:
+            raise QueryError(str(exc)) from None
 
     def _known(self, component: str, mode: str) -> None:
         if component not in self.components:

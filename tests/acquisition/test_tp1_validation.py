@@ -254,26 +254,26 @@ def test_the_kernel_step_table_and_the_native_run_give_the_documented_numbers() 
 
 
 @pytest.mark.parametrize("bundle", [F2, F2K], ids=["f2", "f2k"])
-def test_the_per_block_costs_give_the_documented_numbers(bundle: str) -> None:
-    """docs/benchmarks.md, "One cost per block size, recorded": with each table's recorded
-    128/64/32-row costs (bundle format 4, tile_cost_us='table') the committed comparison is what
-    the committed raw runs give; against the 128-row charge alone only 32- and 64-row steps move,
-    and N = 384 under uniform routing moves by about 1.5 points and still misses by > 8 %."""
+def test_the_wave_charge_gives_the_documented_numbers(bundle: str) -> None:
+    """docs/benchmarks.md, "The wave charge, built in": with each table's recorded models
+    (bundle format 5: 128/64-row costs per tile, 32-row per wave; tile_cost_us='table') the
+    committed comparison is what the committed raw runs give; against format 4's 32-row tile
+    cost (comparison-*-blocks.json) only 32-row steps move, and N = 384 under uniform routing
+    and the engine's own router moves from 7-9 % under to within 4.5 %."""
     evidence = ROOT / "docs/evidence/h200-tp1-validation"
     name = "f2" if bundle == F2 else "f2k"
     result = run(evidence, bundle, None, tile_cost_us="table")
-    kept = json.loads((evidence / f"comparison-{name}-blocks.json").read_text())
+    kept = json.loads((evidence / f"comparison-{name}-waves.json").read_text())
     assert result["issue18"] == kept["issue18"] and result["steps"] == kept["steps"]
-    before = json.loads((evidence / f"comparison-{name}-tiles.json").read_text())
+    before = json.loads((evidence / f"comparison-{name}-blocks.json").read_text())
 
     def key(s: dict[str, Any]) -> tuple[str, str, int]:
         return s["routing"], s["policy"], s["tokens"][0]
 
     old = {key(s): s for s in before["steps"]}
     moved = {k[2] for s in result["steps"] if (k := key(s)) and s != old[k]}
-    assert moved and moved <= {200, 256, 384, 512, 640}  # the 32- and 64-row steps only
+    assert moved and moved <= {200, 256, 384}  # the 32-row steps only
     at384 = {s["routing"]: s for s in result["steps"] if key(s)[1:] == ("histogram", 384)}
     for routing in ("simulator", "native"):
-        gain = at384[routing]["compute_error"] - old[key(at384[routing])]["compute_error"]
-        assert 0.01 < gain < 0.02 and at384[routing]["compute_error"] < -0.07
-    assert result["issue18"]["simulator"]["within_goal"] is False
+        assert old[key(at384[routing])]["compute_error"] < -0.07
+        assert -0.045 < at384[routing]["compute_error"] < 0

@@ -54,7 +54,13 @@ def test_the_table_page_lists_tile_costs_and_kernel_segments_as_info_does(
             assert 'id="tile-costs"' in html
             for cost in info["tile_costs"]:
                 at = "≥ " if cost["applies"] == "at_least" else ""  # format 3: this block and up
-                assert f"<td>{at}{cost['block_m']}</td><td>{cost['tile_cost_us']}</td>" in html
+                shown = (
+                    f"{cost['wave_cost_us']} per extra wave ({cost['programs_per_sm']} "
+                    f"programs/SM, {cost['sms']} SMs)"
+                    if cost.get("wave_cost_us") is not None  # format 5: per wave, not tile
+                    else cost["tile_cost_us"]
+                )
+                assert f"<td>{at}{cost['block_m']}</td><td>{shown}</td>" in html
 
 
 def test_a_table_without_kernel_steps_or_tile_costs_shows_neither(

@@ -77,13 +77,26 @@ def per_block(unfitted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bundle
 
 
-def test_the_shipped_bundle_is_the_writers_output_byte_for_byte(per_block: Path) -> None:
-    """bundles/H200 is exactly what the two documented commands write (never edited by hand)."""
-    written = sorted(p.relative_to(per_block) for p in per_block.rglob("*") if p.is_file())
+@pytest.fixture(scope="module")
+def per_wave(per_block: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As shipped since format 5: the TP1/DP1 table's 32-row blocks charged per wave of the
+    kernel's grid (2 programs per SM, 132 SMs), 128 and 64 per tile as before."""
+    bundle = _copy(per_block, tmp_path_factory.mktemp("per_wave"), "x")
+    costs = attach(bundle, BOTH, ["tp1"], blocks=[128, 64, 32], waves={32: (2, 132)})
+    assert costs == {
+        "tp1": {128: pytest.approx(1.416, abs=5e-4), 64: pytest.approx(0.541, abs=5e-4), 32: 17.57}
+    }
+    return bundle
+
+
+def test_the_shipped_bundle_is_the_writers_output_byte_for_byte(per_wave: Path) -> None:
+    """bundles/H200 is exactly what the three documented commands write (never edited by
+    hand): format 3, then format 4's per-block costs, then format 5's 32-row wave model."""
+    written = sorted(p.relative_to(per_wave) for p in per_wave.rglob("*") if p.is_file())
     shipped = sorted(p.relative_to(H200) for p in H200.rglob("*") if p.is_file())
     assert written == shipped
     for rel in written:
-        assert (per_block / rel).read_bytes() == (H200 / rel).read_bytes(), rel
+        assert (per_wave / rel).read_bytes() == (H200 / rel).read_bytes(), rel
 
 
 def test_the_reader_refits_each_block_and_keeps_the_other_ranks_on_format_3(
@@ -140,10 +153,10 @@ def test_it_refuses_a_malformed_or_unsupported_per_block_model(
     assert any(fragment in p for p in report.problems), report.problems
 
 
-def test_a_format_5_bundle_is_refused(per_block: Path, tmp_path: Path) -> None:
-    bundle = _copy(per_block, tmp_path, "v5")
-    _edit(bundle, lambda o, e: o.update(format_version=5))
-    with pytest.raises(BundleError, match="unknown format version 5"):
+def test_a_format_6_bundle_is_refused(per_block: Path, tmp_path: Path) -> None:
+    bundle = _copy(per_block, tmp_path, "v6")
+    _edit(bundle, lambda o, e: o.update(format_version=6))
+    with pytest.raises(BundleError, match="unknown format version 6"):
         open_bundle(bundle)
 
 

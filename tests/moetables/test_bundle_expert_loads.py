@@ -107,16 +107,19 @@ def test_older_bundles_read_as_balanced_rows_without_a_model(unfitted: Path) -> 
 @pytest.mark.parametrize("bundle", [H200, F2], ids=["H200", "H200-vllm-modular-f2"])
 def test_the_shipped_modular_h200_bundles_record_the_measured_costs(bundle: Path) -> None:
     """Issue 18: the TP1/DP1 table carries tp1's 1.416 us per 128-row tile (and, format 4, its
-    64- and 32-row costs), both DP2/EP2 ranks ep2's 1.764 (format 3), each refitted by the
+    64-row cost, and, format 5, its 32-row cost per wave), both DP2/EP2 ranks ep2's 1.764 (format 3), each refitted by the
     reader from the load_spread.csv beside it."""
     report = validate_bundle(bundle)
     assert report.ok, report.problems
     costs = {
-        (e.target.dp, e.target.rank): {m.block_m: m.tile_cost_us for m in e.expert_loads.models}
+        (e.target.dp, e.target.rank): {
+            m.block_m: getattr(m, "tile_cost_us", None) or getattr(m, "wave_cost_us", None)
+            for m in e.expert_loads.models
+        }
         for e in report.bundle.entries  # type: ignore[union-attr]
     }
     assert costs == {
-        (1, 0): {128: 1.416, 64: 0.541, 32: 0.714},
+        (1, 0): {128: 1.416, 64: 0.541, 32: 17.57},  # 32: per wave (format 5)
         (2, 0): {128: 1.764},
         (2, 1): {128: 1.764},
     }

@@ -148,7 +148,10 @@ def test_info_names_the_contracts_vllm_version_and_the_per_block_tile_costs() ->
             models = entry.expert_loads.models
             assert [c["block_m"] for c in item.get("tile_costs", [])] == [m.block_m for m in models]
             assert [c["tile_cost_us"] for c in item.get("tile_costs", [])] == [
-                m.tile_cost_us for m in models
+                getattr(m, "tile_cost_us", None) for m in models
+            ]
+            assert [c.get("wave_cost_us") for c in item.get("tile_costs", [])] == [
+                getattr(m, "wave_cost_us", None) for m in models
             ]
 
 

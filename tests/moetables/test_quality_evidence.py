@@ -166,9 +166,9 @@ def test_it_keeps_reading_format_1_and_says_the_evidence_is_absent(current_bundl
 def test_it_refuses_an_unknown_format_version(evidence_bundle: Path) -> None:
     meta_path = evidence_bundle / "meta.yaml"
     meta = yaml.safe_load(meta_path.read_text())
-    meta["per_tp"][1]["moe_components"]["format_version"] = 5
+    meta["per_tp"][1]["moe_components"]["format_version"] = 6
     meta_path.write_text(yaml.safe_dump(meta))
-    with pytest.raises(BundleError, match="unknown format version 5"):
+    with pytest.raises(BundleError, match="unknown format version 6"):
         open_bundle(evidence_bundle)
 
 
@@ -212,7 +212,7 @@ def test_every_shipped_h200_bundle_carries_its_evidence(root: Path) -> None:
         evidence = report.quality[entry.table_path]
         # Format 3 (issue 18) adds the fitted tile cost to the H200 modular tables, format 4
         # one cost per block size (their TP1/DP1 tables).
-        assert entry.format_version in (2, 3, 4) and not entry.exploratory
+        assert entry.format_version in (2, 3, 4, 5) and not entry.exploratory
         assert evidence.stability and all(r.tolerance == 0.03 for r in evidence.stability)
         # Every table has traced forwards (issue 14): the live tables their own; the modular
         # and torch-reference tables acquired before the traces existed got theirs from
@@ -257,7 +257,7 @@ def test_attached_conservation_keeps_every_other_byte_of_a_format_3_bundle(
     tmp_path: Path,
 ) -> None:
     """The shipped modular bundle (format 3: load spread and tile models) gets its rows marked
-    supplementary; tables, stability and load evidence keep their bytes, format 3 stays."""
+    supplementary; tables, stability and load evidence keep their bytes, its format (5) stays."""
     import shutil
 
     from moetables.bundle import attach_conservation
@@ -273,7 +273,7 @@ def test_attached_conservation_keeps_every_other_byte_of_a_format_3_bundle(
     attach_conservation(copy, {t: (_test_rows(), _supplement()) for t in targets}, replace=True)
     bundle = open_bundle(copy)
     for entry in bundle.entries:
-        assert entry.format_version == 4 and entry.expert_loads.models
+        assert entry.format_version == 5 and entry.expert_loads.models
         assert entry.quality is not None and entry.quality.conservation_supplementary
         evidence = load_quality(copy, entry, load_table(copy, entry))
         assert evidence.conservation is not None and evidence.conservation_supplement is not None

@@ -292,21 +292,24 @@ def test_the_fp8_tables_64_row_model_travels_to_every_path(live_server: Any) -> 
 
 @pytest.mark.django_db(transaction=True)
 def test_the_per_block_costs_travel_to_every_path(live_server: Any) -> None:
-    """Issue 18, bundle format 4: the bf16 TP1/DP1 table's 128/64/32-row costs are stated by the
-    table detail (tile_models) and charged at the block vLLM picks at N by REST, RemoteTables and
+    """Issue 18, bundle formats 4 and 5: the bf16 TP1/DP1 table's 128/64-row tile costs and its
+    32-row wave cost are stated by the table detail (tile_models) and charged at the block vLLM picks at N by REST, RemoteTables and
     the estimate alike, as moetables charges them (R39)."""
     import requests
 
     bundle = publish_bundle(F2).bundle
     detail = requests.get(f"{live_server.url}/api/v1/bundles/{bundle.pk}/", timeout=30).json()
     dp1 = next(t for t in detail["tables"] if t["target"]["dp"] == 1)
-    stated = {m["block_m"]: m["tile_cost_us"] for m in dp1["expert_loads"]["tile_models"]}
-    assert stated == {128: 1.416, 64: 0.541, 32: 0.714}
+    stated = {
+        m["block_m"]: m.get("tile_cost_us", m.get("wave_cost_us"))
+        for m in dp1["expert_loads"]["tile_models"]
+    }
+    assert stated == {128: 1.416, 64: 0.541, 32: 17.57}  # 32: per wave (format 5)
     local = ComponentTables(F2).deployment(1, 1, 0)
     remote_tables = RemoteTables(live_server.url, bundle=bundle.pk)
     OPENED.append(remote_tables)
     remote = remote_tables.deployment(1, 1, 0)
-    assert [remote.tile_cost_at(b) for b in (16, 32, 64, 128)] == [None, 0.714, 0.541, 1.416]
+    assert [remote.tile_cost_at(b) for b in (16, 32, 64, 128)] == [None, None, 0.541, 1.416]
     skew = [40] * 64 + [8] * 64  # 3,072 pairs on 128 experts
     queries = [
         {"component": "experts", "tokens": n, "activated_experts": 128,
@@ -315,11 +318,12 @@ def test_the_per_block_costs_travel_to_every_path(live_server: Any) -> None:
     ]  # fmt: skip
     answered = remote.answer(queries)
     assert answered == local.answer(queries)
-    # N = 384 runs 32-row blocks: 64 experts of 40 pairs run two tiles each, 192 in all,
-    # against the balanced tiles the table embodies there (interpolated as its time is)
-    reference = local.balanced_tiles(384, 128, 3072)
+    # N = 384 runs 32-row blocks (BLOCK_SIZE_N 256), charged per wave (format 5): 64 experts
+    # of 40 pairs run two tiles each, 192 in all: 5 w13 and 6 w2 waves of 264 programs (2 per
+    # SM on 132 SMs) against the balanced 128 tiles' 3 and 4; a w2 wave weighs 768/2048.
+    waves = (5 - 3) + 0.375 * (6 - 4)
     assert answered[0]["time_us"] == pytest.approx(
-        local.time_us("experts", 384, 128, 3072) + 0.714 * (192 - reference), abs=1e-9
+        local.time_us("experts", 384, 128, 3072) + 17.57 * waves, abs=1e-9
     )
     assert answered[3]["time_us"] == local.time_us("experts", 128, 128, 1024)  # 16 rows: none
     body = {

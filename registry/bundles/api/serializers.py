@@ -71,7 +71,9 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
         help_text="issue 18: the expert rows' load distribution (balanced) and, from bundle "
         "format 3, the table's fitted row-tile model (tile_model.tile_cost_us: the cost a "
         "lookup's load description is charged at when the query names none); from format 4, "
-        "tile_models: one such cost per vLLM block size (block_m), each charged exactly there"
+        "tile_models: one such cost per vLLM block size (block_m), each charged exactly there; "
+        "from format 5 an item may be a wave model (schema row-waves-per-block-v1: wave_cost_us "
+        "per weighted wave of the expert kernel's grid, programs_per_sm, sms) instead"
     )
 
     class Meta:
