@@ -1,0 +1,67 @@
+"""Independent points: a denser table's extra expert points answered by a sparser table.
+
+    PYTHONPATH=. python3 bench/kernel_step_holdout.py DENSE SPARSE [--worst 8]
+
+DENSE and SPARSE are TP1/DP1 bundle directories (``.../bf16``) of the same model measured with
+two plans (for example rule v4 and rule v3). Every expert point DENSE measured and SPARSE did
+not is looked up in SPARSE (its own lookup: segment-aware where its contract records kernel
+steps) and compared with DENSE's measured time. Unlike leave-one-out, nothing is removed: the
+question is how far the sparser table's interpolation is from a measurement it never saw, the
+error a user of the sparser table gets there (issue 20 item 1). Both tables carry the
+repeatability of the method (0.1-0.5 % median between runs) and of their GPUs
+(`bench/gpu_units.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from moetables.lookup.tables import ComponentTables
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from acquisition_equivalence import table  # noqa: E402
+
+
+def experts(root: Path) -> dict[tuple[str, int, int, int], float]:
+    path = root / "tp1/moe_components/dp1_ep1_rank0_sp0/components.csv"
+    return {k: v for k, v in table(path).items() if k[0] == "experts"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dense", type=Path)
+    parser.add_argument("sparse", type=Path)
+    parser.add_argument("--worst", type=int, default=8)
+    args = parser.parse_args()
+    dense, sparse = experts(args.dense), experts(args.sparse)
+    lookup = ComponentTables(args.sparse).deployment(1, 1, 0)
+    errors: list[tuple[float, int, int, int]] = []
+    refused: list[tuple[int, int, int]] = []
+    for (_, n, a, m), measured in sorted(dense.items()):
+        if ("experts", n, a, m) in sparse:
+            continue
+        try:
+            answer = lookup.experts_time_us(n, a, m)
+        except Exception:  # a refusal (outside the sparser table's support) is counted
+            refused.append((n, a, m))
+            continue
+        errors.append((answer / measured - 1, n, a, m))
+    if not errors:
+        raise SystemExit("no point of DENSE is answered by SPARSE")
+    size = np.array([abs(e[0]) for e in errors]) * 100
+    print(f"{args.dense} -> {args.sparse}")
+    print(
+        f"{len(errors)} points answered ({len(refused)} refused): |error| median "
+        f"{np.median(size):.2f} %, p95 {np.percentile(size, 95):.2f} %, max {size.max():.2f} %, "
+        f"above 5 %: {(size > 5).sum()}"
+    )
+    for error, n, a, m in sorted(errors, key=lambda e: -abs(e[0]))[: args.worst]:
+        print(f"  N={n} A={a} M={m}: {error * 100:+.1f} %")
+
+
+if __name__ == "__main__":
+    main()
