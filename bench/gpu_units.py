@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acquisition_equivalence import table  # noqa: E402
+from acquisition_equivalence import table
 
 Key = tuple[str, int, int, int]
 BANDS = ((1, 15), (16, 192), (193, 768), (769, 2048))

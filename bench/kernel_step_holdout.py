@@ -23,7 +23,7 @@ import numpy as np
 from moetables.lookup.tables import ComponentTables
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from acquisition_equivalence import table  # noqa: E402
+from acquisition_equivalence import table
 
 
 def experts(root: Path) -> dict[tuple[str, int, int, int], float]:
