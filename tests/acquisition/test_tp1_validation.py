@@ -277,3 +277,35 @@ def test_the_wave_charge_gives_the_documented_numbers(bundle: str) -> None:
     for routing in ("simulator", "native"):
         assert old[key(at384[routing])]["compute_error"] < -0.07
         assert -0.045 < at384[routing]["compute_error"] < 0
+
+
+LIVE_F2K4 = "bundles/H200-vllm-live-f2k4/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+MODULAR_F2K4 = "bundles/H200-vllm-modular-f2k4/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+
+
+@pytest.mark.parametrize("bundle", [LIVE_F2K4, MODULAR_F2K4], ids=["live", "modular"])
+def test_the_rule_v4_tables_give_the_documented_numbers(bundle: str) -> None:
+    """docs/benchmarks.md, "TP1 goal with the rule-v4 tables and the wave charge": the committed
+    comparisons are what the committed raw runs give with the v4 tables' recorded models; with
+    the live table the issue-18 goal holds for uniform routing on the MoE block and for skewed
+    routing on the expert path, and not for the skewed block (the routing simulator's own
+    kernels at small N) (R41)."""
+    evidence = ROOT / "docs/evidence/h200-tp1-validation"
+    name = "live" if bundle == LIVE_F2K4 else "modular"
+    result = run(evidence, bundle, None, tile_cost_us="table")
+    kept = json.loads((evidence / f"comparison-{name}-f2k4-waves.json").read_text())
+    assert json_close(result["issue18"], kept["issue18"])
+    goal = result["issue18"]
+    if name == "live":
+        assert goal["simulator"]["within_goal"] is True
+        assert goal["normal_routing"]["experts_only"]["within_goal"] is True
+        assert goal["normal_routing"]["within_goal"] is False
+        at1 = [
+            s
+            for s in result["steps"]
+            if s["routing"] == "normal_routing" and s["policy"] == "histogram"
+            if s["tokens"][0] == 1
+        ]
+        assert at1 and at1[0]["compute_error"] < -0.15 and abs(at1[0]["experts_error"]) < 0.05
+    else:
+        assert goal["simulator"]["within_goal"] is False  # -5.1 % at its worst step
