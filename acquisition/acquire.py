@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AcquisitionFailure",
+    "HeapStats",
     "TargetOutcome",
     "acquire_target",
     "frozen_heap",
@@ -420,8 +421,13 @@ class _TargetRun:
             self.clock.measured()
             self.progress.measured(item.seconds, item.point.key)
 
-        with frozen_heap():
+        with frozen_heap() as heap:
             self._measure_queue(log, meter, queue, finish)
+        self.clock.note("gc", heap.as_dict())
+        reuse = getattr(meter.session, "workspace_reuse", None)
+        if reuse is not None:
+            # vllm-modular: vLLM workspace requests made and spared (hold_workspace).
+            self.clock.note("workspace_views", {"requested": reuse[0], "reused": reuse[1]})
 
     def _measure_queue(
         self,
@@ -601,8 +607,34 @@ def acquire_target(
         release_target_memory(request.device)
 
 
+@dataclass
+class HeapStats:
+    """The cyclic collector during one target's measuring loop (the phase log's ``gc`` note)."""
+
+    frozen: int = 0
+    collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    seconds: float = 0.0
+    _started: float = 0.0
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        generation = int(info.get("generation", 0))
+        if 0 <= generation < len(self.collections):
+            self.collections[generation] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "frozen_objects": self.frozen,
+            "collections": list(self.collections),
+            "seconds": round(self.seconds, 4),
+        }
+
+
 @contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
+def frozen_heap() -> Iterator[HeapStats]:
     """The measuring loop with the objects that exist before it out of the cyclic collector.
 
     After torch and vLLM are imported and a session is built the heap holds a million or more
@@ -611,16 +643,23 @@ def frozen_heap() -> Iterator[None]:
     walks the whole heap, on the host thread that issues the forwards (issue 19). Frozen, the
     old objects are skipped; they are unfrozen when the loop ends, so ``release_target_memory``
     still collects a finished target's cycles. Host-side only: no forward, launch or recorded
-    activity changes. A process that froze objects of its own is left as it is.
+    activity changes. A process that froze objects of its own is left as it is. The stats
+    yielded count the collections and their seconds inside the loop.
     """
-    if gc.get_freeze_count() > 0:
-        yield
-        return
-    gc.freeze()
+    stats = HeapStats()
+    gc.callbacks.append(stats.callback)
     try:
-        yield
+        if gc.get_freeze_count() > 0:
+            yield stats
+            return
+        gc.freeze()
+        stats.frozen = gc.get_freeze_count()
+        try:
+            yield stats
+        finally:
+            gc.unfreeze()
     finally:
-        gc.unfreeze()
+        gc.callbacks.remove(stats.callback)
 
 
 def release_target_memory(device: str) -> None:

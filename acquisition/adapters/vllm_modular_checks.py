@@ -52,6 +52,7 @@ class ModularObservations:
     observations: dict[str, Any]
     workspace_views: dict[str, Any]
     experts: Any
+    device: Any
     quantized: bool
     _activities: Callable[[Callable[[], Any]], list[str]]
 
@@ -110,11 +111,20 @@ class ModularObservations:
     def _check_workspace_views(self, prepared: Any) -> None:
         """Whether ``hold_workspace`` may hand one context's forwards the same views.
 
-        Allowed only if vLLM's workspace request (``moe_problem_size`` and
-        ``_allocate_buffers``, as ``_experts`` calls them) launches no device activity, on a
-        first call (which may grow the buffer) and a second: then skipping the repeated
-        requests of a context leaves every forward's device work as it was.
+        Allowed only on CUDA, where a forward's time is its device activities (R15), and only
+        if vLLM's workspace request (``moe_problem_size`` and ``_allocate_buffers``, as
+        ``_experts`` calls them) launches no device activity, on a first call (which may grow
+        the buffer) and a second: then skipping the repeated requests of a context leaves
+        every forward's device work as it was.
         """
+        if self.device.type != "cuda":
+            # CPU sessions (tests) time a forward by its host operators, and the request's
+            # view operations are such operators: holding would change what is timed.
+            self.workspace_views = {
+                "held_per_context": False,
+                "reason": "timed by host operators (CPU), which the workspace request adds",
+            }
+            return
         a1q, _scale, meta = self._experts_inputs(prepared)
         launched: list[str] = []
         for _ in range(2):

@@ -8,6 +8,7 @@ must start from the same device state, see ``release_target_memory``).
 from __future__ import annotations
 
 import gc
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,12 @@ COMMON = [
 
 def test_it_freezes_inside_and_unfreezes_after_even_on_errors() -> None:
     assert gc.get_freeze_count() == 0
-    with frozen_heap():
-        assert gc.get_freeze_count() > 0
+    with frozen_heap() as stats:
+        assert gc.get_freeze_count() > 0 and stats.frozen > 0
+        gc.collect(1)
     assert gc.get_freeze_count() == 0
+    assert stats.collections[1] >= 1 and stats.seconds > 0  # what the phase log notes
+    assert stats.callback not in gc.callbacks
     with pytest.raises(RuntimeError), frozen_heap():
         raise RuntimeError("a failed batch")
     assert gc.get_freeze_count() == 0
@@ -67,9 +71,13 @@ def test_points_are_measured_frozen_and_the_target_released_unfrozen(
     monkeypatch.setattr(PointMeter, "measure_batch", spy)
     monkeypatch.setattr("acquisition.acquire.release_target_memory", release)
     model = write_model(tmp_path / "tiny-moe")
+    log = tmp_path / "phases.jsonl"
     args = ["slice", str(model), *COMMON, "--out-root", str(tmp_path / "out")]
-    assert main(args) == 0
+    assert main([*args, "--phase-log", str(log)]) == 0
     assert seen and all(count > 0 for count in seen)
+    (record,) = [json.loads(line) for line in log.read_text().splitlines()]
+    note = record["targets"]["tp1/dp1_ep1_rank0_sp0"]["notes"]["gc"]
+    assert note["frozen_objects"] > 0 and len(note["collections"]) == 3
     assert gc.get_freeze_count() == 0
     assert released and all(count == 0 for count in released)
     capsys.readouterr()

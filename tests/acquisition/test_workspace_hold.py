@@ -79,12 +79,24 @@ def model(tmp_path: Path) -> MoeModel:
 
 
 def _session(model: MoeModel, target: MoeTarget, impl: type[ManagedImpl]) -> Any:
+    """A CPU session whose build-time workspace check ran as on CUDA (the fakes' launches
+    stand in for device activities). On CPU itself a forward is timed by its host operators,
+    which the workspace request adds, so a CPU build never holds (checked below)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fv, "_Impl", impl)
         backend = VllmModularBackend(
             resolve=fv.resolver(fv.modular_namespace()), activities=fv.activities
         )
         session = backend.build(model, target, fv.fake_runtime(), "float32")
+        assert session.workspace_views["held_per_context"] is False
+        assert "host operators" in session.workspace_views["reason"]
+        probe = session.prepare_experts(session._probe_stimulus())
+        device = session.device
+        session.device = torch.device("cuda")  # only the check's first line reads it
+        try:
+            session._check_workspace_views(probe)
+        finally:
+            session.device = device
     session.allocate_banks(4)
     return session
 
