@@ -81,3 +81,15 @@ def test_points_are_measured_frozen_and_the_target_released_unfrozen(
     assert gc.get_freeze_count() == 0
     assert released and all(count == 0 for count in released)
     capsys.readouterr()
+
+
+def test_the_loop_cost_bench_times_the_loop_and_the_collector_on_cpu() -> None:
+    from bench.acquisition_loop_cost import gc_costs, loop_costs
+
+    loop = loop_costs(200)
+    assert set(loop) == {f"{n}{p}_us" for n in ("warmup", "timed", "lean_timed")
+                         for p in ("", "_profiled")}  # fmt: skip
+    assert all(v > 0 for v in loop.values())
+    heap = gc_costs(1000, batches=2, repeats=1)
+    assert heap["tracked_objects"] >= 3000 and heap["as_is_s"] > 0 and heap["frozen_s"] > 0
+    assert gc.get_freeze_count() == 0
