@@ -612,6 +612,8 @@ class HeapStats:
     """The cyclic collector during one target's measuring loop (the phase log's ``gc`` note)."""
 
     frozen: int = 0
+    # Tracked objects the loop left alive (not frozen) when it ended: whether the heap grew.
+    grown: int = 0
     collections: list[int] = field(default_factory=lambda: [0, 0, 0])
     seconds: float = 0.0
     _started: float = 0.0
@@ -628,6 +630,7 @@ class HeapStats:
     def as_dict(self) -> dict[str, Any]:
         return {
             "frozen_objects": self.frozen,
+            "objects_after": self.grown,
             "collections": list(self.collections),
             "seconds": round(self.seconds, 4),
         }
@@ -657,6 +660,7 @@ def frozen_heap() -> Iterator[HeapStats]:
         try:
             yield stats
         finally:
+            stats.grown = len(gc.get_objects())  # the unfrozen ones only
             gc.unfreeze()
     finally:
         gc.callbacks.remove(stats.callback)

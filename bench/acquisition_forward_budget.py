@@ -67,6 +67,9 @@ class Budget:
     forwards: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     device_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     retry_forwards: int = 0
+    # Wall ms per warmup + timed forward in each fifth of the first session's contexts (from
+    # the checkpoint's write stamps): whether the loop slows down as a target goes on.
+    fifths_ms: list[float] = field(default_factory=list)
 
     @property
     def total_forwards(self) -> int:
@@ -129,6 +132,7 @@ def budget(path: Path) -> Budget:
             found.retry_forwards += len(recorded) + warmup
         points[point].extend(recorded)
         attempts.add((point, attempt))
+    found.fifths_ms = _fifths(contexts, warmup_cycles, local_warmup)
     for point, sets in slots.items():
         recorded = points.get(point, [])
         median = statistics.median(recorded) if recorded else 0.0
@@ -139,6 +143,31 @@ def budget(path: Path) -> Budget:
     found.b_sets = sorted(b_of.values())
     found.attempts = len(attempts)
     return found
+
+
+def _fifths(contexts: list[dict[str, Any]], warmup_cycles: int, local_warmup: int) -> list[float]:
+    """Wall ms per (warmup + timed) forward over five equal runs of the first session's
+    contexts, in checkpoint order. A context's ``at`` is when its batch was written, so each
+    fifth's wall runs from the previous fifth's last stamp to its own (the first from its
+    first stamp: one batch less). Reference forwards are not counted (their seconds are)."""
+    first = [c for c in contexts if "at" in c and c.get("session") == contexts[0].get("session")]
+    if len(first) < 10:
+        return []
+    out = []
+    bounds = [len(first) * k // 5 for k in range(6)]
+    for k in range(5):
+        part = first[bounds[k] : bounds[k + 1]]
+        since = float(first[bounds[k] - 1]["at"]) if k else float(part[0]["at"])
+        forwards = 0
+        for c in part:
+            if c["arm"] == "local":
+                forwards += local_warmup + int(c["forwards"])
+            else:
+                b = int(c["sets"]) if c["arm"] == "B" else int(c["sets"]) // 2
+                forwards += warmup_cycles * 2 * b + int(c["forwards"])
+        wall = float(part[-1]["at"]) - since
+        out.append(wall / forwards * 1e3 if forwards else 0.0)
+    return out
 
 
 def load_phases(path: Path) -> tuple[dict[str, dict[str, float]], float]:
@@ -173,8 +202,9 @@ def report(
 ) -> str:
     lines = [
         "| target | points (expert) | mean B | reference fw | warmup fw | timed fw | of them "
-        "retries | forwards a point | GPU busy s (timed + est. warmup, reference) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "retries | forwards a point | GPU busy s (timed + est. warmup, reference) | "
+        "wall ms a forward by fifth (first session) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for b in budgets:
         mean_b = statistics.fmean(b.b_sets) if b.b_sets else 0.0
@@ -182,7 +212,7 @@ def report(
             f"| {b.target} | {b.points} ({b.expert_points}) | {mean_b:.2f} | "
             f"{b.forwards['reference']:,} | {b.forwards['warmup']:,} | {b.forwards['timed']:,} | "
             f"{b.retry_forwards:,} | {b.total_forwards / max(b.points, 1):.1f} | "
-            f"{b.total_device_s:.2f} |"
+            f"{b.total_device_s:.2f} | {' '.join(f'{v:.2f}' for v in b.fifths_ms) or '-'} |"
         )
     points = sum(b.points for b in budgets)
     forwards = sum(b.total_forwards for b in budgets)
@@ -192,7 +222,7 @@ def report(
         f"{sum(b.forwards['warmup'] for b in budgets):,} | "
         f"{sum(b.forwards['timed'] for b in budgets):,} | "
         f"{sum(b.retry_forwards for b in budgets):,} | {forwards / max(points, 1):.1f} | "
-        f"{device:.2f} |"
+        f"{device:.2f} | |"
     )
     if phases is None:
         return "\n".join(lines)

@@ -138,7 +138,8 @@ def load(path: Path, label: str) -> Run:
             if isinstance(heap, dict):
                 views = entry.get("notes", {}).get("workspace_views") or {}
                 run.loop_notes.append(
-                    f"{target}: {heap.get('frozen_objects')} objects frozen, collections "
+                    f"{target}: {heap.get('frozen_objects')} objects frozen, "
+                    f"{heap.get('objects_after')} new ones alive at the end, collections "
                     f"{heap.get('collections')} in {float(heap.get('seconds', 0)):.2f} s"
                     + (
                         f"; vLLM workspace requests {views.get('requested')}, spared "

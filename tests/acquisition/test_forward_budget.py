@@ -97,3 +97,21 @@ def test_it_divides_the_phases_by_the_forwards_and_states_the_goal(
     assert "after 24.0 s of fixed start" in text and "-23.9 s are left" in text
     assert main([str(tmp_path), "--phases", str(phases_path), "--fixed-s", "0.05"]) == 0
     assert "| **all** | 2 |" in capsys.readouterr().out
+
+
+def test_it_times_each_fifth_of_the_first_session_from_the_write_stamps(tmp_path: Path) -> None:
+    # Ten local contexts of 2 warmup + 3 timed forwards, written 0.5 s apart, then a resumed
+    # session much later (ignored): the loop slows from 100 ms to 200 ms a forward.
+    records: list[dict[str, object]] = [{"identity": {"protocol": {"local_warmup": 2}}}]
+    at = 0.0
+    for i in range(10):
+        at += 0.5 if i < 6 else 1.0
+        records.append({"type": "context", "point": f"gate_routing:{i}", "attempt": 0,
+                        "arm": "local", "round": 0, "sets": 1, "forwards": 3, "at": at,
+                        "session": "first"})  # fmt: skip
+    records.append({"type": "context", "point": "gate_routing:9", "attempt": 1, "arm": "local",
+                    "round": 0, "sets": 1, "forwards": 3, "at": at + 500, "session": "resumed"})  # fmt: skip
+    path = _write(tmp_path / "tp1/moe_components/dp1_ep1_rank0_sp0/samples.jsonl", records)
+    fifths = budget(path).fifths_ms
+    # The first fifth runs from its first stamp (one gap of 0.5 s over its 10 forwards).
+    assert fifths == pytest.approx([50.0, 100.0, 100.0, 200.0, 200.0])

@@ -34,9 +34,11 @@ def test_it_freezes_inside_and_unfreezes_after_even_on_errors() -> None:
     assert gc.get_freeze_count() == 0
     with frozen_heap() as stats:
         assert gc.get_freeze_count() > 0 and stats.frozen > 0
+        kept = [[i] for i in range(1000)]  # new objects the loop keeps
         gc.collect(1)
     assert gc.get_freeze_count() == 0
     assert stats.collections[1] >= 1 and stats.seconds > 0  # what the phase log notes
+    assert stats.grown >= len(kept)
     assert stats.callback not in gc.callbacks
     with pytest.raises(RuntimeError), frozen_heap():
         raise RuntimeError("a failed batch")
