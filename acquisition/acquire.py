@@ -10,6 +10,7 @@ mismatches stop the target and leave failures.jsonl (and a Chrome trace) beside 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -39,6 +40,7 @@ from acquisition.protocol.statistics import median_of_context_medians, stability
 from acquisition.publish import build_contract, build_coverage, publish_target
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from acquisition.adapters import AdmissionReport, ComponentBackend
@@ -48,7 +50,14 @@ if TYPE_CHECKING:
     from acquisition.request import AcquisitionRequest
     from moetables.bundle import Row
 
-__all__ = ["AcquisitionFailure", "TargetOutcome", "acquire_target", "release_target_memory"]
+__all__ = [
+    "AcquisitionFailure",
+    "HeapStats",
+    "TargetOutcome",
+    "acquire_target",
+    "frozen_heap",
+    "release_target_memory",
+]
 
 # Free device memory kept back beyond the banks, for activations and the allocator.
 _RESERVED_BYTES = 1 << 30
@@ -403,7 +412,6 @@ class _TargetRun:
         again next (as one session per point did). Progress counts a point when it has its
         verdict, with the wall seconds of its share of each batch it was in.
         """
-        settings = self.request.settings
         queue = deque(_Pending(p) for p in pending)
 
         def finish(item: _Pending, measured: bool) -> None:
@@ -413,6 +421,22 @@ class _TargetRun:
             self.clock.measured()
             self.progress.measured(item.seconds, item.point.key)
 
+        with frozen_heap() as heap:
+            self._measure_queue(log, meter, queue, finish)
+        self.clock.note("gc", heap.as_dict())
+        reuse = getattr(meter.session, "workspace_reuse", None)
+        if reuse is not None:
+            # vllm-modular: vLLM workspace requests made and spared (hold_workspace).
+            self.clock.note("workspace_views", {"requested": reuse[0], "reused": reuse[1]})
+
+    def _measure_queue(
+        self,
+        log: SampleLog,
+        meter: PointMeter,
+        queue: deque[_Pending],
+        finish: Callable[[_Pending, bool], None],
+    ) -> None:
+        settings = self.request.settings
         while queue:
             batch: list[tuple[_Pending, PointRequest]] = []
             while queue and len(batch) < settings.batch_points:
@@ -581,6 +605,65 @@ def acquire_target(
     finally:
         clock.set_target("run")
         release_target_memory(request.device)
+
+
+@dataclass
+class HeapStats:
+    """The cyclic collector during one target's measuring loop (the phase log's ``gc`` note)."""
+
+    frozen: int = 0
+    # Tracked objects the loop left alive (not frozen) when it ended: whether the heap grew.
+    grown: int = 0
+    collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    seconds: float = 0.0
+    _started: float = 0.0
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        generation = int(info.get("generation", 0))
+        if 0 <= generation < len(self.collections):
+            self.collections[generation] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "frozen_objects": self.frozen,
+            "objects_after": self.grown,
+            "collections": list(self.collections),
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[HeapStats]:
+    """The measuring loop with the objects that exist before it out of the cyclic collector.
+
+    After torch and vLLM are imported and a session is built the heap holds a million or more
+    objects, and each batch's trace reading and attribution allocate tens of thousands more
+    that live until the batch is attributed; every full collection the collector starts then
+    walks the whole heap, on the host thread that issues the forwards (issue 19). Frozen, the
+    old objects are skipped; they are unfrozen when the loop ends, so ``release_target_memory``
+    still collects a finished target's cycles. Host-side only: no forward, launch or recorded
+    activity changes. A process that froze objects of its own is left as it is. The stats
+    yielded count the collections and their seconds inside the loop.
+    """
+    stats = HeapStats()
+    gc.callbacks.append(stats.callback)
+    try:
+        if gc.get_freeze_count() > 0:
+            yield stats
+            return
+        gc.freeze()
+        stats.frozen = gc.get_freeze_count()
+        try:
+            yield stats
+        finally:
+            stats.grown = len(gc.get_objects())  # the unfrozen ones only
+            gc.unfreeze()
+    finally:
+        gc.callbacks.remove(stats.callback)
 
 
 def release_target_memory(device: str) -> None:

@@ -42,6 +42,9 @@ class Run:
     exit_status: list[int] = field(default_factory=list)
     # What each target's Triton precompilation did (the record's notes.precompile).
     precompiled: list[str] = field(default_factory=list)
+    # Each target's measuring loop: the cyclic collector (notes.gc) and vLLM workspace
+    # requests made and spared (notes.workspace_views, vllm-modular).
+    loop_notes: list[str] = field(default_factory=list)
 
     @property
     def points_per_minute(self) -> float:
@@ -131,6 +134,20 @@ def load(path: Path, label: str) -> Run:
                     f"{note.get('compiled')} kernels compiled, {float(note.get('seconds', 0)):.1f} s"
                     + (f" ({'; '.join(note['fallback'])})" if note.get("fallback") else "")
                 )
+            heap = entry.get("notes", {}).get("gc")
+            if isinstance(heap, dict):
+                views = entry.get("notes", {}).get("workspace_views") or {}
+                run.loop_notes.append(
+                    f"{target}: {heap.get('frozen_objects')} objects frozen, "
+                    f"{heap.get('objects_after')} new ones alive at the end, collections "
+                    f"{heap.get('collections')} in {float(heap.get('seconds', 0)):.2f} s"
+                    + (
+                        f"; vLLM workspace requests {views.get('requested')}, spared "
+                        f"{views.get('reused')}"
+                        if views
+                        else ""
+                    )
+                )
             run.points += int(entry.get("points", 0))
             run.target_points[target] = run.target_points.get(target, 0) + int(
                 entry.get("points", 0)
@@ -175,6 +192,12 @@ def precompile_notes(runs: list[Run]) -> str:
     return "\n".join(["Triton precompilation:", *lines]) if lines else ""
 
 
+def loop_notes(runs: list[Run]) -> str:
+    """One line per measured target: the collector and the workspace requests in its loop."""
+    lines = [f"- {run.label} {line}" for run in runs for line in run.loop_notes]
+    return "\n".join(["Measuring loops:", *lines]) if lines else ""
+
+
 def per_target(run: Run) -> str:
     lines = [
         f"{run.label}:",
@@ -202,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [load(f, label) for f, label in zip(args.files, labels, strict=True)]
     print(table(runs))
     if notes := precompile_notes(runs):
+        print()
+        print(notes)
+    if notes := loop_notes(runs):
         print()
         print(notes)
     if args.per_target:

@@ -20,6 +20,9 @@ point per requested row count (the point's own routing stimulus):
 - ``profiled``: the forward inside the acquisition's own profiler session (CUDA activities,
   ``record_function`` ranges only, as ``ProfilerCapture`` records a timed forward), each in its
   range: the timed forward's host cost;
+- ``held``: the forward inside ``hold_workspace``, as a measured context runs it since issue
+  19's fifth pass (vLLM's workspace views requested once, not per forward), whether the
+  build allowed it, and its output against the plain forward's (1.0: equal bit for bit);
 - ``torch_empty``: one ``torch.empty`` on the device, a floor for one dispatcher call;
 - cProfile of 200 forwards at the smallest and largest row counts: the functions with the most
   own time inside ``apply`` (cProfile slows Python calls, so shares, not absolute times).
@@ -159,6 +162,21 @@ def _steps(session: Any, prepared: Any, count: int, sync: Any) -> dict[str, floa
     return found
 
 
+def _held(session: Any, prepared: Any, count: int, sync: Any) -> dict[str, float]:
+    """The forward as a measured context runs it now (issue 19): inside the session's
+    ``hold_workspace``, which asks vLLM for the workspace views once per context. Host us per
+    forward, whether the build allowed the hold, and its output against the plain forward's."""
+    plain = session.run_experts(prepared, 0).clone()
+    with session.hold_workspace():
+        us = _per_call_us(lambda: session.run_experts(prepared, 0), count, sync)
+        held = session.run_experts(prepared, 0).clone()
+    return {
+        "held_forward_us": us,
+        "held_allowed": float(bool(session.workspace_views.get("held_per_context"))),
+        "held_output_equal": float(bool((plain == held).all())),
+    }
+
+
 def _profiled(session: Any, prepared: Any, count: int) -> float:
     """Host us per forward inside the acquisition's profiler session, each in its range."""
     from acquisition.protocol.profiling import ProfilerCapture
@@ -227,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 lambda p=prepared: session.run_experts(p, 0), args.forwards, sync
             )
             entry["steps_us"] = _steps(session, prepared, args.forwards, sync)
+            entry["held"] = _held(session, prepared, args.forwards, sync)
             entry["profiled_forward_us"] = _profiled(session, prepared, args.forwards)
             if rows in (wanted[0], wanted[-1]):
                 entry["cprofile_top"] = _top_functions(session, prepared)
@@ -237,15 +256,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{results['target']} of {args.model} on {results['device']}, torch {results['torch']}, "
         f"{args.forwards} calls each; torch.empty: {results['torch_empty_us']:.1f} us",
         "",
-        "| point | forward us | profiled us | "
+        "| point | forward us | held forward us (allowed, equal) | profiled us | "
         + " | ".join(next(iter(results["rows"].values()))["steps_us"])
         + " |",
-        "| --- | ---: | ---: |" + " ---: |" * len(next(iter(results["rows"].values()))["steps_us"]),
+        "| --- | ---: | ---: | ---: |"
+        + " ---: |" * len(next(iter(results["rows"].values()))["steps_us"]),
     ]
     for entry in results["rows"].values():
         steps = " | ".join(f"{v:.1f}" for v in entry["steps_us"].values())
+        held = entry["held"]
         lines.append(
-            f"| {entry['point']} | {entry['forward_us']:.1f} | "
+            f"| {entry['point']} | {entry['forward_us']:.1f} | {held['held_forward_us']:.1f} "
+            f"({held['held_allowed']:.0f}, {held['held_output_equal']:.0f}) | "
             f"{entry['profiled_forward_us']:.1f} | {steps} |"
         )
     for entry in results["rows"].values():

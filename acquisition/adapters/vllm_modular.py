@@ -65,7 +65,7 @@ from moetables.bundle import EXPERTS
 from moetables.geometry import MoeTarget
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from acquisition.adapters.triton_precompile import PrecompileReport
     from acquisition.catalog import MoeModel
@@ -90,6 +90,16 @@ __all__ = ["NAIVE_DP_EP", "NO_DP_EP", "VllmModularSession"]
 _SEED = 20261129
 # Local rows traced for conservation when the runtime carries no serving limits.
 _PROBE_ROWS = 32
+
+
+@dataclass(slots=True)
+class _HeldViews:
+    """The workspace views of one context's forwards (``hold_workspace``)."""
+
+    key: Any = None
+    views: tuple[Any, Any] = (None, None)
+    requested: int = 0
+    reused: int = 0
 
 
 @dataclass(slots=True)
@@ -208,6 +218,12 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         # bundle says its conservation evidence is absent.
         self._trace = trace
         self.ownership: list[dict[str, Any]] = []
+        # hold_workspace: allowed once the build has shown vLLM's workspace call launches
+        # nothing (``_check_workspace_views``); the views held inside a context; and the
+        # (requested, reused) counts of every context so far, for the phase log.
+        self.workspace_views: dict[str, Any] = {}
+        self._held: _HeldViews | None = None
+        self.workspace_reuse = [0, 0]
         # Finds the Triton kernels and Triton's async compile mode for `precompile` (optional
         # symbols: a missing one is skipped, never a refusal).
         self._resolve = resolve
@@ -345,20 +361,34 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
         )
         return a1q, a1q_scale
 
-    def _experts(
-        self, prepared: _Prepared, w13: Any, w2: Any, output: Any, experts: Any = None
-    ) -> Any:
-        """One experts forward into ``output`` (the caller's buffer)."""
-        experts = self.experts if experts is None else experts
-        topk_weights, topk_ids = prepared.topk_weights, prepared.topk_ids
+    def _experts_inputs(self, prepared: _Prepared) -> tuple[Any, Any, Any]:
+        """(rows, their scales, expert-token metadata) the experts' ``apply`` receives."""
         if self.choice.prepare_kind == NO_DP_EP:
             a1q, a1q_scale, meta, _ids, _weights = self._prepare(prepared)
-        elif prepared.dispatched is not None:
+            return a1q, a1q_scale, meta
+        if prepared.dispatched is not None:
             # DP+EP, quantized: the gathered FP8 rows and their gathered scales.
-            a1q, a1q_scale, meta = prepared.dispatched, prepared.dispatched_scale, None
-        else:
-            # DP+EP: these rows are what the all-gather delivered (unquantized: no scales).
-            a1q, a1q_scale, meta = prepared.hidden, None, None
+            return prepared.dispatched, prepared.dispatched_scale, None
+        # DP+EP: these rows are what the all-gather delivered (unquantized: no scales).
+        return prepared.hidden, None, None
+
+    def _workspace(
+        self, experts: Any, a1q: Any, w13: Any, w2: Any, topk_ids: Any, meta: Any
+    ) -> tuple[Any, Any]:
+        """The workspace views vLLM's modular kernel hands the experts for this forward.
+
+        Inside ``hold_workspace`` the views of the previous forward are handed again while
+        the forward's shapes are the previous one's (see there why they are then the very
+        views vLLM's call would return); otherwise, and for any other shapes, vLLM's own
+        ``moe_problem_size`` and ``_allocate_buffers`` are called, as the kernel does.
+        """
+        held = self._held
+        key = None
+        if held is not None and meta is None:
+            key = (a1q.shape, a1q.dtype, w13.shape, w2.shape, topk_ids.shape)
+            if held.key == key:
+                held.reused += 1
+                return held.views
         _, tokens, n, k, top_k = experts.moe_problem_size(a1q, w13, w2, topk_ids)
         workspace13, workspace2, _ = self.kernel.impl._allocate_buffers(
             self.dtype,
@@ -373,6 +403,49 @@ class VllmModularSession(ModularObservations, ScaledExpertBanks):
             meta,
             self.choice.activation,
         )
+        if held is not None:
+            # One entry only: views of other shapes are never kept beside these, so a
+            # request that grows vLLM's buffer can never leave a stale view behind.
+            held.key, held.views = key, (workspace13, workspace2)
+            held.requested += 1
+        return workspace13, workspace2
+
+    @contextlib.contextmanager
+    def hold_workspace(self) -> Iterator[None]:
+        """Forwards inside ask vLLM for their workspace views once per shape, not per forward.
+
+        The PointMeter wraps each context of a point (its warmup and timed forwards, and the
+        first context's reference check) in this. Why the kernels then get exactly the
+        arguments vLLM's own call would give them: vLLM's ``_allocate_buffers`` returns views
+        of its workspace manager's one buffer at offsets computed from the requested shapes
+        alone (``get_simultaneous``), and replaces that buffer only when a request needs more
+        bytes; every forward of a context asks for the same shapes, the first of them (made
+        through vLLM's call) already grew the buffer if needed, and nothing else runs on the
+        workspace inside a context (the loop runs only this session's experts forwards). So
+        every later request of the context would return views equal to the first's, pointers
+        included. The call itself launches no device work: checked at build
+        (``workspace_views``), and without that proof this holds nothing. It only spares the
+        host about 30 us of Python per forward (issue 19, docs/benchmarks.md).
+        """
+        if not self.workspace_views.get("held_per_context") or self._held is not None:
+            yield
+            return
+        self._held = _HeldViews()
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            self.workspace_reuse[0] += held.requested
+            self.workspace_reuse[1] += held.reused
+
+    def _experts(
+        self, prepared: _Prepared, w13: Any, w2: Any, output: Any, experts: Any = None
+    ) -> Any:
+        """One experts forward into ``output`` (the caller's buffer)."""
+        experts = self.experts if experts is None else experts
+        topk_weights, topk_ids = prepared.topk_weights, prepared.topk_ids
+        a1q, a1q_scale, meta = self._experts_inputs(prepared)
+        workspace13, workspace2 = self._workspace(experts, a1q, w13, w2, topk_ids, meta)
         experts.apply(
             output=output,
             hidden_states=a1q,

@@ -50,6 +50,9 @@ class ModularObservations:
     w13: Any
     w2: Any
     observations: dict[str, Any]
+    workspace_views: dict[str, Any]
+    experts: Any
+    device: Any
     quantized: bool
     _activities: Callable[[Callable[[], Any]], list[str]]
 
@@ -60,6 +63,12 @@ class ModularObservations:
         def _prepare(self, prepared: Any) -> tuple[Any, ...]: ...
 
         def _experts(self, prepared: Any, w13: Any, w2: Any, output: Any) -> Any: ...
+
+        def _experts_inputs(self, prepared: Any) -> tuple[Any, Any, Any]: ...
+
+        def _workspace(
+            self, experts: Any, a1q: Any, w13: Any, w2: Any, topk_ids: Any, meta: Any
+        ) -> tuple[Any, Any]: ...
 
     def _probe_stimulus(self) -> RoutingStimulus:
         from acquisition.protocol.stimulus import routing_stimulus
@@ -81,6 +90,7 @@ class ModularObservations:
             self._activities(lambda: self._experts(prepared, self.w13, self.w2, prepared.output))
         )
         self.observations["experts_activities_per_forward"] = dict(pieces)
+        self._check_workspace_views(prepared)
         if self.choice.prepare_kind != NO_DP_EP:
             # DP+EP: FusedMoEKernel.apply would run the all-gather and reduce-scatter
             # collectives, which are never executed on one GPU.
@@ -97,6 +107,48 @@ class ModularObservations:
                 "part of this table (R22)."
             ),
         }
+
+    def _check_workspace_views(self, prepared: Any) -> None:
+        """Whether ``hold_workspace`` may hand one context's forwards the same views.
+
+        Allowed only on CUDA, where a forward's time is its device activities (R15), and only
+        if vLLM's workspace request (``moe_problem_size`` and ``_allocate_buffers``, as
+        ``_experts`` calls them) launches no device activity, on a first call (which may grow
+        the buffer) and a second: then skipping the repeated requests of a context leaves
+        every forward's device work as it was.
+        """
+        if self.device.type != "cuda":
+            # CPU sessions (tests) time a forward by its host operators, and the request's
+            # view operations are such operators: holding would change what is timed.
+            self.workspace_views = {
+                "held_per_context": False,
+                "reason": "timed by host operators (CPU), which the workspace request adds",
+            }
+            return
+        a1q, _scale, meta = self._experts_inputs(prepared)
+        launched: list[str] = []
+        for _ in range(2):
+            launched += self._activities(
+                lambda: self._workspace(
+                    self.experts, a1q, self.w13, self.w2, prepared.topk_ids, meta
+                )
+            )
+        if launched:
+            self.workspace_views = {
+                "held_per_context": False,
+                "reason": f"vLLM's workspace request launches {len(launched)} device "
+                f"activities ({', '.join(sorted(set(launched)))})",
+            }
+        elif meta is not None:
+            self.workspace_views = {
+                "held_per_context": False,
+                "reason": "the experts receive expert-token metadata",
+            }
+        else:
+            self.workspace_views = {
+                "held_per_context": True,
+                "reason": "vLLM's workspace request launches no device activity",
+            }
 
     def _native_apply(self, prepared: Any) -> Any:
         return self.kernel.apply(

@@ -11,9 +11,10 @@ point's routing stimulus (R19); local components are compared with their referen
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import (
@@ -398,24 +399,38 @@ class PointMeter:
         forward: Any = None
         for position, (arm_label, round_index) in enumerate(request.contexts):
             arm = schedules[arm_label]
-            with capture.paused():
-                if position == 0:
-                    with clock.phase("stimulus"):
-                        forward = self._forward(point)
-                    if request.verify:
-                        with clock.phase("reference_check"):
-                            try:
-                                checked = self.verify(point, forward.slots)
-                            except ReferenceMismatch as exc:
-                                raise PointError(request, exc) from exc
-                with clock.phase("warmup"):
-                    for i in range(arm.warmup):
-                        forward(arm, i)
-            with clock.phase("timed_forwards"):
-                for j in range(arm.timed):
-                    with capture.region(_range_name(index, point, arm_label, round_index, j)):
-                        forward(arm, arm.warmup + j)
+            with self._context_hold(point):
+                with capture.paused():
+                    if position == 0:
+                        with clock.phase("stimulus"):
+                            forward = self._forward(point)
+                        if request.verify:
+                            with clock.phase("reference_check"):
+                                try:
+                                    checked = self.verify(point, forward.slots)
+                                except ReferenceMismatch as exc:
+                                    raise PointError(request, exc) from exc
+                    with clock.phase("warmup"):
+                        for i in range(arm.warmup):
+                            forward(arm, i)
+                with clock.phase("timed_forwards"):
+                    for j in range(arm.timed):
+                        with capture.region(_range_name(index, point, arm_label, round_index, j)):
+                            forward(arm, arm.warmup + j)
         return request, schedules, checked
+
+    def _context_hold(self, point: PlanPoint) -> contextlib.AbstractContextManager[Any]:
+        """One context's expert forwards, held together by the session where it can (issue 19).
+
+        A session with ``hold_workspace`` (vllm-modular) asks its library for the forward's
+        workspace once per context instead of once per forward; every forward still launches
+        the same device work with the same arguments (the session says why), so nothing
+        measured changes. Other sessions, and local components, run as before.
+        """
+        hold = getattr(self.session, "hold_workspace", None)
+        if hold is None or not point.is_expert:
+            return contextlib.nullcontext()
+        return cast("contextlib.AbstractContextManager[Any]", hold())
 
     def _forward(self, point: PlanPoint) -> _Forward:
         if point.is_expert:

@@ -50,6 +50,14 @@ def test_every_step_of_an_experts_forward_is_timed(
         assert list(timed) == [*steps[:-1], *reuse, steps[-1]]
         assert timed["reused_output_equal"] == 1.0
         assert all(v > 0 for v in timed.values())
+        # The forward as a measured context runs it (hold_workspace); a CPU build never
+        # allows the hold (host operators are timed there), so allow it as CUDA's check would.
+        session.workspace_views["held_per_context"] = True
+        requested = session.workspace_reuse[0]
+        held = modular_host_cost._held(session, prepared, 3, lambda: None)
+        assert held["held_allowed"] == 1.0 and held["held_output_equal"] == 1.0
+        assert held["held_forward_us"] > 0
+        assert session.workspace_reuse[0] == requested + 1  # one vLLM request for 4 forwards
         top = modular_host_cost._top_functions(session, prepared, count=3, top=5)
         assert any("tottime" in line for line in top)
     finally:
