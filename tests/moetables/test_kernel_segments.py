@@ -33,6 +33,12 @@ F2K = {
     "live": REPO / "bundles/H200-vllm-live-f2k" / QWEN,
 }
 F2K_TARGETS = [("modular", 1, 0), ("modular", 2, 0), ("modular", 2, 1), ("live", 1, 0)]
+# Every shipped table whose contract records a kernel-step rule (v2: f2k; v4: f2k4, TP1/DP1).
+KERNEL_STEP_ROOTS = {
+    *F2K.values(),
+    REPO / "bundles/H200-vllm-modular-f2k4" / QWEN,
+    REPO / "bundles/H200-vllm-live-f2k4" / QWEN,
+}
 PLAIN = REPO / "bundles/H200-vllm-modular-f2" / QWEN  # factor 2, no kernel-step record
 VALUES = Path(__file__).parent / "data" / "lookup_sample_values.json"
 
@@ -102,8 +108,9 @@ def own_segment_surface(kind: str, dp: int, rank: int, first: int) -> ExpertSurf
 def test_every_table_answers_the_committed_sample() -> None:  # R40, R42
     """Over every shipped bundle, a fixed sample of batch and scalar lookups per table and mode
     gives the committed answers: the same refusals and codes, the same times up to the last
-    bits of a float. Every table but the four kernel-step ones answered these values before
-    kernel segments existed (checked bit for bit against commit 704c221 when they were added)."""
+    bits of a float. Every table but the kernel-step ones answered these values before
+    kernel segments existed (checked bit for bit against commit 704c221 when they were added);
+    the rule-v4 tables' values were added when they were shipped (session 6)."""
     committed = json.loads(VALUES.read_text())
     now = lookup_sample.answers()
     assert set(now) == set(committed)
@@ -122,7 +129,7 @@ def test_only_kernel_step_contracts_record_kernel_steps() -> None:
     for root in lookup_sample.bundle_roots():
         for entry in open_bundle(root).entries:
             recorded = "kernel_steps" in (entry.contract.get("expert_sampling") or {})
-            assert recorded == (root in F2K.values()), root
+            assert recorded == (root in KERNEL_STEP_ROOTS), root
 
 
 def test_only_kernel_step_tables_get_segments() -> None:
@@ -132,7 +139,7 @@ def test_only_kernel_step_tables_get_segments() -> None:
             t = entry.target
             d = tables.deployment(t.tp, t.dp, t.rank, t.sequence_parallel)
             surface = d._experts[("experts", "eager")]
-            if root in F2K.values():
+            if root in KERNEL_STEP_ROOTS:
                 assert type(surface) is SegmentedExpertSurface
             else:
                 assert type(surface) in (ExpertSurface, BalancedExpertSurface)
