@@ -20,7 +20,12 @@ from moetables.estimate import MODES, TABLE_TILE_COST, estimator_for
 from moetables.profiles import ProfileError, RoutingProfile, profile_from_json
 from moetables.routing import POLICIES, ActiveCurve
 
-__all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
+__all__ = [
+    "EstimateRequest",
+    "EstimateRequestError",
+    "answer_estimate",
+    "parse_estimate_request",
+]
 
 _FIELDS = {
     "tp",
@@ -47,6 +52,15 @@ _INT64_MAX = 2**63 - 1
 # Policies that count pairs per expert, so that each rank's per-expert counts exist
 # (captured: when drawn, not as its expectation).
 COUNTING_POLICIES = ("histogram", "round_robin", "random", "captured")
+
+
+class EstimateRequestError(QueryError):
+    """A malformed estimate request: its message joins the problems with '; ', and
+    ``problems`` keeps them apart (a problem's own text may hold '; ')."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +133,10 @@ def _profile(value: Any, problems: list[str]) -> RoutingProfile | None:
 def parse_estimate_request(
     raw: Any, *, max_steps: int = 100_000, extra: frozenset[str] = frozenset()
 ) -> EstimateRequest:
-    """Check a request; every problem is named (QueryError with all of them joined)."""
+    """Check a request; every problem is named (EstimateRequestError, a QueryError: all of
+    them joined in its message, and listed in its ``problems``)."""
     if not isinstance(raw, Mapping):
-        raise QueryError("an estimate request must be a JSON object")
+        raise EstimateRequestError(["an estimate request must be a JSON object"])
     problems: list[str] = []
     unknown = sorted(set(raw) - _FIELDS - extra)
     if unknown:
@@ -248,7 +263,7 @@ def parse_estimate_request(
                 "tile_cost_us: the captured policy's expectation gives no per-expert counts; its draws do"
             )
     if problems:
-        raise QueryError("; ".join(problems))
+        raise EstimateRequestError(problems)
     return EstimateRequest(
         tp=tp,
         dp=dp,

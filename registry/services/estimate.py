@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,11 @@ from django.conf import settings
 
 from moetables.comm import Cluster, ClusterError, load_cluster, parse_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
-from moetables.estimate_query import answer_estimate, parse_estimate_request
+from moetables.estimate_query import (
+    EstimateRequestError,
+    answer_estimate,
+    parse_estimate_request,
+)
 from moetables.lookup import LookupRequest, RequestError, parse_request
 from registry.bundles.services.checkout import BlobDriftError
 from registry.lookup.services import LookupFailure, NoCoverage, choose_bundle, tables_for
@@ -78,8 +83,9 @@ def _cluster(raw: Any) -> Cluster | None:
     raise QueryError("cluster: a shipped cluster's name or an inline description (object)")
 
 
-def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
-    """A whole estimate, from the parsed body to the HTTP status and the JSON body."""
+def run_estimate(data: Any, pins: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """A whole estimate, from the parsed body (and the query string's ``pins``, merged as the
+    lookup merges them) to the HTTP status and the JSON body."""
     if not isinstance(data, dict):
         return 400, {"error": "invalid", "problems": ["the body must be a JSON object"]}
     problems: list[str] = []
@@ -95,7 +101,7 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
     )
     ref_request: LookupRequest | None = None
     try:
-        ref_request = parse_request(envelope, max_queries=0)
+        ref_request = parse_request(envelope, max_queries=0, pins=pins)
     except RequestError as exc:
         problems += exc.problems
     body = {k: v for k, v in data.items() if k not in _BUNDLE_FIELDS}
@@ -112,8 +118,8 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
         request = parse_estimate_request(
             body, max_steps=settings.REGISTRY.get("MAX_ESTIMATE_STEPS", MAX_STEPS)
         )
-    except QueryError as exc:
-        problems += str(exc).split("; ")
+    except EstimateRequestError as exc:
+        problems += exc.problems
     cluster = None
     try:
         cluster = _cluster(data.get("cluster"))

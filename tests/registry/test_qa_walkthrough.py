@@ -1,0 +1,217 @@
+"""What a simulator author meets walking the README end to end (session 6 QA): refusals that
+name the problem whole, name lookups that say what exists, and an OpenAPI schema that says
+what the one door takes and gives (R31-R33: the API documents and validates what it answers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from registry.bundles.services import publish_bundle
+
+if TYPE_CHECKING:
+    from rest_framework.test import APIClient
+
+    from registry.bundles.models import Bundle
+
+pytestmark = pytest.mark.django_db
+
+REPO = Path(__file__).resolve().parents[2]
+H200 = REPO / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+MODEL = "Qwen/Qwen3-30B-A3B-Instruct-2507"
+
+
+@pytest.fixture
+def published(db: None) -> Bundle:
+    return publish_bundle(H200).bundle
+
+
+def _post(api: APIClient, path: str, body: dict[str, Any]) -> Any:
+    return api.post(path, json.dumps(body), content_type="application/json")
+
+
+def test_an_estimate_refusal_keeps_each_problem_whole(api: APIClient, published: Bundle) -> None:
+    """A problem whose own text holds '; ' stays one problem, not two fragments."""
+    response = _post(
+        api,
+        "/api/v1/estimate",
+        {"bundle": published.pk, "tp": 1, "dp": 2, "tokens": [5, 300], "tile_cost_us": "table"},
+    )
+    assert response.status_code == 400
+    assert response.json()["problems"] == [
+        "tile_cost_us: the balanced policy gives no per-expert counts to tile; "
+        "histogram, round_robin, random, captured do"
+    ]
+    response = _post(
+        api, "/api/v1/estimate", {"bundle": published.pk, "tp": 1, "dp": 2, "tokens": [5], "x": 1}
+    )
+    problems = response.json()["problems"]
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("unknown field(s) ['x']; known are [")
+    assert problems[1] == "step 0: needs one token count per DP rank (2), got 1"
+
+
+def _schema(api: APIClient) -> dict[str, Any]:
+    response = api.get("/api/schema/", headers={"accept": "application/vnd.oai.openapi+json"})
+    assert response.status_code == 200
+    schema: dict[str, Any] = response.json()
+    return schema
+
+
+def _resolved(schema: dict[str, Any], node: Any) -> Any:
+    """The schema node with every $ref inlined and OpenAPI's nullable as JSON Schema's."""
+    if isinstance(node, list):
+        return [_resolved(schema, item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        return _resolved(schema, schema["components"]["schemas"][node["$ref"].split("/")[-1]])
+    out = {k: _resolved(schema, v) for k, v in node.items() if k != "nullable"}
+    return {"anyOf": [out, {"type": "null"}]} if node.get("nullable") else out
+
+
+@pytest.mark.parametrize("path", ["/api/v1/lookup/", "/api/v1/estimate/"])
+def test_the_schema_offers_only_the_body_the_door_reads(api: APIClient, path: str) -> None:
+    """The one door reads application/json only (any other type is a 400), so Swagger UI
+    must not offer form encodings for these two operations."""
+    body = _schema(api)["paths"][path]["post"]["requestBody"]
+    assert list(body["content"]) == ["application/json"]
+
+
+def test_the_estimate_schema_documents_the_lookup_pins(api: APIClient, published: Bundle) -> None:
+    """docs/registry.md: the estimate names its bundle as a lookup does, with the same pins;
+    the request schema lists them, and the door takes them."""
+    schema = _schema(api)
+    ref = schema["paths"]["/api/v1/estimate/"]["post"]["requestBody"]["content"][
+        "application/json"
+    ]["schema"]["$ref"]
+    fields = set(schema["components"]["schemas"][ref.split("/")[-1]]["properties"])
+    assert {"backend", "vllm_version", "include_exploratory"} <= fields
+    body: dict[str, Any] = {"hardware": "H200", "model": MODEL, "variant": "bf16", "tp": 1, "dp": 2}
+    body |= {"tokens": [5, 300], "backend": "vllm-modular", "include_exploratory": False}
+    assert _post(api, "/api/v1/estimate", body).status_code == 200
+
+
+def test_an_estimate_of_many_steps_matches_its_schema(api: APIClient, published: Bundle) -> None:
+    """With ``steps`` the answer is {bundle, answers}: the documented 200 must admit it (and
+    still describe the one-step answer)."""
+    import jsonschema  # type: ignore[import-untyped]  # schemathesis brings it
+
+    schema = _schema(api)
+    answer = _resolved(
+        schema,
+        schema["paths"]["/api/v1/estimate/"]["post"]["responses"]["200"]["content"][
+            "application/json"
+        ]["schema"],
+    )
+    base = {"bundle": published.pk, "tp": 1, "dp": 2, "events": False}
+    many = _post(api, "/api/v1/estimate", base | {"steps": [[5, 300], [1, 10**6]]})
+    assert many.status_code == 200
+    assert [sorted(a)[:2] for a in many.json()["answers"][1:]] == [["error", "message"]]
+    jsonschema.validate(many.json(), answer)
+    one = _post(api, "/api/v1/estimate", base | {"tokens": [5, 300]})
+    jsonschema.validate(one.json(), answer)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"bundle": one.json()["bundle"]}, answer)
+
+
+REFERENCE = REPO / "bundles/H200-torch-reference/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+
+
+def test_the_estimate_takes_query_string_pins_as_the_lookup_does(
+    api: APIClient, published: Bundle
+) -> None:
+    """docs/registry.md: the estimate names its bundle as a lookup does, with the same pins,
+    and the lookup takes pins in the query string too; a pin there was silently ignored
+    (the estimate answered from another bundle than the one pinned)."""
+    reference = publish_bundle(REFERENCE).bundle
+    body: dict[str, Any] = {"hardware": "H200", "model": MODEL, "variant": "bf16", "tp": 1, "dp": 2}
+    body |= {"tokens": [5, 300], "events": False}
+    plain = _post(api, "/api/v1/estimate", body)
+    assert plain.json()["bundle"]["id"] == published.pk
+    lookup: dict[str, Any] = {k: body[k] for k in ("hardware", "model", "variant")}
+    lookup |= {"target": {"tp": 1, "dp": 2, "rank": 0}, "queries": []}
+    for path in ("/api/v1/lookup", "/api/v1/estimate"):
+        sent = lookup if path.endswith("lookup") else body
+        pinned = _post(api, path + "?backend=torch-reference", sent)
+        assert pinned.status_code == 200, pinned.content
+        assert pinned.json()["bundle"]["id"] == reference.pk, path
+        assert pinned["X-Bundle-Backend"] == "torch-reference"
+        wrong = _post(api, path + "?backend=torch-reference", sent | {"backend": "vllm-modular"})
+        assert wrong.status_code == 400
+        assert (
+            "the body says 'vllm-modular' and the query string 'torch-reference'"
+            in (wrong.json()["problems"][0])
+        )
+        unknown = _post(api, path + "?backnd=torch-reference", sent)
+        assert unknown.status_code == 400
+        assert "unknown parameter 'backnd'" in unknown.json()["problems"][0]
+
+
+def test_the_job_example_of_docs_jobs_md_is_accepted(db: None) -> None:
+    """The curl example a user copies from docs/jobs.md queues a job (it lacked the dtype that
+    OLMoE's config.json does not name, so it was a 400)."""
+    import re
+
+    from registry.jobs.parameters import validate_parameters
+
+    text = (REPO / "docs/jobs.md").read_text()
+    example = re.search(r"-d '(\{.*?\})' http://127\.0\.0\.1:8000/api/v1/jobs/", text, re.S)
+    assert example is not None
+    params = validate_parameters(json.loads(example.group(1)))
+    assert params["model"] == "allenai/OLMoE-1B-7B-0924"
+
+
+FP8 = REPO / "bundles/H200-vllm-modular-fp8-f2/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        (("h200", MODEL, "bf16"), "no bundle of hardware 'h200'; published hardware: 'H200'"),
+        (
+            ("H200", "Qwen/Qwen3-30B-A3B", "bf16"),
+            "no bundle of model 'Qwen/Qwen3-30B-A3B' on 'H200'; models there: "
+            f"'{MODEL}', '{MODEL}-FP8'",
+        ),
+        (
+            ("H200", MODEL, "fp8"),
+            f"no bundle of variant 'fp8' of '{MODEL}' on 'H200'; variants there: 'bf16'",
+        ),
+    ],
+)
+def test_a_name_nobody_published_is_answered_with_the_names_there_are(
+    api: APIClient, published: Bundle, name: tuple[str, str, str], says: str
+) -> None:
+    """Finding the right bundle for a target (hardware, model, variant: the FP8 checkpoint is
+    its own model name): a near miss says what is published instead of only 'no match'."""
+    publish_bundle(FP8)
+    body: dict[str, Any] = dict(zip(("hardware", "model", "variant"), name, strict=True))
+    body |= {"target": {"tp": 1, "dp": 2, "rank": 0}, "queries": []}
+    response = _post(api, "/api/v1/lookup", body)
+    assert response.status_code == 404
+    message = response.json()["message"]
+    assert message.startswith("no published bundle matches: ")
+    assert says in message, message
+    estimate: dict[str, Any] = {k: body[k] for k in ("hardware", "model", "variant")}
+    estimate |= {"tp": 1, "dp": 2, "tokens": [5, 300]}
+    response = _post(api, "/api/v1/estimate", estimate)
+    assert response.status_code == 404 and says in response.json()["message"]
+
+
+def test_a_name_of_only_exploratory_bundles_says_how_to_ask(
+    api: APIClient, published: Bundle
+) -> None:
+    type(published).objects.filter(pk=published.pk).update(exploratory=True)
+    body: dict[str, Any] = {"hardware": "H200", "model": MODEL, "variant": "bf16"}
+    body |= {"target": {"tp": 1, "dp": 2, "rank": 0}, "queries": []}
+    response = _post(api, "/api/v1/lookup", body)
+    assert response.status_code == 404
+    assert response.json()["message"] == (
+        'no published bundle matches: its bundles are exploratory: ask with "include_exploratory"'
+        ": true"
+    )
+    assert _post(api, "/api/v1/lookup", body | {"include_exploratory": True}).status_code == 200
