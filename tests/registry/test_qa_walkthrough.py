@@ -215,3 +215,21 @@ def test_a_name_of_only_exploratory_bundles_says_how_to_ask(
         ": true"
     )
     assert _post(api, "/api/v1/lookup", body | {"include_exploratory": True}).status_code == 200
+
+
+def test_a_file_that_is_no_profile_is_named_once(db: None) -> None:
+    """The upload's problem names its field once ('profile: profile: ...' before)."""
+    import io
+
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    user = get_user_model().objects.create_user("uploader", password="x")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    f = io.BytesIO(b"# not a profile\n")
+    f.name = "README.md"
+    response = api.post("/api/v1/routing-profiles/", {"profile": f}, format="multipart")
+    assert response.status_code == 400
+    assert response.json()["problems"] == ["profile: not a routing profile (an .npz zip archive)"]
