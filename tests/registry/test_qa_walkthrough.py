@@ -233,3 +233,30 @@ def test_a_file_that_is_no_profile_is_named_once(db: None) -> None:
     response = api.post("/api/v1/routing-profiles/", {"profile": f}, format="multipart")
     assert response.status_code == 400
     assert response.json()["problems"] == ["profile: not a routing profile (an .npz zip archive)"]
+
+
+SP_AT_TP1 = "target.sequence_parallel is only meaningful where tp > 1 and dp > 1 (tp=1 dp=2)"
+
+
+def test_sequence_parallelism_without_tp_is_a_400_as_in_process(
+    api: APIClient, published: Bundle
+) -> None:
+    """In process this target is a QueryError; over REST, named by id it was a 500 (the
+    no-coverage explanation opened the deployment and met the QueryError), by name a 422
+    listing every table: now both doors refuse it the same way, as malformed."""
+    from moetables import ComponentTables
+    from moetables.errors import QueryError
+
+    with pytest.raises(QueryError) as refused:
+        ComponentTables(H200).deployment(1, 2, 0, True)
+    assert str(refused.value) == SP_AT_TP1
+    target = {"tp": 1, "dp": 2, "rank": 0, "sequence_parallel": True}
+    by_name = {"hardware": "H200", "model": MODEL, "variant": "bf16"}
+    for named in ({"bundle": published.pk}, by_name):
+        response = _post(api, "/api/v1/lookup", named | {"target": target, "queries": []})
+        assert response.status_code == 400, response.content
+        assert response.json()["problems"] == [SP_AT_TP1]
+        body = named | {"tp": 1, "dp": 2, "sequence_parallel": True, "tokens": [5, 300]}
+        response = _post(api, "/api/v1/estimate", body)
+        assert response.status_code == 400, response.content
+        assert response.json()["problems"] == [SP_AT_TP1]
