@@ -8,6 +8,7 @@ inputs, and the mode. The answer is `LayerEstimate.as_dict` per step, or a refus
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -248,10 +249,11 @@ def parse_estimate_request(
         if tile_cost != TABLE_TILE_COST and (
             isinstance(tile_cost, bool)
             or not isinstance(tile_cost, (int, float))
-            or not tile_cost >= 0
+            or not 0 <= tile_cost < math.inf  # JSON's 1e309 reads as inf
         ):
             problems.append(
-                f"tile_cost_us: must be a number >= 0 or {TABLE_TILE_COST!r}, got {tile_cost!r}"
+                f"tile_cost_us: must be a finite number >= 0 or {TABLE_TILE_COST!r}, "
+                f"got {tile_cost!r}"
             )
         elif policy in POLICIES and policy not in COUNTING_POLICIES:
             problems.append(

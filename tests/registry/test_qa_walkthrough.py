@@ -260,3 +260,25 @@ def test_sequence_parallelism_without_tp_is_a_400_as_in_process(
         response = _post(api, "/api/v1/estimate", body)
         assert response.status_code == 400, response.content
         assert response.json()["problems"] == [SP_AT_TP1]
+
+
+def test_an_infinite_tile_cost_is_refused_by_the_estimate_as_by_the_lookup(
+    api: APIClient, published: Bundle
+) -> None:
+    """JSON's 1e309 reads as inf: the lookup refused it (a finite number), the estimate took it
+    and answered null experts and NaN waits (in process: inf)."""
+    from moetables import ComponentTables
+    from moetables.errors import QueryError
+
+    with pytest.raises(QueryError, match="tile_cost_us must be a finite number >= 0"):
+        ComponentTables(H200).estimate([5, 300], tp=1, dp=2, policy="random", tile_cost_us=1e309)
+    body = {"bundle": published.pk, "tp": 1, "dp": 2, "tokens": [5, 300], "policy": "random"}
+    response = api.post(
+        "/api/v1/estimate",
+        json.dumps(body)[:-1] + ', "tile_cost_us": 1e309}',
+        content_type="application/json",
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["problems"] == [
+        "tile_cost_us: must be a finite number >= 0 or 'table', got inf"
+    ]
