@@ -122,7 +122,8 @@ def _profile(value: Any, problems: list[str]) -> RoutingProfile | None:
         try:
             return profile_from_json(value)
         except ProfileError as exc:
-            problems.append(f"profile: {exc}")
+            where = str(exc)  # the reader names the profile (and its field) itself
+            problems.append(where if where.startswith("profile") else f"profile: {where}")
             return None
     problems.append(
         "profile: give a routing profile inline ({meta, step_tokens, counts}); a profile id is "

@@ -282,3 +282,10 @@ def test_an_infinite_tile_cost_is_refused_by_the_estimate_as_by_the_lookup(
     assert response.json()["problems"] == [
         "tile_cost_us: must be a finite number >= 0 or 'table', got inf"
     ]
+
+
+def test_an_inline_profile_problem_names_its_field_once(api: APIClient, published: Bundle) -> None:
+    body = {"bundle": published.pk, "tp": 1, "dp": 2, "tokens": [5, 300], "policy": "captured"}
+    response = _post(api, "/api/v1/estimate", body | {"profile": {"meta": {}}})
+    assert response.status_code == 400
+    assert response.json()["problems"] == ["profile: field(s) ['step_tokens', 'counts'] missing"]
