@@ -289,3 +289,24 @@ def test_an_inline_profile_problem_names_its_field_once(api: APIClient, publishe
     response = _post(api, "/api/v1/estimate", body | {"profile": {"meta": {}}})
     assert response.status_code == 400
     assert response.json()["problems"] == ["profile: field(s) ['step_tokens', 'counts'] missing"]
+
+
+def test_every_documented_error_answer_has_its_body(api: APIClient) -> None:
+    """DRF's 400/401/403/404/429 always carry a JSON body; where a view listed the status with
+    no body (DELETE a profile's 401/403/404, a table's 404), the schema said 'No response body'
+    while the answer was {"detail": ...}."""
+    schema = _schema(api)
+    bare = [
+        f"{method.upper()} {path} {code}"
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+        if method in {"get", "post", "put", "patch", "delete"}
+        for code, response in operation["responses"].items()
+        if code in {"400", "401", "403", "404", "429"} and "content" not in response
+    ]
+    assert not bare, bare
+    delete = schema["paths"]["/api/v1/routing-profiles/{id}/"]["delete"]["responses"]["403"]
+    assert delete["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorDetail"
+    }
+    assert delete["description"] == "the user may not do this"
