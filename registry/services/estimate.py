@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from django.conf import settings
 
-from moetables.comm import Cluster, ClusterError, load_cluster, parse_cluster
+from moetables.comm import Cluster, ClusterError, parse_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import (
     EstimateRequestError,
@@ -67,7 +68,14 @@ def named_cluster(name: str) -> Cluster:
         found = _clusters.get(name)
         if found is not None and found[0] == stamp:
             return found[1]
-    cluster = load_cluster(path)
+    # Named by its place in the repository, not the server's absolute path: the name is what
+    # a refusal (a rank the cluster does not hold, say) shows the caller.
+    shown = f"clusters/{name}.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ClusterError(shown, f"cannot be read: {exc}") from None
+    cluster = parse_cluster(raw, source=shown)
     with _lock:
         _clusters[name] = (stamp, cluster)
     return cluster

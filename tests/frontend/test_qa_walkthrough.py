@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 from django.test import Client
+
+REPO = Path(__file__).resolve().parents[2]
+H200 = REPO / "bundles/H200/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
 
 pytestmark = pytest.mark.django_db
 
@@ -21,3 +26,43 @@ def test_every_page_names_its_icon(client: Client, path: str) -> None:
     icon = re.search(r'<link rel="icon" href="([^"]*)"', response.content.decode())
     assert icon is not None, path
     assert icon.group(1).startswith("data:")
+
+
+DP4 = REPO / "bundles/H200-vllm-modular-dp4-f4/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+
+
+def test_the_estimate_page_preselects_only_a_cluster_that_holds_the_deployment(
+    client: Client, registry_dirs: Path
+) -> None:
+    """The shipped cluster is the two-H200 host: preselected on a DP4 bundle's page it turned
+    the first Estimate into a refusal; it is offered, not chosen, where it cannot hold the
+    ranks, and still chosen where it can."""
+    from registry.bundles.services import publish_bundle
+
+    dp4 = publish_bundle(DP4).bundle
+    page = client.get(f"/bundles/{dp4.pk}/estimate").content.decode()
+    select = re.search(r'<select id="e-cluster".*?</select>', page, re.S)
+    assert select is not None
+    assert "<option >h200x2-nvlink</option>" in select.group(0)
+    assert '<option value="" selected>' in select.group(0)
+    answered = client.get(
+        f"/bundles/{dp4.pk}/estimate", {"deployment": "1/4/0", "tokens": "64,64,64,64"}
+    ).content.decode()
+    assert "Refused" not in answered and "with transfers left out" in answered
+    dp2 = publish_bundle(H200).bundle
+    page = client.get(f"/bundles/{dp2.pk}/estimate").content.decode()
+    assert "<option selected>h200x2-nvlink</option>" in page
+
+
+def test_a_cluster_refusal_names_the_shipped_file_not_the_servers_path(
+    client: Client, registry_dirs: Path
+) -> None:
+    from registry.bundles.services import publish_bundle
+
+    dp4 = publish_bundle(DP4).bundle
+    body = {"bundle": dp4.pk, "tp": 1, "dp": 4, "tokens": [5, 5, 5, 5], "cluster": "h200x2-nvlink"}
+    response = client.post("/api/v1/estimate", json.dumps(body), content_type="application/json")
+    assert response.status_code == 400
+    (problem,) = response.json()["problems"]
+    assert problem.startswith("cluster 'h200x2-nvlink' (clusters/h200x2-nvlink.yaml) puts rank 2")
+    assert str(REPO) not in problem
