@@ -310,3 +310,34 @@ def test_every_documented_error_answer_has_its_body(api: APIClient) -> None:
         "$ref": "#/components/schemas/ErrorDetail"
     }
     assert delete["description"] == "the user may not do this"
+
+
+def test_a_boolean_filter_it_cannot_read_is_refused_not_ignored(
+    api: APIClient, published: Bundle
+) -> None:
+    """?native=1 (or yes, maybe) matched every bundle: Django's NullBooleanSelect reads only
+    true/false (and its own '2'/'3'), and an unreadable value dropped the filter silently."""
+    publish_bundle(REFERENCE)
+    count = {
+        value: api.get("/api/v1/bundles/", {"native": value}).json().get("count")
+        for value in ("true", "1", "false", "0")
+    }
+    assert count == {"true": 1, "1": 1, "false": 1, "0": 1}
+    for key in ("native", "sequence_parallel"):
+        response = api.get("/api/v1/bundles/", {key: "maybe"})
+        assert response.status_code == 400
+        assert response.json() == {key: ["'maybe' is not true or false (nor 1 or 0)"]}
+
+
+def test_the_table_filters_are_typed_in_the_schema(api: APIClient) -> None:
+    """The table filters (tp, dp, ep, rank, native, sequence_parallel, backend, kernel) were
+    documented without a type (schema {}): Swagger UI offered a free-text box for a boolean."""
+    parameters = {
+        p["name"]: p["schema"]
+        for p in _schema(api)["paths"]["/api/v1/bundles/"]["get"]["parameters"]
+    }
+    assert {k: parameters[k].get("type") for k in ("tp", "dp", "ep", "rank")} == dict.fromkeys(
+        ("tp", "dp", "ep", "rank"), "integer"
+    )
+    assert parameters["native"] == parameters["sequence_parallel"] == {"type": "boolean"}
+    assert parameters["backend"] == parameters["kernel"] == {"type": "string"}
