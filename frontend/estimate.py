@@ -173,6 +173,7 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
         "load_shares": params.get("load_shares", ""),
         "profile": params.get("profile", ""),
         "layer": params.get("layer", ""),
+        "profile_draw": params.get("profile_draw", "sample"),
         "tile_cost_us": params.get("tile_cost_us", ""),
     }
     context: dict[str, Any] = {
@@ -231,6 +232,9 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
                 if not form["layer"].strip().isdigit():
                     raise QueryError(f"layer: {form['layer']!r} is not a layer index")
                 raw["layer"] = int(form["layer"])
+            if form["profile_draw"] != "sample":
+                # The parser names an unknown draw, or a draw without the captured policy.
+                raw["profile_draw"] = form["profile_draw"]
             if form["tile_cost_us"].strip():
                 raw["tile_cost_us"] = tile_cost_field(form["tile_cost_us"])
             cluster = named_cluster(form["cluster"]) if form["cluster"] else None

@@ -66,3 +66,28 @@ def test_a_cluster_refusal_names_the_shipped_file_not_the_servers_path(
     (problem,) = response.json()["problems"]
     assert problem.startswith("cluster 'h200x2-nvlink' (clusters/h200x2-nvlink.yaml) puts rank 2")
     assert str(REPO) not in problem
+
+
+def test_the_estimate_page_offers_the_captured_expectation(
+    client: Client, registry_dirs: Path
+) -> None:
+    """REST and the CLI answer a captured profile's mean per-rank (A, M) (profile_draw
+    "expectation", --profile-expectation); the page offered only the seeded draw."""
+    from registry.bundles.services import publish_bundle
+    from registry.services.profiles import import_profile_file
+
+    bundle = publish_bundle(H200).bundle
+    profile = import_profile_file(REPO / "docs/evidence/h200-routing/normal_routing.routing.npz")
+    form = client.get(f"/bundles/{bundle.pk}/estimate").content.decode()
+    assert '<select id="e-draw" name="profile_draw">' in form
+    query = {"deployment": "1/2/0", "tokens": "64,64", "policy": "captured", "layer": "0"}
+    query |= {"profile": str(profile.record.pk), "profile_draw": "expectation", "cluster": ""}
+    page = client.get(f"/bundles/{bundle.pk}/estimate", query).content.decode()
+    body = {"bundle": bundle.pk, "tp": 1, "dp": 2, "tokens": [64, 64], "policy": "captured"}
+    body |= {"profile": profile.record.pk, "layer": 0, "profile_draw": "expectation"}
+    rest = client.post("/api/v1/estimate", json.dumps(body), content_type="application/json")
+    assert rest.status_code == 200, rest.content
+    layer = rest.json()["layer_compute_us"]
+    assert f"{layer:.2f} µs with transfers left out" in page
+    drawn = client.get(f"/bundles/{bundle.pk}/estimate", query | {"profile_draw": "sample"})
+    assert f"{layer:.2f} µs with transfers left out" not in drawn.content.decode()
