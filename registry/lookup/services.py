@@ -341,9 +341,17 @@ def _near_names(request: LookupRequest) -> str:
         )
     there = there.filter(model=model)
     if not there.filter(variant=variant).exists():
+        # A quantized checkpoint is its own model (Qwen3-30B-A3B-Instruct-2507-FP8, variant
+        # fp8): name the models that do have the variant.
+        elsewhere = Bundle.objects.filter(hardware=hardware, variant=variant)
         return (
             f"no bundle of variant {variant!r} of {model!r} on {hardware!r}; variants there: "
             f"{_listed(there.values_list('variant', flat=True))}"
+            + (
+                f"; {variant!r} is published for {_listed(elsewhere.values_list('model', flat=True))}"
+                if elsewhere.exists()
+                else ""
+            )
         )
     named_only = request.bundle_id is None and request.sha256 is None
     if named_only and not request.include_exploratory:

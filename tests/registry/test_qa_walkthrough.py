@@ -179,7 +179,8 @@ FP8 = REPO / "bundles/H200-vllm-modular-fp8-f2/Qwen/Qwen3-30B-A3B-Instruct-2507-
         ),
         (
             ("H200", MODEL, "fp8"),
-            f"no bundle of variant 'fp8' of '{MODEL}' on 'H200'; variants there: 'bf16'",
+            f"no bundle of variant 'fp8' of '{MODEL}' on 'H200'; variants there: 'bf16'; "
+            f"'fp8' is published for '{MODEL}-FP8'",
         ),
     ],
 )
