@@ -91,3 +91,11 @@ def test_the_estimate_page_offers_the_captured_expectation(
     assert f"{layer:.2f} µs with transfers left out" in page
     drawn = client.get(f"/bundles/{bundle.pk}/estimate", query | {"profile_draw": "sample"})
     assert f"{layer:.2f} µs with transfers left out" not in drawn.content.decode()
+
+
+@pytest.mark.parametrize("huge", [str(2**64), str(2**63), "-" + str(2**64)])
+def test_compare_answers_an_id_beyond_any_table_with_a_404(client: Client, huge: str) -> None:
+    """docs/dashboard.md: an unknown id is a 404; one past 64 bits was a 500 (the database
+    cannot hold the number)."""
+    assert client.get("/compare/", {"a": huge, "b": "1"}).status_code == 404
+    assert client.get("/compare/", {"a": "1", "b": "2", "also": huge}).status_code == 404

@@ -342,3 +342,10 @@ def test_the_table_filters_are_typed_in_the_schema(api: APIClient) -> None:
     )
     assert parameters["native"] == parameters["sequence_parallel"] == {"type": "boolean"}
     assert parameters["backend"] == parameters["kernel"] == {"type": "string"}
+
+
+def test_an_unknown_profile_id_is_one_problem(api: APIClient, published: Bundle) -> None:
+    body = {"bundle": published.pk, "tp": 1, "dp": 2, "tokens": [64, 64], "policy": "captured"}
+    response = _post(api, "/api/v1/estimate", body | {"profile": 999})
+    assert response.status_code == 400
+    assert response.json()["problems"] == ["profile: no published routing profile 999"]
