@@ -16,7 +16,16 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/coverage/", "/routing-profiles/", "/jobs/", "/compare/", "/accounts/login/"]
+    "path",
+    [
+        "/",
+        "/coverage/",
+        "/routing-profiles/",
+        "/jobs/",
+        "/compare/",
+        "/accounts/login/",
+        "/api/redoc/",
+    ],
 )
 def test_every_page_names_its_icon(client: Client, path: str) -> None:
     """Without a declared icon a browser asks for /favicon.ico, a 404 in the console of every
