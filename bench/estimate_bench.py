@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from moetables import ComponentTables
 from moetables.comm import load_cluster
+from moetables.profiles import read_profile
 from moetables.routing import Deployment, route_batch
 
 PY = str(REPO / ".venv" / "bin" / "python")
@@ -84,6 +85,35 @@ def lookup_queries(tables: ComponentTables, counts: np.ndarray) -> list[list[dic
                 {"component": "finalize_copy", "tokens": rows},
             ]
     return per_rank
+
+
+def seeded_draws(count: int) -> list[dict[str, Any]]:
+    """The policies that draw per token (random; captured from the shipped normal_routing
+    profile, layer 0), whose cost grows with N x E per step, unlike the counting ones."""
+    tables = ComponentTables(H200)
+    cluster = load_cluster(FIXTURE)
+    counts = steps(count)
+    profile = read_profile(REPO / "docs/evidence/h200-routing/normal_routing.routing.npz")
+    tables.estimate_batch(counts[:10], tp=1, dp=2, cluster=cluster)  # load both ranks
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("random", {"policy": "random"}),
+        ("random, tile_cost_us='table'", {"policy": "random", "tile_cost_us": "table"}),
+        ("captured (normal_routing, layer 0)", {"policy": "captured", "profile": profile}),
+    ]
+    out = []
+    for name, options in cases:
+        options = {"layer": 0, **options} if options["policy"] == "captured" else options
+        seconds = best(
+            lambda o=options: tables.estimate_batch(counts, tp=1, dp=2, cluster=cluster, **o)
+        )
+        out.append(
+            {
+                "name": f"estimate_batch, {count:,} steps, {name}, fixture cluster",
+                "steps_per_s": count / seconds,
+                "seconds": seconds,
+            }
+        )
+    return out
 
 
 def in_process(count: int) -> list[dict[str, Any]]:
@@ -466,12 +496,16 @@ def main() -> None:
     parser.add_argument("--skip-rest", action="store_true")
     parser.add_argument("--skip-cli", action="store_true")
     parser.add_argument("--rest-only", action="store_true")
+    parser.add_argument(
+        "--draw-steps", type=int, default=2_000, help="steps of the random and captured rows"
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="estimate-bench-"))
     results = []
     try:
         if not args.rest_only:
             results += in_process(args.steps)
+            results += seeded_draws(args.draw_steps)
         if not args.skip_cli and not args.rest_only:
             results += cli(scratch, args.cli_steps)
         if not args.skip_rest:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.shortcuts import get_object_or_404, render
 
+from moetables.comm import ClusterError
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.routing import POLICIES
@@ -106,6 +107,14 @@ def _deployments(bundle: Bundle) -> list[tuple[int, int, bool]]:
     return sorted(seen)
 
 
+def _holds(name: str, ranks: int) -> bool:
+    """Whether the named cluster puts ranks 0..ranks-1 in its groups (unreadable: no)."""
+    try:
+        return set(range(ranks)) <= named_cluster(name).ranks()
+    except (QueryError, ClusterError):
+        return False
+
+
 def _value(d: tuple[int, int, bool]) -> str:
     return f"{d[0]}/{d[1]}/{int(d[2])}"
 
@@ -148,18 +157,23 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
     )
     default = next((d for d in deployments if d[1] > 1), deployments[0] if deployments else None)
     chosen = params.get("deployment") or (_value(default) if default else "")
+    # Preselect a cluster only where it holds every rank of the default deployment (the
+    # shipped one is a two-GPU host: on a DP4 bundle it would refuse the first estimate).
+    ranks = default[0] * default[1] if default else 1
+    fitting = [c for c in clusters if _holds(c, ranks)]
     form = {
         "deployment": chosen,
         "tokens": params.get("tokens", ",".join(["64"] * (default[1] if default else 1))),
         "policy": params.get("policy", "balanced"),
         "seed": params.get("seed", "0"),
         "mode": params.get("mode", "eager"),
-        "cluster": params.get("cluster", clusters[0] if clusters else ""),
+        "cluster": params.get("cluster", fitting[0] if fitting else ""),
         "expert_counts": params.get("expert_counts", ""),
         "active_curve": params.get("active_curve", ""),
         "load_shares": params.get("load_shares", ""),
         "profile": params.get("profile", ""),
         "layer": params.get("layer", ""),
+        "profile_draw": params.get("profile_draw", "sample"),
         "tile_cost_us": params.get("tile_cost_us", ""),
     }
     context: dict[str, Any] = {
@@ -218,6 +232,9 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
                 if not form["layer"].strip().isdigit():
                     raise QueryError(f"layer: {form['layer']!r} is not a layer index")
                 raw["layer"] = int(form["layer"])
+            if form["profile_draw"] != "sample":
+                # The parser names an unknown draw, or a draw without the captured policy.
+                raw["profile_draw"] = form["profile_draw"]
             if form["tile_cost_us"].strip():
                 raw["tile_cost_us"] = tile_cost_field(form["tile_cost_us"])
             cluster = named_cluster(form["cluster"]) if form["cluster"] else None

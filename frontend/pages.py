@@ -407,7 +407,8 @@ def compare_context(
     ids = [t.pk for t in tables]
     given = [raw for raw in (raw_a, raw_b, *(raw_also or [])) if raw not in (None, "")]
     parsed = [_int(raw) for raw in given]
-    wanted = [pk for pk in parsed if pk is not None]
+    # An id no primary key can hold names no table (and the database cannot take it).
+    wanted = [pk for pk in parsed if pk is not None and 0 < pk < 2**63]
     if len(wanted) != len(parsed) or (
         wanted and DeploymentTable.objects.filter(pk__in=wanted).count() != len(set(wanted))
     ):

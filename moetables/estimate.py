@@ -12,6 +12,7 @@ few batch lookups; a single estimate is a batch of one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -900,8 +901,14 @@ class LayerEstimator:
                     "give a number"
                 )
             given: float | None = None
-        elif isinstance(cost_us, bool) or not isinstance(cost_us, (int, float)) or not cost_us >= 0:
-            raise QueryError(f"tile_cost_us must be a number >= 0 or 'table', got {cost_us!r}")
+        elif (
+            isinstance(cost_us, bool)
+            or not isinstance(cost_us, (int, float))
+            or not 0 <= cost_us < math.inf
+        ):
+            raise QueryError(
+                f"tile_cost_us must be a finite number >= 0 or 'table', got {cost_us!r}"
+            )
         else:
             given = float(cost_us)
         if routing.expert_counts is None:

@@ -8,6 +8,7 @@ inputs, and the mode. The answer is `LayerEstimate.as_dict` per step, or a refus
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,12 @@ from moetables.estimate import MODES, TABLE_TILE_COST, estimator_for
 from moetables.profiles import ProfileError, RoutingProfile, profile_from_json
 from moetables.routing import POLICIES, ActiveCurve
 
-__all__ = ["EstimateRequest", "answer_estimate", "parse_estimate_request"]
+__all__ = [
+    "EstimateRequest",
+    "EstimateRequestError",
+    "answer_estimate",
+    "parse_estimate_request",
+]
 
 _FIELDS = {
     "tp",
@@ -47,6 +53,15 @@ _INT64_MAX = 2**63 - 1
 # Policies that count pairs per expert, so that each rank's per-expert counts exist
 # (captured: when drawn, not as its expectation).
 COUNTING_POLICIES = ("histogram", "round_robin", "random", "captured")
+
+
+class EstimateRequestError(QueryError):
+    """A malformed estimate request: its message joins the problems with '; ', and
+    ``problems`` keeps them apart (a problem's own text may hold '; ')."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +122,8 @@ def _profile(value: Any, problems: list[str]) -> RoutingProfile | None:
         try:
             return profile_from_json(value)
         except ProfileError as exc:
-            problems.append(f"profile: {exc}")
+            where = str(exc)  # the reader names the profile (and its field) itself
+            problems.append(where if where.startswith("profile") else f"profile: {where}")
             return None
     problems.append(
         "profile: give a routing profile inline ({meta, step_tokens, counts}); a profile id is "
@@ -119,9 +135,10 @@ def _profile(value: Any, problems: list[str]) -> RoutingProfile | None:
 def parse_estimate_request(
     raw: Any, *, max_steps: int = 100_000, extra: frozenset[str] = frozenset()
 ) -> EstimateRequest:
-    """Check a request; every problem is named (QueryError with all of them joined)."""
+    """Check a request; every problem is named (EstimateRequestError, a QueryError: all of
+    them joined in its message, and listed in its ``problems``)."""
     if not isinstance(raw, Mapping):
-        raise QueryError("an estimate request must be a JSON object")
+        raise EstimateRequestError(["an estimate request must be a JSON object"])
     problems: list[str] = []
     unknown = sorted(set(raw) - _FIELDS - extra)
     if unknown:
@@ -233,10 +250,11 @@ def parse_estimate_request(
         if tile_cost != TABLE_TILE_COST and (
             isinstance(tile_cost, bool)
             or not isinstance(tile_cost, (int, float))
-            or not tile_cost >= 0
+            or not 0 <= tile_cost < math.inf  # JSON's 1e309 reads as inf
         ):
             problems.append(
-                f"tile_cost_us: must be a number >= 0 or {TABLE_TILE_COST!r}, got {tile_cost!r}"
+                f"tile_cost_us: must be a finite number >= 0 or {TABLE_TILE_COST!r}, "
+                f"got {tile_cost!r}"
             )
         elif policy in POLICIES and policy not in COUNTING_POLICIES:
             problems.append(
@@ -248,7 +266,7 @@ def parse_estimate_request(
                 "tile_cost_us: the captured policy's expectation gives no per-expert counts; its draws do"
             )
     if problems:
-        raise QueryError("; ".join(problems))
+        raise EstimateRequestError(problems)
     return EstimateRequest(
         tp=tp,
         dp=dp,

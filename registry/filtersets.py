@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
+from django import forms
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from registry.bundles.models import Bundle, DeploymentTable
@@ -21,6 +22,39 @@ def _noop(queryset: QuerySet[Any], name: str, value: Any) -> QuerySet[Any]:
     return queryset  # applied together in BundleFilterSet.filter_queryset
 
 
+# The same no-op, typed per filter: drf-spectacular documents a method filter by the type of
+# its method's ``value`` (Any gave the parameters no type at all).
+def _noop_int(queryset: QuerySet[Any], name: str, value: int) -> QuerySet[Any]:
+    return _noop(queryset, name, value)
+
+
+def _noop_bool(queryset: QuerySet[Any], name: str, value: bool) -> QuerySet[Any]:
+    return _noop(queryset, name, value)
+
+
+def _noop_str(queryset: QuerySet[Any], name: str, value: str) -> QuerySet[Any]:
+    return _noop(queryset, name, value)
+
+
+class _StrictBooleanField(forms.Field):
+    """true/false or 1/0; anything else is an error (Django's NullBooleanSelect reads '1' as
+    unknown and drops the filter, so ?native=1 matched every bundle)."""
+
+    def to_python(self, value: Any) -> bool | None:
+        if value in (None, ""):
+            return None
+        text = str(value).strip().lower()
+        if text in ("true", "1"):
+            return True
+        if text in ("false", "0"):
+            return False
+        raise forms.ValidationError(f"{value!r} is not true or false (nor 1 or 0)")
+
+
+class StrictBooleanFilter(django_filters.BooleanFilter):
+    field_class = _StrictBooleanField
+
+
 class BundleFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(
         method="search", label="Search hardware, model, variant, backend, kernel"
@@ -32,16 +66,16 @@ class BundleFilterSet(django_filters.FilterSet):
     sha256 = django_filters.CharFilter()
     layout = django_filters.ChoiceFilter(choices=BundleLayout.choices)
     source = django_filters.ChoiceFilter(choices=BundleSource.choices)
-    tp = django_filters.NumberFilter(method=_noop, label="A table with this TP degree")
-    dp = django_filters.NumberFilter(method=_noop, label="A table with this DP degree")
-    ep = django_filters.NumberFilter(method=_noop, label="A table with this EP degree")
-    rank = django_filters.NumberFilter(method=_noop, label="A table for this EP rank")
-    sequence_parallel = django_filters.BooleanFilter(method=_noop)
+    tp = django_filters.NumberFilter(method=_noop_int, label="A table with this TP degree")
+    dp = django_filters.NumberFilter(method=_noop_int, label="A table with this DP degree")
+    ep = django_filters.NumberFilter(method=_noop_int, label="A table with this EP degree")
+    rank = django_filters.NumberFilter(method=_noop_int, label="A table for this EP rank")
+    sequence_parallel = StrictBooleanFilter(method=_noop_bool)
     backend = django_filters.CharFilter(
-        method=_noop, label="A table measured by this execution path (adapter)"
+        method=_noop_str, label="A table measured by this execution path (adapter)"
     )
-    kernel = django_filters.CharFilter(method=_noop, label="A table with this kernel backend")
-    native = django_filters.BooleanFilter(method=_noop, label="A table run by vLLM's own kernels")
+    kernel = django_filters.CharFilter(method=_noop_str, label="A table with this kernel backend")
+    native = StrictBooleanFilter(method=_noop_bool, label="A table run by vLLM's own kernels")
 
     class Meta:
         model = Bundle

@@ -557,6 +557,12 @@ def parse_request(
             )
         elif rank >= tp * dp:
             problems.append(f"target.rank: rank must be below ep = {tp * dp}, got {rank}")
+        if sp is True and not (tp > 1 and dp > 1):
+            # MoeTarget's own refusal, worded as the in-process QueryError is.
+            problems.append(
+                "target.sequence_parallel is only meaningful where tp > 1 and dp > 1 "
+                f"(tp={tp} dp={dp})"
+            )
     if problems:
         raise RequestError(problems)
     return LookupRequest(

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -34,6 +34,19 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
     hardware = serializers.CharField(required=False)
     model = serializers.CharField(required=False)
     variant = serializers.CharField(required=False)
+    backend = serializers.CharField(
+        required=False,
+        help_text="pin, as for a lookup: execution path (vllm-modular, ...) or kernel (TRITON); "
+        "also in the query string",
+    )
+    vllm_version = serializers.CharField(
+        required=False, help_text="pin: e.g. 0.26.0; also in the query string"
+    )
+    include_exploratory = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="a choice by hardware + model + variant skips exploratory bundles unless true",
+    )
     tp = serializers.IntegerField(min_value=1)
     dp = serializers.IntegerField(min_value=1)
     sequence_parallel = serializers.BooleanField(default=False)
@@ -167,10 +180,14 @@ class EstimateAnswerSerializer(serializers.Serializer[Any]):
     layer_compute_us = serializers.FloatField()
     critical_rank = serializers.IntegerField()
     notes = serializers.ListField(child=serializers.CharField())
+
+
+class EstimateStepsAnswerSerializer(serializers.Serializer[Any]):
+    bundle = serializers.DictField()
     answers = serializers.ListField(
         child=serializers.DictField(),
-        required=False,
-        help_text="with `steps`: one answer (as above, or error + message) per step",
+        help_text="one per step of `steps`: an answer as for `tokens` (without `bundle`), or "
+        "`{error, message}`",
     )
 
 
@@ -192,9 +209,17 @@ class EstimateDocumentation(APIView):
 
     @extend_schema(
         operation_id="estimate",
-        request=EstimateRequestSerializer,
+        # The door reads application/json only (any other type is a 400).
+        request={"application/json": EstimateRequestSerializer},
         responses={
-            200: EstimateAnswerSerializer,
+            200: OpenApiResponse(
+                PolymorphicProxySerializer(
+                    component_name="EstimateResult",
+                    serializers=[EstimateAnswerSerializer, EstimateStepsAnswerSerializer],
+                    resource_type_field_name=None,
+                ),
+                description="one step (`tokens`): the estimate; many (`steps`): `answers`",
+            ),
             400: OpenApiResponse(EstimateErrorSerializer, description="malformed request"),
             404: OpenApiResponse(EstimateErrorSerializer, description="no such bundle"),
             409: OpenApiResponse(EstimateErrorSerializer, description="stored bundle is corrupt"),
@@ -221,7 +246,9 @@ def estimate(request: HttpRequest) -> HttpResponse:
     if refused is not None:
         return refused
     try:
-        http_status, body = run_estimate(read_body(request))
+        # Pins in the query string, as the lookup takes them (the same merge and refusals).
+        pins = request.GET if request.META.get("QUERY_STRING") else None
+        http_status, body = run_estimate(read_body(request), pins)
     except RequestError as exc:
         return json_response({"error": "invalid", "problems": exc.problems}, 400)
     except RecursionError:  # the repr of a value nested ~1,000 deep in a message

@@ -44,4 +44,10 @@ def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]
                         "description": description,
                         "content": {"application/json": {"schema": body}},
                     }
+                elif "content" not in responses[code]:
+                    # A view that lists the status without a body (``401: None``) still
+                    # answers DRF's JSON: document that body under the view's description.
+                    responses[code]["content"] = {"application/json": {"schema": body}}
+                    if responses[code].get("description") in (None, "", "No response body"):
+                        responses[code]["description"] = description
     return result

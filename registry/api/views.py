@@ -52,7 +52,8 @@ class LookupDocumentation(APIView):
     permission_classes = (AllowAny,)
 
     @extend_schema(
-        request=LookupRequestSerializer,
+        # The door reads application/json only (any other type is a 400).
+        request={"application/json": LookupRequestSerializer},
         parameters=[
             OpenApiParameter("backend", str, description="pin: execution path or kernel"),
             OpenApiParameter("vllm_version", str, description="pin: the vLLM version"),

@@ -48,6 +48,8 @@ _tables: OrderedDict[str, Any] = OrderedDict()
 # Per thread: the database stamp and the choices made under it (at most this many).
 _resolved = threading.local()
 RESOLVED_LIMIT = 1024
+# Names listed in a "no published bundle matches" answer (hardware, models or variants).
+NEAR_NAMES = 12
 
 
 class LookupFailure(Exception):
@@ -277,7 +279,8 @@ def _why_none(request: LookupRequest) -> LookupFailure:
             named = named.filter(exploratory=False)
     found = list(named.order_by("-published_at", "-id")[:20])
     if not found:
-        return NoSuchBundle("no published bundle matches")
+        near = _near_names(request) if request.name is not None else ""
+        return NoSuchBundle("no published bundle matches" + (f": {near}" if near else ""))
     if (request.bundle_id or request.sha256) and request.backend is request.vllm_version is None:
         # One bundle named exactly: moetables words the refusal, as it does in process.
         try:
@@ -310,6 +313,50 @@ def _why_none(request: LookupRequest) -> LookupFailure:
         + (f" with {' and '.join(pins)}" if pins else "")
         + f"; the bundles named cover: {have}"
     )
+
+
+def _listed(values: Any) -> str:
+    names = sorted(set(values))
+    shown = ", ".join(repr(v) for v in names[:NEAR_NAMES])
+    return shown + (f" and {len(names) - NEAR_NAMES} more" if len(names) > NEAR_NAMES else "")
+
+
+def _near_names(request: LookupRequest) -> str:
+    """For a name that matches no bundle: the first of hardware, model, variant that nobody
+    published (with what is published in its place), so that a near miss (a case, a model
+    name without its suffix, the FP8 checkpoint's own name) can be put right."""
+    assert request.name is not None
+    hardware, model, variant = request.name
+    bundles = Bundle.objects.all()
+    if not bundles.filter(hardware=hardware).exists():
+        return (
+            f"no bundle of hardware {hardware!r}; published hardware: "
+            f"{_listed(bundles.values_list('hardware', flat=True))}"
+        )
+    there = bundles.filter(hardware=hardware)
+    if not there.filter(model=model).exists():
+        return (
+            f"no bundle of model {model!r} on {hardware!r}; models there: "
+            f"{_listed(there.values_list('model', flat=True))}"
+        )
+    there = there.filter(model=model)
+    if not there.filter(variant=variant).exists():
+        # A quantized checkpoint is its own model (Qwen3-30B-A3B-Instruct-2507-FP8, variant
+        # fp8): name the models that do have the variant.
+        elsewhere = Bundle.objects.filter(hardware=hardware, variant=variant)
+        return (
+            f"no bundle of variant {variant!r} of {model!r} on {hardware!r}; variants there: "
+            f"{_listed(there.values_list('variant', flat=True))}"
+            + (
+                f"; {variant!r} is published for {_listed(elsewhere.values_list('model', flat=True))}"
+                if elsewhere.exists()
+                else ""
+            )
+        )
+    named_only = request.bundle_id is None and request.sha256 is None
+    if named_only and not request.include_exploratory:
+        return 'its bundles are exploratory: ask with "include_exploratory": true'
+    return ""
 
 
 def tables_for(ref: BundleRef) -> Any:

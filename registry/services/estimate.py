@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from django.conf import settings
 
-from moetables.comm import Cluster, ClusterError, load_cluster, parse_cluster
+from moetables.comm import Cluster, ClusterError, parse_cluster
 from moetables.errors import BundleError, CoverageError, QueryError
-from moetables.estimate_query import answer_estimate, parse_estimate_request
+from moetables.estimate_query import (
+    EstimateRequestError,
+    answer_estimate,
+    parse_estimate_request,
+)
 from moetables.lookup import LookupRequest, RequestError, parse_request
 from registry.bundles.services.checkout import BlobDriftError
 from registry.lookup.services import LookupFailure, NoCoverage, choose_bundle, tables_for
@@ -62,7 +68,14 @@ def named_cluster(name: str) -> Cluster:
         found = _clusters.get(name)
         if found is not None and found[0] == stamp:
             return found[1]
-    cluster = load_cluster(path)
+    # Named by its place in the repository, not the server's absolute path: the name is what
+    # a refusal (a rank the cluster does not hold, say) shows the caller.
+    shown = f"clusters/{name}.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ClusterError(shown, f"cannot be read: {exc}") from None
+    cluster = parse_cluster(raw, source=shown)
     with _lock:
         _clusters[name] = (stamp, cluster)
     return cluster
@@ -78,8 +91,9 @@ def _cluster(raw: Any) -> Cluster | None:
     raise QueryError("cluster: a shipped cluster's name or an inline description (object)")
 
 
-def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
-    """A whole estimate, from the parsed body to the HTTP status and the JSON body."""
+def run_estimate(data: Any, pins: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """A whole estimate, from the parsed body (and the query string's ``pins``, merged as the
+    lookup merges them) to the HTTP status and the JSON body."""
     if not isinstance(data, dict):
         return 400, {"error": "invalid", "problems": ["the body must be a JSON object"]}
     problems: list[str] = []
@@ -95,7 +109,7 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
     )
     ref_request: LookupRequest | None = None
     try:
-        ref_request = parse_request(envelope, max_queries=0)
+        ref_request = parse_request(envelope, max_queries=0, pins=pins)
     except RequestError as exc:
         problems += exc.problems
     body = {k: v for k, v in data.items() if k not in _BUNDLE_FIELDS}
@@ -112,8 +126,13 @@ def run_estimate(data: Any) -> tuple[int, dict[str, Any]]:
         request = parse_estimate_request(
             body, max_steps=settings.REGISTRY.get("MAX_ESTIMATE_STEPS", MAX_STEPS)
         )
-    except QueryError as exc:
-        problems += str(exc).split("; ")
+    except EstimateRequestError as exc:
+        # An unknown profile id is named above; the parser, not seeing it, would add that
+        # the captured policy needs a profile.
+        unnamed = "profile" in data and "profile" not in body
+        problems += [
+            p for p in exc.problems if not (unnamed and p.startswith("profile: the captured"))
+        ]
     cluster = None
     try:
         cluster = _cluster(data.get("cluster"))

@@ -103,7 +103,11 @@ def _store(data: bytes, filename: str, published_by: Any) -> ProfileUploadResult
     try:
         profile = read_profile(data, max_unpacked=_max_unpacked())
     except ProfileError as exc:
-        raise PublishError([f"profile: {exc}"]) from None
+        # The reader names the whole file "profile" already; a member's problem gets the field.
+        where = str(exc)
+        raise PublishError(
+            [where if where.startswith("profile:") else f"profile: {where}"]
+        ) from None
     sha256 = hashlib.sha256(data).hexdigest()
     existing = RoutingProfileRecord.objects.filter(sha256=sha256).first()
     if existing is not None:

@@ -214,7 +214,7 @@ def test_the_tile_cost_goes_through_the_apis_request_parser(client: Any, h200_bu
     assert "charged at 2.5 us each" in page.content.decode()
     for value, message in [
         ("cheap", "tile_cost_us: &#x27;cheap&#x27; is neither a number"),
-        ("-1", "tile_cost_us: must be a number &gt;= 0"),
+        ("-1", "tile_cost_us: must be a finite number &gt;= 0"),
     ]:
         text = client.get(url, {**base, "tile_cost_us": value}).content.decode()
         assert "Refused (invalid)" in text and message in text, text

@@ -108,7 +108,7 @@ def test_it_reads_tile_cost_us_from_a_request_as_the_cli_and_rest_do(tmp_path: P
     assert after > before
     with pytest.raises(QueryError, match="tile_cost_us: the balanced policy"):
         parse_estimate_request({"tp": 1, "dp": 2, "tokens": [4, 4], "tile_cost_us": 1.6})
-    with pytest.raises(QueryError, match="tile_cost_us: must be a number"):
+    with pytest.raises(QueryError, match="tile_cost_us: must be a finite number"):
         parse_estimate_request(
             {"tp": 1, "dp": 2, "tokens": [4, 4], "policy": "random", "tile_cost_us": "x"}
         )
