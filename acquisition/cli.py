@@ -90,8 +90,10 @@ def prepare(
 def _describe(plan: PointPlan) -> str:
     t = plan.target
     counts = ", ".join(f"{c} {plan.count(c)}" for c in plan.components)
+    # The rule is named (v2, v3, v4): `auto` and `on` follow the default, which has changed.
     kernel = (
-        f"; kernel steps: +{plan.kernel_points} expert points ({plan.kernel.source})"
+        f"; kernel steps {plan.kernel.rule.rsplit('-', 1)[-1]}: +{plan.kernel_points} expert "
+        f"points ({plan.kernel.source})"
         if plan.kernel is not None
         else "; kernel steps off"
     )

@@ -45,7 +45,8 @@ class AcquisitionRequest:
     captures: CaptureSizes
     cache_bytes: int | None
     command_line: str
-    # The kernel-step plan rule (auto, on, off): `acquisition.options.resolve.kernel_steps_for`.
+    # The kernel-step plan rule (auto, on, off, v2, v3, v4):
+    # `acquisition.options.resolve.kernel_steps_for`.
     kernel_steps: str = "off"
     # Options of a component engine (vllm-live), carried to it on RuntimeInfo.limits.
     engine_attention_backend: str | None = None

@@ -56,7 +56,8 @@ VLLM_VERSION = "0.26.0"
 # The kernel-step rule: which kernel runs for each row count is `KernelSwitches.kernel`. The
 # planner records it in a contract (``expert_sampling.kernel_steps.rule``) and the lookups split
 # such a table into segments by it. v2: every tuned H200 file of vLLM 0.26.0 (v1 knew
-# E=128,N=768 bf16 only) and block FP8.
+# E=128,N=768 bf16 only) and block FP8. (The name predates v3/v4: the acquisition's default rule
+# is v4, `acquisition.options.resolve.DEFAULT_KERNEL_STEPS_RULE`.)
 KERNEL_STEPS_RULE = "vllm-0.26.0-triton-config-steps-v2"
 # v3: v2's switches (the same segments: a v3 table is split exactly as a v2 table) plus both
 # edges of every block-padding ramp in M (acquisition.plan.kernel, "v3"). Plans name the rule they

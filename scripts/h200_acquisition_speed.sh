@@ -21,6 +21,12 @@
 # bench/acquisition_speed_summary.py over the run root (phase table, equivalence against the
 # shipped factor-2 bundles and between before/after pairs) into $OUT/summary.md. EXTRA_ARGS
 # (optional) is appended to every run's command line, e.g. "--isolate-targets off".
+# Kernel steps: the command line names no --moe-kernel-steps, so each run plans its DIR's default
+# rule (auto: v4 since session 6; v2 before). A run meant to be equivalent to
+# bundles/H200-vllm-modular-f2k or H200-vllm-live-f2k (the same plan, point for point, and a
+# comparable wall) must say EXTRA_ARGS="--moe-kernel-steps v2" (a DIR older than rule v3 knows no
+# `v2`: there `on` is v2); "--moe-kernel-steps off" keeps the kernel-step-free factor-2 plan of
+# bundles/H200-vllm-modular-f2 and -tp2-f2.
 set -uo pipefail
 SCRIPT_START=$(date +%s)
 OUT_DIR=${OUT:-var/speed-out}

@@ -3,11 +3,14 @@
 # docs/h200-runs.md "Session 5's first burst: as prepared in session 4"). Parts, selectable, each under its own
 # timeout (SIGTERM, samples kept: the same part resumes), results packed after every part:
 #
-#   qwen3-modular  Qwen3-30B-A3B bf16, vllm-modular, factor 2 WITH the kernel-step rule
-#                  (--moe-kernel-steps on), TP1/DP1 then TP1/DP2/EP2 ranks 0 and 1 (--dp 1,2):
+#   qwen3-modular  Qwen3-30B-A3B bf16, vllm-modular, factor 2 WITH the kernel-step rule v2
+#                  (--moe-kernel-steps v2: the plan of bundles/H200-vllm-modular-f2k, which
+#                  session 5 measured as `on` when on meant v2; `on`/`auto` now plan v4),
+#                  TP1/DP1 then TP1/DP2/EP2 ranks 0 and 1 (--dp 1,2):
 #                  568 + 1,207 + 1,207 rows planned; also the modular tables' conservation
 #                  traces (issue 14). ~5-7 min             limit QWEN3_MODULAR_S=560
-#   qwen3-live     the same plan through vllm-live TP1 (568 rows). ~3-4 min
+#   qwen3-live     the same v2 plan through vllm-live TP1 (568 rows; bundles/H200-vllm-live-f2k).
+#                  ~3-4 min
 #                                                          limit QWEN3_LIVE_S=300
 #   fp8-dp1        Qwen3-30B-A3B-FP8 vllm-modular TP1/DP1 alone under VLLM_USE_DEEP_GEMM=0,
 #                  the shipped FP8 bundle's plan (kernel steps off), to replace its DP1 entry
@@ -78,7 +81,9 @@ finish() { # PART STATUS START LOGFILE
 }
 
 qwen3() { # PART BACKEND DPS LIMIT_S [RULE]: the factor-2 plan with the kernel-step rule
-  local label=$1 backend=$2 dps=$3 limit=$4 steps=${5:-on}
+  # RULE defaults to v2, named rather than `on`: the qwen3-* parts reproduce the f2k tables,
+  # and `on` follows the acquisition's default rule (v4 since session 6).
+  local label=$1 backend=$2 dps=$3 limit=$4 steps=${5:-v2}
   local run=$ROOT/$label
   mkdir -p "$run"
   local extra=()

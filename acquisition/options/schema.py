@@ -56,7 +56,8 @@ class OptionErrors(ValueError):
 
 # The choice set of the switches that default to the backend's own rule (one OpenAPI enum).
 AUTO_ON_OFF = ("auto", "on", "off")
-# --moe-kernel-steps: auto/on pick the default rule (v2), v2 and v3 name one (issue 20).
+# --moe-kernel-steps: auto/on pick the default rule (v4: `resolve.DEFAULT_KERNEL_STEPS_RULE`),
+# v2, v3, v4 name one (issue 20).
 KERNEL_STEPS_CHOICES = (*AUTO_ON_OFF, "v2", "v3", "v4")
 
 
@@ -169,9 +170,9 @@ OPTIONS: tuple[Option, ...] = (
         "--moe-kernel-steps",
         "add expert points on both sides of each switch of vLLM's Triton expert kernel "
         "configuration and at its block-padding corners in M (auto: on for the vLLM backends "
-        "where the configuration is modelled; on/auto use rule v2; v2, v3, v4: that rule, v3 "
+        "where the configuration is modelled; on/auto use rule v4; v2, v3, v4: that rule, v3 "
         "also measuring both edges of every padding ramp, v4 also the A values where the "
-        "tiles bend along A at EP1's 16-row rows)",
+        "tiles bend along A at EP1's 16-row rows; v2 is the plan of the f2k tables)",
         choices=KERNEL_STEPS_CHOICES,
     ),
     Option(

@@ -24,7 +24,7 @@ The rule adds, before anything is measured (R10):
   every j, the last row before and the first row after each ramp (cheap: one target, and the
   staircase of a few experts' tiles is the largest error there).
 
-Rule v3 (``KERNEL_STEPS_RULE_V3``, opt-in: ``--moe-kernel-steps v3``) adds both edges of every
+Rule v3 (``KERNEL_STEPS_RULE_V3``, ``--moe-kernel-steps v3``) adds both edges of every
 ramp, so that each ramp is measured at r = 0, 1, A - 1 and A where M = A*B*j + r. Between r = 0
 and r = A the *sum* of row tiles is linear, but the per-expert tile counts are not: at r = 1 the
 first expert enters tile j + 1 (the largest expert's tiles, and the last wave's occupancy, step
@@ -36,7 +36,8 @@ edges are rows: the first row past the corner and the last row before the ramp's
 only (B at N, the A grid, k): R10. The switches are v2's, so a v3 table splits into the same
 segments.
 
-Rule v4 (``KERNEL_STEPS_RULE_V4``, opt-in: ``--moe-kernel-steps v4``) is v3 plus A values at EP1
+Rule v4 (``KERNEL_STEPS_RULE_V4``; ``--moe-kernel-steps v4``, and what ``auto`` and ``on`` plan:
+`acquisition.options.resolve.DEFAULT_KERNEL_STEPS_RULE`) is v3 plus A values at EP1
 on the rows whose BLOCK_SIZE_M is 16. At EP1 M = N k is pinned to the row, so the per-expert
 count M / A, and with it the tiles sum_e ceil(count_e / B), moves only through A; the plan's A
 axis (factor 2: k, 2k, 4k, ...) samples it at five values, and v2/v3 measure the tile ridges
@@ -98,7 +99,8 @@ __all__ = [
 ]
 
 # KERNEL_STEPS_RULE (v2: every tuned H200 file of vLLM 0.26.0 and block FP8) is owned by
-# moetables.triton_config, with the switches it names: the lookups read the same definition.
+# moetables.triton_config, with the switches it names: the lookups read the same definition. It
+# is `KernelSteps`' default argument, not the option's default (v4: options.resolve).
 # Corners A*B*j, A*B*j + A for j up to this: the first steps are 100 %, 50 %, 33 % of the tiles
 # before them; later ones are within what the geometric grid already resolves.
 DEFAULT_ASSIGNMENT_STEPS = 3

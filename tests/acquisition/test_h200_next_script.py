@@ -1,5 +1,6 @@
-"""scripts/h200_next.sh on CPU: the next burst's parts, their plans (kernel steps on for the new
-Qwen3 tables, off where a shipped plan is resumed or completed), limits, packing and resume.
+"""scripts/h200_next.sh on CPU: the next burst's parts, their plans (kernel-step rule v2, named,
+for the f2k Qwen3 tables, v3/v4 for their parts, off where a shipped plan is resumed or
+completed), limits, packing and resume.
 
 ``python3`` and ``nvidia-smi`` are the stand-ins of ``script_stubs``.
 """
@@ -14,6 +15,9 @@ from pathlib import Path
 import pytest
 from script_stubs import make_stubs, members, run_script
 
+from acquisition.cli import build_parser, prepare
+from acquisition.plan.kernel import KERNEL_STEPS_RULE
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_next.sh"
 
 
@@ -24,6 +28,15 @@ def stubs(tmp_path: Path) -> Path:
 
 def run(stubs: Path, tmp_path: Path, *parts: str, **env: str) -> subprocess.CompletedProcess[str]:
     return run_script(SCRIPT, stubs, tmp_path, *parts, **env)
+
+
+def planned(argv_line: str) -> list[tuple[str | None, int]]:
+    """The kernel-step rule and point count of each target the recorded command plans (the
+    stub records ``-m acquisition slice ...`` and then ``PWD=...``)."""
+    words = argv_line.split()
+    args = words[2 : next(i for i, w in enumerate(words) if w.startswith("PWD="))]
+    _, plans = prepare(build_parser().parse_args(args), args)
+    return [(p.kernel.rule if p.kernel else None, len(p.points)) for p in plans]
 
 
 def summary(tmp_path: Path) -> list[str]:
@@ -41,8 +54,12 @@ def test_qwen3_modular_runs_dp1_then_both_dp2_ranks_with_the_rule(
         assert deployment in line
     argv = (tmp_path / "root" / "qwen3-modular" / "argv.txt").read_text()
     assert "Qwen/Qwen3-30B-A3B-Instruct-2507 " in argv
-    assert "--moe-kernel-steps on" in argv and "--moe-grid-factor 2" in argv
+    # The f2k tables' plan, named: `on` now plans v4 (docs/acquisition.md, "Rule v4").
+    assert "--moe-kernel-steps v2" in argv and "--moe-grid-factor 2" in argv
     assert "--dp 1,2 --backend vllm-modular" in argv
+    # R13: the command plans what bundles/H200-vllm-modular-f2k measured (568 + 1,207 + 1,207).
+    v2 = KERNEL_STEPS_RULE
+    assert planned(argv) == [(v2, 568), (v2, 1207), (v2, 1207)]
     packed = members(tmp_path / "out" / "qwen3-modular.tar.gz")
     assert any(n.startswith("qwen3-modular/out/H200/") for n in packed)
     assert not any(n.endswith("writer.lock") for n in packed)
@@ -120,6 +137,8 @@ def test_extra_arguments_reach_the_qwen3_acquisitions(stubs: Path, tmp_path: Pat
     assert result.returncode == 0, result.stderr
     argv = (tmp_path / "root" / "qwen3-live" / "argv.txt").read_text()
     assert "--engine-attention-backend TRITON_ATTN --triton-precompile-workers 1" in argv
+    # bundles/H200-vllm-live-f2k's plan, named (`on` plans v4 now).
+    assert planned(argv) == [(KERNEL_STEPS_RULE, 568)]
 
 
 @pytest.mark.parametrize(
@@ -133,7 +152,7 @@ def test_the_v3_parts_run_dp1_with_rule_v3(
     assert result.returncode == 0, result.stderr
     assert summary(tmp_path)[0].startswith(f"{part}: exit 0")
     argv = (tmp_path / "root" / part / "argv.txt").read_text()
-    assert "--moe-kernel-steps v3" in argv and "--moe-kernel-steps on" not in argv
+    assert "--moe-kernel-steps v3" in argv and "--moe-kernel-steps v2" not in argv
     assert f"--dp 1 --backend {backend}" in argv
 
 

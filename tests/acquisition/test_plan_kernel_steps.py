@@ -14,6 +14,7 @@ from acquisition.options import OptionError
 from acquisition.plan import CaptureSizes, CudagraphMode, PointPlan, build_plan
 from acquisition.plan.kernel import (
     KERNEL_STEPS_RULE,
+    KERNEL_STEPS_RULE_V4,
     KernelSteps,
     KernelStepsError,
     TritonConfig,
@@ -275,6 +276,8 @@ def test_the_option_decides_the_rule(tmp_path: Path, extra: tuple[str, ...], on:
     args = argv(tmp_path, *extra)
     _, plans = prepare(build_parser().parse_args(args), args)
     assert (plans[0].kernel is not None) is on
+    if plans[0].kernel is not None:  # auto and on plan rule v4 (docs/acquisition.md, "Rule v4")
+        assert plans[0].kernel.rule == KERNEL_STEPS_RULE_V4
 
 
 def test_on_refuses_a_configuration_it_does_not_model(tmp_path: Path) -> None:
@@ -315,6 +318,7 @@ def test_the_contract_records_the_rule(tmp_path: Path) -> None:
         if present:
             assert sampling["kernel_steps"] == plans[0].kernel_record()
             assert sampling["kernel_steps"]["expert_rows_added"][:3] == [3, 5, 6]
+            assert sampling["kernel_steps"]["rule"] == KERNEL_STEPS_RULE_V4  # auto's rule
 
 
 # -- the other shipped models: Mixtral's tuned file, block FP8 ----------------------------------

@@ -14,6 +14,7 @@ from acquisition.plan import CaptureSizes, CudagraphMode, PointPlan, build_plan
 from acquisition.plan.kernel import (
     KERNEL_STEPS_RULE,
     KERNEL_STEPS_RULE_V3,
+    KERNEL_STEPS_RULE_V4,
     KernelSteps,
     KernelStepsError,
 )
@@ -61,7 +62,8 @@ def f2_plan(dp: int, rank: int, kernel: KernelSteps) -> PointPlan:
 
 @pytest.mark.parametrize("kind", ["modular", "live"])
 def test_the_shipped_f2k_plans_still_hash_as_their_contracts(kind: str) -> None:
-    """R13: v2 (the default rule, and the rule bench reads from the contract) reproduces every
+    """R13: v2 (`KernelSteps.for_target`'s default, ``--moe-kernel-steps v2``, and the rule bench
+    reads from the contract) reproduces every
     shipped kernel-step plan's hash and point count; v3 of the same target does not."""
     bundle = open_bundle(F2K[kind])
     for entry in bundle.entries:
@@ -135,8 +137,8 @@ def argv(tmp_path: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     ("value", "rule", "points"),
     [
-        ("auto", KERNEL_STEPS_RULE, (568, 1207, 1207)),
-        ("on", KERNEL_STEPS_RULE, (568, 1207, 1207)),
+        ("auto", KERNEL_STEPS_RULE_V4, (1010, 1430, 1430)),
+        ("on", KERNEL_STEPS_RULE_V4, (1010, 1430, 1430)),
         ("v2", KERNEL_STEPS_RULE, (568, 1207, 1207)),
         ("v3", KERNEL_STEPS_RULE_V3, (633, 1430, 1430)),
     ],
@@ -144,8 +146,9 @@ def argv(tmp_path: Path, *extra: str) -> list[str]:
 def test_the_option_picks_the_rule_and_the_dry_run_counts(
     tmp_path: Path, value: str, rule: str, points: tuple[int, ...]
 ) -> None:
-    """auto and on stay on v2 (the f2k bundles' plans); v3 is opt-in. The counts are what
-    ``--dry-run`` prints for the f2k options (docs/h200-runs.md)."""
+    """auto and on plan v4 (the lead's decision on the measured v4 evidence, docs/acquisition.md
+    "Rule v4"); v2 (the f2k bundles' plans) and v3 stay explicit choices with their own counts.
+    The counts are what ``--dry-run`` prints for the f2k options (docs/h200-runs.md)."""
     args = argv(tmp_path, "--moe-kernel-steps", value)
     _, plans = prepare(build_parser().parse_args(args), args)
     assert [p.kernel.rule for p in plans if p.kernel is not None] == [rule] * 3
@@ -175,3 +178,25 @@ def test_the_loo_classes_count_v3s_ramp_edges_as_bends_and_v2_as_before() -> Non
     assert [knot(n, 32, v2) for n in (1025, 1026, 1027)] == [False, False, False]
     # Inside a flat stretch neither rule sees a bend.
     assert not knot(1100, 32, v3) and not knot(1100, 32, v2)
+
+
+def test_the_dry_run_names_the_rule_auto_plans(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dry-run`` at the f2k options names the rule beside the sizes, so that the default
+    (v4 since session 6) and an explicit v2 (the f2k tables' plan) are told apart."""
+    from acquisition.cli import main
+
+    assert main([*argv(tmp_path), "--dry-run", "--no-progress-bar"], whole_process=False) == 0
+    auto = capsys.readouterr()
+    assert (
+        main([*argv(tmp_path, "--moe-kernel-steps", "v2"), "--dry-run", "--no-progress-bar"]) == 0
+    )
+    v2 = capsys.readouterr()
+    text_auto, text_v2 = auto.out + auto.err, v2.out + v2.err
+    assert "dp1_ep1_rank0_sp0: 1010 points" in text_auto
+    assert "kernel steps v4: +942 expert points" in text_auto
+    assert "dp2_ep2_rank1_sp0: 1430 points" in text_auto and "kernel steps v2" not in text_auto
+    assert "dp1_ep1_rank0_sp0: 568 points" in text_v2
+    assert "kernel steps v2: +500 expert points" in text_v2
+    assert "dp2_ep2_rank1_sp0: 1207 points" in text_v2 and "kernel steps v4" not in text_v2

@@ -1,8 +1,8 @@
 """Rule v4 of the kernel-step plan (issue 20 item 1): v3 plus the A values where the balanced
 tiles bend along A at EP1's 16-row rows, from configuration and geometry only (R10-R11: the A
-axis gets the tiles' slope-change corners, nothing measured decides a point); opt-in
-(``--moe-kernel-steps v4``), v2 and v3 unchanged (their plans keep their hashes, their
-leave-one-out classes their bends)."""
+axis gets the tiles' slope-change corners, nothing measured decides a point);
+``--moe-kernel-steps v4`` and the default (``auto``/``on``: test_plan_kernel_steps_v3.py), v2 and
+v3 unchanged (their plans keep their hashes, their leave-one-out classes their bends)."""
 
 from __future__ import annotations
 
