@@ -47,7 +47,9 @@ urlpatterns = [
         name="bundle-export",
     ),
     re_path(
-        r"^bundles/(?P<pk>[0-9]+)/files/(?P<path>.+)$",
+        # Any character, newlines included: a path that names no file is the view's JSON 404,
+        # never the URL resolver's HTML one (the schema documents JSON).
+        r"^bundles/(?P<pk>[0-9]+)/files/(?P<path>[\s\S]+)$",
         BundleViewSet.as_view({"get": "files"}),
         name="bundle-files",
     ),

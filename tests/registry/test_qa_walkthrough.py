@@ -349,3 +349,15 @@ def test_an_unknown_profile_id_is_one_problem(api: APIClient, published: Bundle)
     response = _post(api, "/api/v1/estimate", body | {"profile": 999})
     assert response.status_code == 400
     assert response.json()["problems"] == ["profile: no published routing profile 999"]
+
+
+@pytest.mark.parametrize("path", ["a%0Ab", "%0A", "tp1/x%0D%0Ay.csv"])
+def test_a_file_path_with_a_line_break_is_the_documented_json_404(
+    api: APIClient, published: Bundle, path: str
+) -> None:
+    """The schema documents the files door's 404 as JSON; a path with a line break used to miss
+    the URL pattern and get Django's HTML 404 (found by the schema fuzz, R44)."""
+    response = api.get(f"/api/v1/bundles/{published.pk}/files/{path}")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("application/json")
+    assert "has no file" in response.json()["detail"]

@@ -223,7 +223,7 @@ class BundleViewSet(
             503: OpenApiResponse(description="the stored file is missing or damaged"),
         },
     )
-    @action(detail=True, methods=["get"], url_path=r"files/(?P<path>.+)")
+    @action(detail=True, methods=["get"], url_path=r"files/(?P<path>[\s\S]+)")
     def files(self, request: Request, pk: str | None = None, path: str = "") -> HttpResponseBase:
         """One file of the bundle, byte for byte as published; ETag is its sha256."""
         bundle = self.get_object()
