@@ -26,13 +26,12 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 from scipy import stats
 
-from moetables.tiles import TileError, power_law_shares
+from moetables.tiles import TileError, TimedLoad, power_law_shares
 
 __all__ = [
     "LoadCharge",
@@ -136,21 +135,6 @@ def _trim(pmf: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """The PMF without its upper tail below `PMF_FLOOR` (its index is the tile count)."""
     keep = np.flatnonzero(pmf > PMF_FLOOR)
     return pmf[: int(keep[-1]) + 1] if keep.size else pmf
-
-
-class TimedLoad(Protocol):
-    """A timed load of the expert kernel (``moetables.bundle.loads.LoadSpreadRow``)."""
-
-    @property
-    def tokens(self) -> int: ...
-    @property
-    def block_m(self) -> int: ...
-    @property
-    def tiles(self) -> int: ...
-    @property
-    def b2_us(self) -> float: ...
-    @property
-    def stable(self) -> bool: ...
 
 
 @dataclass(frozen=True)
