@@ -142,30 +142,21 @@ def test_extra_arguments_reach_the_qwen3_acquisitions(stubs: Path, tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("part", "backend"), [("v3-modular-dp1", "vllm-modular"), ("v3-live", "vllm-live")]
+    ("part", "backend", "rule", "not_rule"),
+    [
+        ("v3-modular-dp1", "vllm-modular", "v3", "v2"),
+        ("v3-live", "vllm-live", "v3", "v2"),
+        ("v4-modular-dp1", "vllm-modular", "v4", "v3"),
+        ("v4-live", "vllm-live", "v4", "v3"),
+    ],
 )
-def test_the_v3_parts_run_dp1_with_rule_v3(
-    stubs: Path, tmp_path: Path, part: str, backend: str
+def test_the_rule_parts_run_dp1_with_their_rule(
+    stubs: Path, tmp_path: Path, part: str, backend: str, rule: str, not_rule: str
 ) -> None:
-    """Issue 20 item 1: the re-measure of DP1 and live with kernel-step rule v3."""
+    """Issue 20 item 1: the re-measures of DP1 and live with kernel-step rules v3 and v4."""
     result = run(stubs, tmp_path, part)
     assert result.returncode == 0, result.stderr
     assert summary(tmp_path)[0].startswith(f"{part}: exit 0")
     argv = (tmp_path / "root" / part / "argv.txt").read_text()
-    assert "--moe-kernel-steps v3" in argv and "--moe-kernel-steps v2" not in argv
-    assert f"--dp 1 --backend {backend}" in argv
-
-
-@pytest.mark.parametrize(
-    ("part", "backend"), [("v4-modular-dp1", "vllm-modular"), ("v4-live", "vllm-live")]
-)
-def test_the_v4_parts_run_dp1_with_rule_v4(
-    stubs: Path, tmp_path: Path, part: str, backend: str
-) -> None:
-    """Issue 20 item 1: DP1 and live with kernel-step rule v4 (v3 plus the A-side points)."""
-    result = run(stubs, tmp_path, part)
-    assert result.returncode == 0, result.stderr
-    assert summary(tmp_path)[0].startswith(f"{part}: exit 0")
-    argv = (tmp_path / "root" / part / "argv.txt").read_text()
-    assert "--moe-kernel-steps v4" in argv and "--moe-kernel-steps v3" not in argv
+    assert f"--moe-kernel-steps {rule}" in argv and f"--moe-kernel-steps {not_rule}" not in argv
     assert f"--dp 1 --backend {backend}" in argv
