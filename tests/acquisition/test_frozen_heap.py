@@ -18,16 +18,9 @@ from tiny_moe import write_model
 from acquisition.acquire import frozen_heap
 from acquisition.cli import main
 from acquisition.protocol.measure import PointMeter
+from tests.acquisition.test_acquisition_phases import COMMON  # the same CPU run
 
 pytest.importorskip("torch")
-
-COMMON = [
-    "--hardware", "CPU", "--tp", "1", "--tp-refresh", "1", "--max-num-seqs", "2",
-    "--max-num-batched-tokens", "2", "--moe-rounds", "2", "--measurement-iterations", "1",
-    "--warmup-cycles", "0", "--backend", "torch-reference", "--device", "cpu",
-    "--cache-bytes", "1", "--quality-tolerance", "0.9", "--cudagraph-mode", "NONE",
-    "--no-progress-bar",
-]  # fmt: skip
 
 
 def test_it_freezes_inside_and_unfreezes_after_even_on_errors() -> None:
