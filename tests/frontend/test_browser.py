@@ -20,7 +20,8 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = Path("/usr/bin/chromium")
+# CHROMIUM names another Debian chromium build (e.g. one unpacked with dpkg -x).
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 ARGS = [
     "--headless",
     "--no-sandbox",

@@ -18,7 +18,8 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests/moetables/data/cluster-fixture.yaml"
-CHROMIUM = Path("/usr/bin/chromium")
+# CHROMIUM names another Debian chromium build (e.g. one unpacked with dpkg -x).
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 ARGS = [
     "--headless",
     "--no-sandbox",
