@@ -72,6 +72,31 @@ def filter_choices() -> dict[str, list[Any]]:
     }
 
 
+def filter_problems(
+    errors: Mapping[str, list[str]],
+    values: Mapping[str, str],
+    choices: Mapping[str, list[Any]],
+) -> tuple[list[str], list[str]]:
+    """What is wrong with the home page's filters, in words that name the field and value.
+
+    ``errors`` are the filterset's own (a value the filter cannot read, such as ``tp=two``:
+    the list is not shown, as the API answers 400); ``unknown`` are readable values no
+    published bundle has (``hardware=H100`` with none): the list is rightly empty, and the
+    page says which values exist, since the menu cannot show a value it does not list.
+    """
+    invalid = [
+        f"{key}: {values.get(key, '')!r} is not a valid value ({' '.join(messages)})"
+        for key, messages in errors.items()
+    ]
+    unknown = []
+    for key, known in choices.items():
+        value = values.get(key, "")
+        if value and key not in errors and value not in {str(v) for v in known}:
+            listed = ", ".join(str(v) for v in known) or "none"
+            unknown.append(f"{key}: no published bundle has {value!r} (known: {listed})")
+    return invalid, unknown
+
+
 def recent_jobs(limit: int = 10) -> list[AcquisitionJob]:
     """The newest acquisition jobs with their progress."""
     return list(AcquisitionJob.objects.select_related("result_bundle").order_by("-id")[:limit])
@@ -447,6 +472,7 @@ __all__ = [
     "bundle_summary",
     "compare_context",
     "filter_choices",
+    "filter_problems",
     "load_fields",
     "lookup_answer",
     "recent_jobs",

@@ -72,6 +72,36 @@ def test_it_lists_and_filters_bundles(
     assert "1 of 2 bundles" in html and "Qwen/Qwen3-30B-A3B-Instruct-2507" in html
 
 
+def test_a_filter_it_cannot_read_lists_nothing_and_says_why(
+    client: Client, shipped_bundle: Any, current_bundle: Any
+) -> None:
+    """tp=two was dropped from the query: the page listed every bundle under a TP menu that
+    said "any". Now it names the field and value, lists nothing, and answers 400 (as the API)."""
+    response = client.get("/?tp=two&hardware=RTXPRO6000")
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert 'id="filter-problems"' in html and "tp: &#x27;two&#x27; is not a valid value" in html
+    assert "0 of 2 bundles" in html and 'id="bundle-table"' not in html
+    assert client.get("/?layout=sideways").status_code == 400
+    assert client.get("/?sequence_parallel=maybe").status_code == 400
+
+
+def test_a_value_no_bundle_has_is_named_with_the_known_ones(
+    client: Client, shipped_bundle: Any, current_bundle: Any
+) -> None:
+    """hardware=H100 with none published: an empty list, and the page says which values exist
+    (the hardware menu cannot show a value it does not list, so it read "any")."""
+    response = client.get("/?hardware=H100&tp=7")
+    html = response.content.decode()
+    assert response.status_code == 200 and "0 of 2 bundles" in html
+    assert (
+        "hardware: no published bundle has &#x27;H100&#x27; (known: RTXPRO6000, SYNTH-GPU)" in html
+    )
+    assert "tp: no published bundle has &#x27;7&#x27; (known: 1)" in html
+    # Known values say nothing.
+    assert 'id="filter-problems"' not in client.get("/?hardware=RTXPRO6000").content.decode()
+
+
 def test_it_shows_a_bundle_with_sha256_tables_and_missing_files(
     client: Client, shipped_bundle: Any
 ) -> None:
