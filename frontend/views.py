@@ -108,7 +108,7 @@ def table_lookup(request: HttpRequest, pk: int) -> HttpResponse:
     # htmx swaps the answer in; the load fields come back out of band, marked where refused.
     context["htmx"] = request.headers.get("HX-Request") == "true"
     context["values"] = {k: request.GET.get(k, "") for k in ("loads", "tile_cost_us")}
-    return render(request, "frontend/_lookup.html", context)
+    return render(request, "frontend/_lookup.html", context, status=context.get("status", 200))
 
 
 @_storage_safe

@@ -148,6 +148,40 @@ def test_it_draws_a_current_table_per_m_slice(client: Client, current_bundle: An
     assert figures["surface"]["layout"]["meta"]["cells_with_data"] > 0
 
 
+def test_an_unknown_mode_or_component_is_a_400_naming_the_allowed_ones(
+    client: Client, shipped_bundle: Any, current_bundle: Any
+) -> None:
+    """QA: the playground answered ?mode=lazy from the eager rows, silently. Its htmx answer is
+    now a 400 naming the value and the table's modes (htmx swaps a 400 in: base.html)."""
+    table = current_bundle.tables.first()
+    url = f"/tables/{table.pk}/lookup?tokens=6&activated_experts=2&local_assignments=6"
+    response = client.get(url + "&component=experts&mode=lazy", headers={"HX-Request": "true"})
+    html = response.content.decode()
+    assert response.status_code == 400 and "Refused (invalid)" in html
+    assert "mode: this table has no mode &#x27;lazy&#x27;; allowed are eager" in html
+    assert "lookup-time" not in html
+    response = client.get(url + "&component=shared_expert")
+    assert response.status_code == 400
+    assert "component: this table has no component &#x27;shared_expert&#x27;" in (
+        response.content.decode()
+    )
+    # graph on an eager-only table is a mode the table lacks too.
+    assert client.get(url + "&mode=graph").status_code == 400
+    assert client.get(url + "&mode=eager").status_code == 200
+    # The table page falls back to the table's mode and says which value it did not use.
+    html = client.get(f"/tables/{table.pk}/?mode=lazy").content.decode()
+    assert (
+        'id="mode-problem"' in html and "&#x27;lazy&#x27;; allowed are eager; showing eager" in html
+    )
+    assert 'id="mode-problem"' not in client.get(f"/tables/{table.pk}/").content.decode()
+    # The shipped historical table has both modes: graph is one of them.
+    historical = shipped_bundle.tables.first()
+    assert (
+        'id="mode-problem"'
+        not in client.get(f"/tables/{historical.pk}/?mode=graph").content.decode()
+    )
+
+
 def test_it_answers_the_playground_with_vertices_or_a_reason(
     client: Client, shipped_bundle: Any, current_bundle: Any
 ) -> None:
