@@ -296,6 +296,7 @@ def table_context(
         "coverage": coverage_summary(table),
         "example": example,
         "components": list(table.components),
+        "points_rows": len(charts["points"]["data"][0]["x"]),
     }
 
 
