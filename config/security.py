@@ -15,7 +15,13 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
-__all__ = ["DEFAULT_POLICY", "FILE_POLICY", "ContentSecurityPolicyMiddleware"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "FILE_POLICY",
+    "REDOC_LOGO",
+    "ContentSecurityPolicyMiddleware",
+    "policy_with",
+]
 
 DEFAULT_POLICY = "; ".join(
     [
@@ -35,6 +41,25 @@ DEFAULT_POLICY = "; ".join(
 # A stored file is data: nothing in it may run, load or be framed, even if a browser were
 # talked into rendering it.
 FILE_POLICY = "default-src 'none'; sandbox; frame-ancestors 'none'"
+# ReDoc (2.x, the drf-spectacular sidecar's standalone bundle) draws its "API docs by Redocly"
+# attribution with this image, a URL compiled into the bundle with no option to change or hide
+# it. The ReDoc page alone may load exactly this file (a source with a path matches only that
+# path); no other page, and no other remote image anywhere.
+REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
+
+
+def policy_with(directive: str, *sources: str) -> str:
+    """The site's policy with ``sources`` added to one directive (which must be in it); no
+    policy where the site sends none."""
+    policy = getattr(settings, "CONTENT_SECURITY_POLICY", DEFAULT_POLICY)
+    if not policy:
+        return ""
+    parts = [part.strip() for part in policy.split(";")]
+    found = [i for i, part in enumerate(parts) if part.split(" ", 1)[0] == directive]
+    if not found:
+        raise ValueError(f"the Content-Security-Policy has no {directive} directive")
+    parts[found[0]] = " ".join([parts[found[0]], *sources])
+    return "; ".join(parts)
 
 
 class ContentSecurityPolicyMiddleware:

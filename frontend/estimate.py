@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, render
 
 from moetables.comm import ClusterError
 from moetables.errors import BundleError, CoverageError, QueryError
+from moetables.estimate import MODES
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.routing import POLICIES
 from registry.bundles.models import Bundle
@@ -22,7 +23,7 @@ from registry.services.profiles import published_profile
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
-__all__ = ["estimate_page", "tile_cost_field", "timeline_figure"]
+__all__ = ["choice_problems", "estimate_page", "tile_cost_field", "timeline_figure"]
 
 COLORS = {"compute": "#2b6cb0", "wait": "#d69e2e", "transfer": "#c53030"}
 
@@ -148,6 +149,20 @@ def tile_cost_field(text: str) -> float | str:
         ) from None
 
 
+def choice_problems(params: Any) -> list[str]:
+    """A ``policy`` or ``mode`` the page has no menu entry for, named with the allowed ones.
+
+    The menus cannot show such a value: they fell back to their first entry while the request
+    asked for another (and with token counts the estimate refused it in the parser's words);
+    now the page says what was asked and what is allowed, before anything else."""
+    problems = []
+    for key, allowed in (("policy", POLICIES), ("mode", MODES)):
+        value = params.get(key)
+        if value is not None and value not in allowed:
+            problems.append(f"{key}: unknown {key} {value!r}; allowed are {', '.join(allowed)}")
+    return problems
+
+
 def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
     bundle = get_object_or_404(Bundle, pk=pk)
     deployments = _deployments(bundle)
@@ -192,6 +207,12 @@ def estimate_page(request: HttpRequest, pk: int) -> HttpResponse:
         "error": None,
         "charts": {},
     }
+    if problems := choice_problems(params):
+        # The form shows the defaults; the message names the value that was not used.
+        form["policy"] = form["policy"] if form["policy"] in POLICIES else "balanced"
+        form["mode"] = form["mode"] if form["mode"] in MODES else "eager"
+        context["error"] = ("invalid", "; ".join(problems))
+        return render(request, "frontend/estimate.html", context, status=400)
     if "tokens" in params:
         try:
             parts = form["deployment"].split("/")

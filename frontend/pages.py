@@ -72,6 +72,31 @@ def filter_choices() -> dict[str, list[Any]]:
     }
 
 
+def filter_problems(
+    errors: Mapping[str, list[str]],
+    values: Mapping[str, str],
+    choices: Mapping[str, list[Any]],
+) -> tuple[list[str], list[str]]:
+    """What is wrong with the home page's filters, in words that name the field and value.
+
+    ``errors`` are the filterset's own (a value the filter cannot read, such as ``tp=two``:
+    the list is not shown, as the API answers 400); ``unknown`` are readable values no
+    published bundle has (``hardware=H100`` with none): the list is rightly empty, and the
+    page says which values exist, since the menu cannot show a value it does not list.
+    """
+    invalid = [
+        f"{key}: {values.get(key, '')!r} is not a valid value ({' '.join(messages)})"
+        for key, messages in errors.items()
+    ]
+    unknown = []
+    for key, known in choices.items():
+        value = values.get(key, "")
+        if value and key not in errors and value not in {str(v) for v in known}:
+            listed = ", ".join(str(v) for v in known) or "none"
+            unknown.append(f"{key}: no published bundle has {value!r} (known: {listed})")
+    return invalid, unknown
+
+
 def recent_jobs(limit: int = 10) -> list[AcquisitionJob]:
     """The newest acquisition jobs with their progress."""
     return list(AcquisitionJob.objects.select_related("result_bundle").order_by("-id")[:limit])
@@ -184,6 +209,16 @@ def _mode(table: DeploymentTable, raw: str | None) -> str:
     return "eager" if "eager" in modes else modes[0]
 
 
+def mode_problem(table: DeploymentTable, raw: str | None) -> str | None:
+    """Why ``raw`` (a query's ``mode``) is not a mode of this table, naming the allowed ones;
+    None when it is one (or none was given). ``graph`` on an eager-only table has its own
+    words on the table page (R14: new measurements are eager only)."""
+    modes = [str(m) for m in table.modes]
+    if raw is None or raw in modes:
+        return None
+    return f"mode: this table has no mode {raw!r}; allowed are {', '.join(modes)}"
+
+
 def table_context(
     table: DeploymentTable, raw_m: str | None, raw_mode: str | None
 ) -> dict[str, Any]:
@@ -250,6 +285,8 @@ def table_context(
         "stability": stability,
         "evidence": {"stability": stable, "conservation": conserved, "error": evidence_error},
         "graph_missing": raw_mode == "graph" and mode != "graph",
+        # Any other mode the table lacks: the page falls back to its own and says so.
+        "mode_problem": None if raw_mode == "graph" else mode_problem(table, raw_mode),
         "compact_change": (
             f"{stability.max_relative_change:.2%}"
             if stability.max_relative_change is not None
@@ -259,6 +296,7 @@ def table_context(
         "coverage": coverage_summary(table),
         "example": example,
         "components": list(table.components),
+        "points_rows": len(charts["points"]["data"][0]["x"]),
     }
 
 
@@ -325,6 +363,24 @@ def lookup_answer(table: DeploymentTable, params: Mapping[str, Any]) -> dict[str
     (``Deployment.answer``, as POST /api/v1/lookup gives it), beside the balanced one."""
     component = str(params.get("component") or EXPERTS)
     mode = _mode(table, params.get("mode"))
+    # A mode or component the form never offers is the request's mistake (400), named with
+    # the allowed values, never answered from another mode or refused in a lookup's words.
+    problems = [p for p in (mode_problem(table, params.get("mode")),) if p]
+    components = [str(c) for c in table.components]
+    if component not in components:
+        problems.append(
+            f"component: this table has no component {component!r}; allowed are "
+            + ", ".join(components)
+        )
+    if problems:
+        return {
+            "component": component,
+            "mode": mode,
+            "query": (None, None, None),
+            "error": "invalid",
+            "message": "; ".join(problems),
+            "status": 400,
+        }
     n, a, m = (
         _int(params.get("tokens")),
         _int(params.get("activated_experts")),
@@ -447,8 +503,10 @@ __all__ = [
     "bundle_summary",
     "compare_context",
     "filter_choices",
+    "filter_problems",
     "load_fields",
     "lookup_answer",
+    "mode_problem",
     "recent_jobs",
     "table_context",
 ]

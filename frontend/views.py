@@ -39,16 +39,30 @@ LIST_FIELDS = (
 def home(request: HttpRequest) -> HttpResponse:
     """Bundles with filters and search, and recent acquisition jobs."""
     filterset = BundleFilterSet(request.GET or None, queryset=Bundle.objects.only(*LIST_FIELDS))
-    bundles = list(filterset.qs[:200]) if filterset.is_bound else list(filterset.queryset[:200])
+    choices = pages.filter_choices()
+    values = {key: request.GET.get(key, "") for key in pages.FILTER_KEYS}
+    # A filter the filterset cannot read would otherwise be dropped from the query: the page
+    # showed every bundle under "tp=two". Such a request lists nothing and says why (400, as
+    # GET /api/v1/bundles/ answers it).
+    errors = dict(filterset.errors) if filterset.is_bound else {}
+    invalid, unknown = pages.filter_problems(errors, values, choices)
+    if invalid:
+        bundles: list[Bundle] = []
+    elif filterset.is_bound:
+        bundles = list(filterset.qs[:200])
+    else:
+        bundles = list(filterset.queryset[:200])
     context = {
         "filterset": filterset,
         "bundles": bundles,
         "total": Bundle.objects.count(),
-        "choices": pages.filter_choices(),
-        "values": {key: request.GET.get(key, "") for key in pages.FILTER_KEYS},
+        "choices": choices,
+        "values": values,
+        "invalid": invalid,
+        "unknown": unknown,
         "jobs": pages.recent_jobs(),
     }
-    return render(request, "frontend/home.html", context)
+    return render(request, "frontend/home.html", context, status=400 if invalid else 200)
 
 
 def bundle_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -94,7 +108,7 @@ def table_lookup(request: HttpRequest, pk: int) -> HttpResponse:
     # htmx swaps the answer in; the load fields come back out of band, marked where refused.
     context["htmx"] = request.headers.get("HX-Request") == "true"
     context["values"] = {k: request.GET.get(k, "") for k in ("loads", "tile_cost_us")}
-    return render(request, "frontend/_lookup.html", context)
+    return render(request, "frontend/_lookup.html", context, status=context.get("status", 200))
 
 
 @_storage_safe

@@ -55,6 +55,13 @@ class StrictBooleanFilter(django_filters.BooleanFilter):
     field_class = _StrictBooleanField
 
 
+class WholeNumberFilter(django_filters.NumberFilter):
+    """A degree or rank: a whole number (NumberFilter reads decimals, and dp=1.5 listed no
+    bundle instead of saying the value is wrong)."""
+
+    field_class = forms.IntegerField
+
+
 class BundleFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(
         method="search", label="Search hardware, model, variant, backend, kernel"
@@ -66,10 +73,10 @@ class BundleFilterSet(django_filters.FilterSet):
     sha256 = django_filters.CharFilter()
     layout = django_filters.ChoiceFilter(choices=BundleLayout.choices)
     source = django_filters.ChoiceFilter(choices=BundleSource.choices)
-    tp = django_filters.NumberFilter(method=_noop_int, label="A table with this TP degree")
-    dp = django_filters.NumberFilter(method=_noop_int, label="A table with this DP degree")
-    ep = django_filters.NumberFilter(method=_noop_int, label="A table with this EP degree")
-    rank = django_filters.NumberFilter(method=_noop_int, label="A table for this EP rank")
+    tp = WholeNumberFilter(method=_noop_int, label="A table with this TP degree", min_value=1)
+    dp = WholeNumberFilter(method=_noop_int, label="A table with this DP degree", min_value=1)
+    ep = WholeNumberFilter(method=_noop_int, label="A table with this EP degree", min_value=1)
+    rank = WholeNumberFilter(method=_noop_int, label="A table for this EP rank", min_value=0)
     sequence_parallel = StrictBooleanFilter(method=_noop_bool)
     backend = django_filters.CharFilter(
         method=_noop_str, label="A table measured by this execution path (adapter)"

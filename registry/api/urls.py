@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.urls import re_path
 
+from registry.api.clusters import ClusterDetailView, ClusterListView
 from registry.api.estimate import estimate
 from registry.api.jobs import JobViewSet
 from registry.api.profiles import RoutingProfileViewSet
@@ -70,6 +71,13 @@ urlpatterns = [
     ),
     re_path(r"^lookup/?$", lookup, name="lookup"),
     re_path(r"^estimate/?$", estimate, name="estimate"),
+    re_path(r"^clusters/?$", ClusterListView.as_view(), name="cluster-list"),
+    re_path(
+        # The estimate's own rule for a cluster name (registry.services.estimate._NAME).
+        r"^clusters/(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,99})/?$",
+        ClusterDetailView.as_view(),
+        name="cluster-detail",
+    ),
     re_path(
         r"^tables/(?P<pk>[0-9]+)/stability/?$", StabilityView.as_view(), name="table-stability"
     ),

@@ -35,6 +35,7 @@ class ApiRootView(APIView):
             {
                 "bundles": request.build_absolute_uri(reverse("registry-api:bundle-list")),
                 "lookup": request.build_absolute_uri(reverse("registry-api:lookup")),
+                "clusters": request.build_absolute_uri(reverse("registry-api:cluster-list")),
                 "schema": request.build_absolute_uri(reverse("schema")),
                 "docs": request.build_absolute_uri(reverse("swagger-ui")),
             }

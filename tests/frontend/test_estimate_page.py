@@ -18,7 +18,8 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests/moetables/data/cluster-fixture.yaml"
-CHROMIUM = Path("/usr/bin/chromium")
+# CHROMIUM names another Debian chromium build (e.g. one unpacked with dpkg -x).
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 ARGS = [
     "--headless",
     "--no-sandbox",
@@ -101,6 +102,35 @@ def test_it_estimates_on_the_page_and_refuses_with_the_rank(
     assert "layer time (rank" in text
     refused = client.get(url, {"deployment": "1/2/0", "tokens": "3000,1", "cluster": ""})
     assert "rank 0 gate_routing at rows=3000" in refused.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"mode": "lazy"}, "mode: unknown mode &#x27;lazy&#x27;; allowed are eager, graph"),
+        (
+            {"policy": "fair", "tokens": "5,300", "deployment": "1/2/0"},
+            "policy: unknown policy &#x27;fair&#x27;; allowed are balanced, custom",
+        ),
+        ({"policy": "", "mode": "Eager"}, "policy: unknown policy &#x27;&#x27;"),
+    ],
+)
+def test_an_unknown_mode_or_policy_is_named_with_the_allowed_ones(
+    client: Any, h200_bundle: Any, params: dict[str, str], message: str
+) -> None:
+    """QA: ?mode=lazy showed the eager menu entry as if chosen (and a 200); with token counts
+    the parser refused it. Now a 400 that names the value and what is allowed, whatever else
+    the query holds, and the menus show what the page falls back to."""
+    response = client.get(f"/bundles/{h200_bundle.pk}/estimate", params)
+    text = response.content.decode()
+    assert response.status_code == 400
+    assert "Refused (invalid)" in text and message in text, text
+    assert 'id="estimate-ranks"' not in text
+    if params.get("mode") == "Eager":
+        assert "mode: unknown mode &#x27;Eager&#x27;" in text
+    assert (
+        "<option selected>balanced</option>" in text and "<option selected>eager</option>" in text
+    )
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,36 @@ def test_it_lists_and_filters_bundles(
     assert "1 of 2 bundles" in html and "Qwen/Qwen3-30B-A3B-Instruct-2507" in html
 
 
+def test_a_filter_it_cannot_read_lists_nothing_and_says_why(
+    client: Client, shipped_bundle: Any, current_bundle: Any
+) -> None:
+    """tp=two was dropped from the query: the page listed every bundle under a TP menu that
+    said "any". Now it names the field and value, lists nothing, and answers 400 (as the API)."""
+    response = client.get("/?tp=two&hardware=RTXPRO6000")
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert 'id="filter-problems"' in html and "tp: &#x27;two&#x27; is not a valid value" in html
+    assert "0 of 2 bundles" in html and 'id="bundle-table"' not in html
+    assert client.get("/?layout=sideways").status_code == 400
+    assert client.get("/?sequence_parallel=maybe").status_code == 400
+
+
+def test_a_value_no_bundle_has_is_named_with_the_known_ones(
+    client: Client, shipped_bundle: Any, current_bundle: Any
+) -> None:
+    """hardware=H100 with none published: an empty list, and the page says which values exist
+    (the hardware menu cannot show a value it does not list, so it read "any")."""
+    response = client.get("/?hardware=H100&tp=7")
+    html = response.content.decode()
+    assert response.status_code == 200 and "0 of 2 bundles" in html
+    assert (
+        "hardware: no published bundle has &#x27;H100&#x27; (known: RTXPRO6000, SYNTH-GPU)" in html
+    )
+    assert "tp: no published bundle has &#x27;7&#x27; (known: 1)" in html
+    # Known values say nothing.
+    assert 'id="filter-problems"' not in client.get("/?hardware=RTXPRO6000").content.decode()
+
+
 def test_it_shows_a_bundle_with_sha256_tables_and_missing_files(
     client: Client, shipped_bundle: Any
 ) -> None:
@@ -116,6 +146,40 @@ def test_it_draws_a_current_table_per_m_slice(client: Client, current_bundle: An
     assert "conditioning_summary" in html and "format version 1 bundles publish" in html
     assert 'value="8" selected' in html
     assert figures["surface"]["layout"]["meta"]["cells_with_data"] > 0
+
+
+def test_an_unknown_mode_or_component_is_a_400_naming_the_allowed_ones(
+    client: Client, shipped_bundle: Any, current_bundle: Any
+) -> None:
+    """QA: the playground answered ?mode=lazy from the eager rows, silently. Its htmx answer is
+    now a 400 naming the value and the table's modes (htmx swaps a 400 in: base.html)."""
+    table = current_bundle.tables.first()
+    url = f"/tables/{table.pk}/lookup?tokens=6&activated_experts=2&local_assignments=6"
+    response = client.get(url + "&component=experts&mode=lazy", headers={"HX-Request": "true"})
+    html = response.content.decode()
+    assert response.status_code == 400 and "Refused (invalid)" in html
+    assert "mode: this table has no mode &#x27;lazy&#x27;; allowed are eager" in html
+    assert "lookup-time" not in html
+    response = client.get(url + "&component=shared_expert")
+    assert response.status_code == 400
+    assert "component: this table has no component &#x27;shared_expert&#x27;" in (
+        response.content.decode()
+    )
+    # graph on an eager-only table is a mode the table lacks too.
+    assert client.get(url + "&mode=graph").status_code == 400
+    assert client.get(url + "&mode=eager").status_code == 200
+    # The table page falls back to the table's mode and says which value it did not use.
+    html = client.get(f"/tables/{table.pk}/?mode=lazy").content.decode()
+    assert (
+        'id="mode-problem"' in html and "&#x27;lazy&#x27;; allowed are eager; showing eager" in html
+    )
+    assert 'id="mode-problem"' not in client.get(f"/tables/{table.pk}/").content.decode()
+    # The shipped historical table has both modes: graph is one of them.
+    historical = shipped_bundle.tables.first()
+    assert (
+        'id="mode-problem"'
+        not in client.get(f"/tables/{historical.pk}/?mode=graph").content.decode()
+    )
 
 
 def test_it_answers_the_playground_with_vertices_or_a_reason(

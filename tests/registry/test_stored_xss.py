@@ -148,3 +148,17 @@ def test_it_keeps_pages_with_figures_free_of_inline_script(
         response = client.get(url)
         assert response.status_code == 200
         assert _inline_scripts(response.content) == [], url
+
+
+def test_only_the_redoc_page_may_load_redocs_logo(client: Client) -> None:
+    """ReDoc's bundle draws its attribution from one fixed URL: that page's policy names that
+    file exactly (no host-wide source, no 'unsafe-*'), and no other page's policy names it."""
+    from config.security import REDOC_LOGO
+
+    policy = client.get("/api/redoc/")["Content-Security-Policy"]
+    images = next(p for p in policy.split(";") if p.strip().startswith("img-src")).split()
+    assert images == ["img-src", "'self'", "data:", "blob:", REDOC_LOGO]
+    assert REDOC_LOGO.endswith(".svg") and "unsafe" not in policy.split("style-src")[0]
+    assert "script-src 'self';" in policy
+    for path in ("/", "/api/docs/", "/api/v1/bundles/"):
+        assert "cdn.redoc.ly" not in client.get(path)["Content-Security-Policy"], path

@@ -51,25 +51,50 @@
       });
     });
   }
+  // A figure marked data-lazy (the 3-D scatter: WebGL, slow to build on big tables) is drawn
+  // only when it comes near the viewport or its "draw" button is pressed, so it no longer
+  // holds up the page's first interaction. Without IntersectionObserver it is drawn at once.
+  function drawLazily(div) {
+    var button = document.querySelector("[data-draw='" + div.id + "']");
+    var done = false;
+    function now() {
+      if (done) { return; }
+      done = true;
+      if (observer) { observer.disconnect(); }
+      if (button) { button.parentElement.hidden = true; }
+      div.dataset.drawing = "1";
+      drawOne(div);
+    }
+    var observer = null;
+    if (button) { button.addEventListener("click", now); }
+    if (!("IntersectionObserver" in window)) { now(); return; }
+    observer = new IntersectionObserver(function (entries) {
+      if (entries.some(function (e) { return e.isIntersecting; })) { now(); }
+    }, {rootMargin: "200px 0px"});
+    observer.observe(div);
+  }
   function draw() {
     document.querySelectorAll("[data-figure]").forEach(function (div) {
-      var spec = document.getElementById(div.dataset.figure);
-      if (!spec) { return; }
-      var fig = JSON.parse(spec.textContent);
-      fig.layout.autosize = true;
-      if (div.clientWidth < 600 && fig.layout.title && fig.layout.title.text) {
-        // Phone width: Plotly does not wrap titles, so break them between words.
-        fig.layout.title.text = wrap(fig.layout.title.text, Math.max(24, div.clientWidth / 9));
-        fig.layout.title.font = {size: 12};
-        fig.layout.margin = {l: 55, r: 10, t: 70, b: 60};
-      }
-      Plotly.newPlot(div, fig.data, fig.layout, {responsive: true, displaylogo: false})
-        .then(function () {
-          var key = fig.layout.meta && fig.layout.meta.link;
-          if (key) { link(div, key); }
-          div.dataset.rendered = String(fig.data.length);
-        });
+      if (div.hasAttribute("data-lazy")) { drawLazily(div); } else { drawOne(div); }
     });
+  }
+  function drawOne(div) {
+    var spec = document.getElementById(div.dataset.figure);
+    if (!spec) { return; }
+    var fig = JSON.parse(spec.textContent);
+    fig.layout.autosize = true;
+    if (div.clientWidth < 600 && fig.layout.title && fig.layout.title.text) {
+      // Phone width: Plotly does not wrap titles, so break them between words.
+      fig.layout.title.text = wrap(fig.layout.title.text, Math.max(24, div.clientWidth / 9));
+      fig.layout.title.font = {size: 12};
+      fig.layout.margin = {l: 55, r: 10, t: 70, b: 60};
+    }
+    Plotly.newPlot(div, fig.data, fig.layout, {responsive: true, displaylogo: false})
+      .then(function () {
+        var key = fig.layout.meta && fig.layout.meta.link;
+        if (key) { link(div, key); }
+        div.dataset.rendered = String(fig.data.length);
+      });
   }
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", draw);
