@@ -3,8 +3,9 @@
 The loop owns checkpointing: each context's forwards, each control and each point's verdict go
 to samples.jsonl as they are known, so a rerun of the same command resumes where a kill left
 it (R9). A point whose B/2B control fails is measured again in a new attempt, up to
-``settings.attempts`` times per run; a point still failing keeps its evidence and blocks
-publication of the target (a rerun tries it again). Attribution failures and reference
+``settings.attempts`` times per run; the new attempt goes to the end of the target's queue, so
+it runs at another moment of the run than the failed one. A point still failing keeps its
+evidence and blocks publication of the target (a rerun tries it again). Attribution failures and reference
 mismatches stop the target and leave failures.jsonl (and a Chrome trace) beside the samples.
 """
 
@@ -89,6 +90,34 @@ class _Pending:
     tries: int = 0
     verified: bool = False
     seconds: float = 0.0
+
+
+def _queue_order(log: SampleLog, points: list[PlanPoint]) -> list[PlanPoint]:
+    """The unfinished points in the order the queue measures them, on resume as in one run.
+
+    Points without a failed control first, in plan order; then the points whose latest
+    recorded attempt failed its control (a retry a kill interrupted, or a point an earlier
+    run recorded failed), in the order those controls were written: what the killed run's
+    queue held, since a failed control sends its point to the end (``_measure_queue``).
+    """
+
+    def failed_at(point: PlanPoint) -> int | None:
+        failed = [
+            a.sequence
+            for a in log.state(point.key).attempts.values()
+            if a.control is not None and not a.control["passed"]
+        ]
+        return max(failed) if failed else None
+
+    retries: list[tuple[int, int, PlanPoint]] = []
+    fresh: list[PlanPoint] = []
+    for index, point in enumerate(points):
+        sequence = failed_at(point)
+        if sequence is None:
+            fresh.append(point)
+        else:
+            retries.append((sequence, index, point))
+    return fresh + [point for _, _, point in sorted(retries)]
 
 
 def _safe(key: str) -> str:
@@ -332,7 +361,7 @@ class _TargetRun:
             (self.work_dir / "plan.json").write_text(
                 json.dumps(plan.as_dict(), sort_keys=True) + "\n", encoding="utf-8"
             )
-            pending = [p for p in plan.points if not log.state(p.key).measured]
+            pending = _queue_order(log, [p for p in plan.points if not log.state(p.key).measured])
             self.progress.skipped(len(plan.points) - len(pending))
             if pending:
                 with self.clock.phase("banks"):
@@ -408,9 +437,9 @@ class _TargetRun:
     ) -> None:
         """Measure points in batches sharing a profiler session; checkpoint once per batch.
 
-        A point whose control fails goes back to the head of the queue, so it is measured
-        again next (as one session per point did). Progress counts a point when it has its
-        verdict, with the wall seconds of its share of each batch it was in.
+        A point whose control fails goes to the end of the queue (``_measure_queue``), so its
+        next attempt runs after the points not yet measured. Progress counts a point when it
+        has its verdict, with the wall seconds of its share of each batch of each attempt.
         """
         queue = deque(_Pending(p) for p in pending)
 
@@ -488,9 +517,23 @@ class _TargetRun:
                     finish(item, step)
                 else:
                     retry.append(item)
-            # Retries first, then the points the batch's time limit left unmeasured, in order.
-            for item in reversed(retry + [item for item, _ in batch[len(done) :]]):
+            # The points the batch's time limit left unmeasured go back to the head, in order.
+            for item in reversed([item for item, _ in batch[len(done) :]]):
                 queue.appendleft(item)
+            # A failed control's next attempt goes to the END of the queue, after the points
+            # not yet measured, not back to the head. On the H200 a point that failed once
+            # (e.g. DP2/EP2 rank 1, whose forwards are bimodal) failed again when it was
+            # measured at once, and passed in a later process: its attempts were correlated in
+            # time. At the end, its attempts run at different moments of the run.
+            #
+            # No separate "late pass" is needed: the queue is first in, first out, so once the
+            # points not yet measured are done it holds only retries, in the order they failed,
+            # and each sweep measures every one of them once (round robin, ``batch_points`` at
+            # a time). A point's consecutive attempts are then separated by every other
+            # outstanding retry. Only a point that is the last one left runs its remaining
+            # attempts back to back, as before: nothing else is left to measure in between,
+            # and measuring anything else (or idling) would add device time without a datum.
+            queue.extend(retry)
 
     def _publish(
         self, log: SampleLog, session: ComponentSession, banks: int, outcome: TargetOutcome

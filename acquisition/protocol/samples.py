@@ -82,6 +82,9 @@ def writer_lock(directory: Path) -> Iterator[None]:
 class AttemptState:
     contexts: dict[tuple[str, int], list[float]] = field(default_factory=dict)
     control: dict[str, Any] | None = None
+    # The control record's position among the records read and written (its order in the
+    # file): a resume queues retries in the order their controls failed.
+    sequence: int = -1
 
 
 @dataclass(slots=True)
@@ -101,11 +104,16 @@ class PointState:
         return float(self.result["time_us"])
 
     def open_attempt(self) -> tuple[int, AttemptState]:
-        """The attempt to continue: the latest without a verdict, else a fresh one."""
+        """The attempt to continue: the latest without a verdict, else a fresh one.
+
+        A failed control is that attempt's verdict. A passed control whose ``point`` record
+        a kill cut off is not: the attempt is continued, and its verdict is written from the
+        control already recorded rather than the point measured again.
+        """
         if self.attempts:
             latest = max(self.attempts)
             state = self.attempts[latest]
-            decided = state.control is not None or (
+            decided = (state.control is not None and not state.control["passed"]) or (
                 self.result is not None and self.result.get("attempt") == latest
             )
             if not decided:
@@ -152,6 +160,7 @@ class SampleLog:
         self.productive_sessions: list[str] = []
         self.archived: Path | None = None
         self._pending: dict[tuple[Any, ...], list[float]] = {}
+        self._sequence = 0
 
     @classmethod
     def open(
@@ -196,6 +205,7 @@ class SampleLog:
 
     def _apply(self, record: dict[str, Any]) -> None:
         kind = record["type"]
+        self._sequence += 1
         if kind == "session":
             self.sessions.append(record)
             return
@@ -230,6 +240,7 @@ class SampleLog:
         elif kind == "control":
             attempt = state.attempts.setdefault(record["attempt"], AttemptState())
             attempt.control = record
+            attempt.sequence = self._sequence
         elif kind == "point":
             state.result = record
             if (
