@@ -248,7 +248,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "control_attempts",
         "int",
-        3,
+        6,
         "--control-attempts",
         "measurements of a point whose control fails, per run",
         minimum=1,

@@ -62,7 +62,7 @@ class ProtocolSettings:
     tolerance: float = 0.03
     capacity_multiple: int = 2
     minimum_banks: int = 2
-    attempts: int = 3
+    attempts: int = 6
     # Operational, like attempts: points sharing one profiler session, and the wall seconds
     # after which a batch closes (its records are written when it closes).
     batch_points: int = 8

@@ -118,7 +118,7 @@ def test_points_failing_every_attempt_fail_the_run_and_their_retries_interleave(
     keys = expert_keys(tiny_model, out)
     first, second = keys[0], keys[5]
     fail_controls({first: (0, 1, 2), second: (0, 1, 2)}, monkeypatch.setattr)
-    assert main(argv(tiny_model, out)) == 1
+    assert main(argv(tiny_model, out, "--control-attempts", "3")) == 1
     # The message of a run whose points failed their attempts is unchanged.
     err = capsys.readouterr().err
     assert (
@@ -199,4 +199,20 @@ def test_a_kill_between_attempts_resumes_to_the_same_verdicts(
         assert {p for p, _ in order[:-1]} == {p for p, a in order[:-1] if a == 0}
     else:
         assert chosen not in {p for p, _ in order}
+    assert validate_bundle(out / "CPU/test/tiny-moe/fp32").ok
+
+
+def test_the_default_gives_a_point_the_attempts_a_rerun_would_in_one_process(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six attempts per run by default (session 8): on the H200, rank-1 points whose first
+    three attempts failed passed at the rerun's first, after a 25 s restart of the process; the
+    same attempts now run in the first process. The point passes at attempt 3 and publishes."""
+    out = tmp_path / "out"
+    chosen = expert_keys(tiny_model, out)[0]
+    fail_controls({chosen: (0, 1, 2)}, monkeypatch.setattr)
+    assert main(argv(tiny_model, out)) == 0
+    recs = records(out)
+    assert controls(recs, chosen) == [(0, False), (1, False), (2, False), (3, True)]
+    assert verdicts(recs)[chosen] == ("measured", 3)
     assert validate_bundle(out / "CPU/test/tiny-moe/fp32").ok
