@@ -7,6 +7,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import include, path
+from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import (
     SpectacularAPIView,
     SpectacularRedocView,
@@ -21,6 +22,8 @@ class RedocView(SpectacularRedocView):
     """ReDoc under the site's policy, plus the one image its bundle loads from Redocly's CDN
     (config.security.REDOC_LOGO; without it the browser reports a blocked image)."""
 
+    # The override would otherwise drop the parent's exclusion and join the API schema.
+    @extend_schema(exclude=True)
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Response:
         # drf-spectacular leaves its views untyped.
         response: Response = super().get(request, *args, **kwargs)  # type: ignore[no-untyped-call]

@@ -41,10 +41,12 @@ def test_it_freezes_inside_and_unfreezes_after_even_on_errors() -> None:
 def test_a_process_that_froze_its_own_objects_is_left_alone() -> None:
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
-        with frozen_heap():
+        # Not an equality with the count before: a frozen object whose last reference goes
+        # (here or on another thread) leaves the permanent generation, one fewer.
+        with frozen_heap() as stats:
             pass
-        assert gc.get_freeze_count() == frozen  # not unfrozen behind the host's back
+        assert gc.get_freeze_count() > 0  # not unfrozen behind the host's back
+        assert stats.frozen == 0  # and nothing frozen on top of the host's own
     finally:
         gc.unfreeze()
 
