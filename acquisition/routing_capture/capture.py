@@ -1,10 +1,12 @@
 """The resumable capture loop: prompts in batches, a checkpoint per batch, one profile at the end.
 
 Checkpoints live in ``<out>.partial/``: ``state.json`` (what is being captured: the prompt
-file's sha256, the model, router, batch size and ``max_tokens``) and one ``batch-NNNNN.npz`` per
-finished batch (its steps and token counts), written atomically. A rerun of the same command
-skips the finished batches; a rerun with anything else changed refuses, naming what changed,
-rather than mixing two captures. The profile is written when every batch is done, and the
+file's sha256, the model, router, batch size, ``max_tokens``, every engine option that can change
+what the router sees or how the steps are cut, and the software versions) and one
+``batch-NNNNN.npz`` per finished batch (its steps and token counts), written atomically. A rerun
+of the same command skips the finished batches; a rerun with anything else changed (another
+seed, dtype or weights, another vLLM) refuses, naming what changed, rather than mixing two
+captures under one command line. The profile is written when every batch is done, and the
 checkpoint folder is removed.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +34,32 @@ def _partial(out: Path) -> Path:
 
 
 def _state(
-    engine: RoutingEngine, prompts_sha256: str, prompts: int, batch: int, max_tokens: int
+    engine: RoutingEngine,
+    prompts_sha256: str,
+    prompts: int,
+    batch: int,
+    max_tokens: int,
+    options: Mapping[str, Any],
 ) -> dict[str, Any]:
     d = engine.describe()
-    return {
-        "prompts_sha256": prompts_sha256,
-        "prompts": prompts,
-        "batch_prompts": batch,
-        "max_tokens": max_tokens,
-        "model": d.model,
-        "global_experts": d.global_experts,
-        "top_k": d.top_k,
-        "layers": list(d.layers),
-        "router": d.router,
-    }
+    # JSON round trip: the state is compared with what state.json gives back (tuples, floats).
+    identity = json.loads(json.dumps({f"option.{k}": v for k, v in options.items()}))
+    versions = {f"version.{k}": v for k, v in d.versions.items()}
+    return (
+        identity
+        | versions
+        | {
+            "prompts_sha256": prompts_sha256,
+            "prompts": prompts,
+            "batch_prompts": batch,
+            "max_tokens": max_tokens,
+            "model": d.model,
+            "global_experts": d.global_experts,
+            "top_k": d.top_k,
+            "layers": list(d.layers),
+            "router": d.router,
+        }
+    )
 
 
 def _load_state(folder: Path, want: dict[str, Any]) -> None:
@@ -95,14 +110,19 @@ def run_capture(
     progress: ProgressReporter,
     stop_after: int | None = None,
     model_name: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> RoutingProfile | None:
     """Capture every batch not yet checkpointed; write and return the profile when all are
     done. ``stop_after`` batches (tests, or a time-boxed run) stops early and returns None.
     ``model_name`` names the checkpoint in the profile where the folder's name would not (a
-    config copied to a temporary folder, dummy weights)."""
+    config copied to a temporary folder, dummy weights). ``options`` are the engine settings
+    a resume must share (the CLI's ``capture_options``)."""
     description = engine.describe()
     folder = _partial(out)
-    _load_state(folder, _state(engine, prompts_sha256, len(prompts), batch_prompts, max_tokens))
+    _load_state(
+        folder,
+        _state(engine, prompts_sha256, len(prompts), batch_prompts, max_tokens, options or {}),
+    )
     batches = [prompts[i : i + batch_prompts] for i in range(0, len(prompts), batch_prompts)]
     recorder = StepRecorder(list(description.layers), description.global_experts, description.top_k)
     engine.install(recorder.capture)

@@ -17,9 +17,28 @@ from pathlib import Path
 from acquisition.progress import ProgressReporter
 from acquisition.routing_capture.engines import PromptError, RoutingEngine, read_prompts
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "capture_options", "main"]
 
 ROUTERS = ("native", "normal_routing", "uniform_random")
+# What a resumed capture must share with its checkpoints besides the prompts, batches and
+# max_tokens: every option that changes the weights, the numbers or the router the engine
+# runs, or how the scheduler cuts steps (chunked prefill). Left out on purpose: where the
+# profile goes, progress output, and the memory fraction (it changes neither).
+_IDENTITY = {
+    "torch": ("engine", "model_name", "zipf_s", "layers", "seed"),
+    "vllm": (
+        "engine",
+        "model_name",
+        "router",
+        "seed",
+        "load_format",
+        "dtype",
+        "max_model_len",
+        "max_num_batched_tokens",
+        "hf_overrides",
+        "attention_backend",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress-bar", action="store_true")
     p.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)
     return p
+
+
+def capture_options(args: argparse.Namespace) -> dict[str, object]:
+    """The options of this command line that a resume must match (``_IDENTITY``)."""
+    options: dict[str, object] = {name: getattr(args, name) for name in _IDENTITY[args.engine]}
+    if args.hf_overrides is not None:
+        options["hf_overrides"] = json.loads(args.hf_overrides)  # key order does not matter
+    return options
 
 
 def _engine(args: argparse.Namespace) -> RoutingEngine:
@@ -160,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=progress,
             stop_after=args.stop_after,
             model_name=args.model_name,
+            options=capture_options(args),
         )
     except CaptureError as exc:
         progress.event("failed", str(exc), error=str(exc))

@@ -82,6 +82,55 @@ def test_it_refuses_to_resume_a_different_capture(
     assert "different ['max_tokens']" in capsys.readouterr().err
 
 
+def test_it_refuses_to_resume_with_another_seed_or_router(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another seed is another model (dummy or synthetic weights): the stopped capture's
+    batches and the new ones must not end in one profile under the new command line."""
+    assert main(_argv(tmp_path, "--stop-after", "1")) == 130
+    assert main(_argv(tmp_path, "--seed", "7")) == 1
+    assert "different ['option.seed']" in capsys.readouterr().err
+    assert main(_argv(tmp_path, "--zipf-s", "2.0")) == 1
+    assert "different ['option.zipf_s', 'router']" in capsys.readouterr().err
+    assert len(list((tmp_path / "p.routing.npz.partial").glob("batch-*.npz"))) == 1
+
+
+def test_it_resumes_whatever_the_progress_output(tmp_path: Path) -> None:
+    """Where progress goes is not part of what is captured."""
+    assert main(_argv(tmp_path, "--stop-after", "1")) == 130
+    argv = _argv(tmp_path)
+    argv[argv.index("--progress-json") + 1] = str(tmp_path / "other.jsonl")
+    assert main(argv) == 0
+    assert read_profile(tmp_path / "p.routing.npz").steps == 16
+
+
+def test_it_refuses_to_resume_under_other_software(tmp_path: Path) -> None:
+    """A capture resumed by another torch or vLLM would record one version for both halves."""
+    from acquisition.progress import ProgressReporter
+    from acquisition.routing_capture.capture import run_capture
+    from acquisition.routing_capture.torch_engine import TorchRoutingEngine
+
+    folder = write_tiny_moe(tmp_path / "model")
+    prompts, digest = read_prompts(write_prompts(tmp_path / "prompts.jsonl"))
+    engine = TorchRoutingEngine(folder, zipf_s=1.2, layers=None, seed=0)
+
+    def capture(stop_after: int | None) -> object:
+        return run_capture(
+            engine, prompts, digest, tmp_path / "p.routing.npz", max_tokens=2,
+            batch_prompts=4, command="test", source="torch",
+            progress=ProgressReporter(None, bar=False, total=4), stop_after=stop_after,
+        )  # fmt: skip
+
+    assert capture(1) is None
+    state = tmp_path / "p.routing.npz.partial" / "state.json"
+    saved = json.loads(state.read_text())
+    versioned = [k for k in saved if k.startswith("version.")]
+    assert versioned  # the engine's versions are part of the identity
+    state.write_text(json.dumps({**saved, versioned[0]: "0.0.0-other"}))
+    with pytest.raises(CaptureError, match=f"different \\['{versioned[0]}'\\]"):
+        capture(None)
+
+
 def test_it_names_a_bad_command_before_starting_an_engine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
