@@ -43,7 +43,9 @@ def _state(
 ) -> dict[str, Any]:
     d = engine.describe()
     # JSON round trip: the state is compared with what state.json gives back (tuples, floats).
-    identity = json.loads(json.dumps({f"option.{k}": v for k, v in options.items()}))
+    identity: dict[str, Any] = json.loads(
+        json.dumps({f"option.{k}": v for k, v in options.items()})
+    )
     versions = {f"version.{k}": v for k, v in d.versions.items()}
     return (
         identity
