@@ -18,12 +18,13 @@ from rest_framework.exceptions import NotAuthenticated, PermissionDenied
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 
+from registry.api.faults import storage_fault
 from registry.api.throttles import UploadThrottle
 from registry.api.uploads import publish_field
 from registry.permissions import NotAllowed
 from registry.profile_models import RoutingProfileRecord
 from registry.services.profiles import delete_profile, publish_profile
-from registry.storage import blob_name, bundle_storage
+from registry.storage import blob_name, bundle_storage, hash_blob
 from registry.tokens import HashedTokenAuthentication
 
 if TYPE_CHECKING:
@@ -125,7 +126,9 @@ class RoutingProfileViewSet(
             (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
             304: OpenApiResponse(description="If-None-Match matched the file's sha256"),
             404: OpenApiResponse(description="no such profile"),
-            503: OpenApiResponse(description="the stored file is missing"),
+            503: OpenApiResponse(
+                description="the stored file is missing or damaged (JSON `storage_fault`)"
+            ),
         },
     )
     def download(self, request: Request, pk: str | None = None) -> HttpResponseBase:
@@ -138,9 +141,18 @@ class RoutingProfileViewSet(
             return unchanged
         storage = bundle_storage()
         name = blob_name(record.sha256)
-        if not storage.exists(name):
-            return HttpResponse(
-                "the stored profile file is missing", status=503, content_type="text/plain"
+        # Hashed before the first byte goes out, as bundle downloads are served from verified
+        # checkouts: an immutable, ETag-named answer must never carry drifted bytes.
+        stored = hash_blob(storage, record.sha256)
+        if stored is None:
+            return storage_fault(
+                f"routing profile {record.pk}: its file is missing from storage; "
+                "run manage.py verify_bundles"
+            )
+        if stored != (record.size, record.sha256):
+            return storage_fault(
+                f"routing profile {record.pk}: the stored file no longer matches its sha256; "
+                "run manage.py verify_bundles"
             )
         response = FileResponse(
             storage.open(name, "rb"),

@@ -21,10 +21,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from moetables.profiles import ProfileError, RoutingProfile, read_profile
-from registry.bundles.services.publish import PublishError, QuotaExceeded
+from registry.bundles.services.publish import PublishError, QuotaExceeded, sweep_unreferenced
 from registry.permissions import NotAllowed, can_delete_routing_profile, can_upload
 from registry.profile_models import RoutingProfileRecord
-from registry.storage import blob_name, bundle_storage, open_blob, put_blob
+from registry.storage import blob_name, bundle_storage, hash_blob, open_blob, put_blob
 
 __all__ = [
     "ProfileUploadResult",
@@ -33,6 +33,7 @@ __all__ = [
     "load_profile",
     "publish_profile",
     "published_profile",
+    "verify_profile_files",
 ]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -162,13 +163,34 @@ def load_profile(record: RoutingProfileRecord) -> RoutingProfile:
 def delete_profile(user: Any, record: RoutingProfileRecord) -> None:
     if not can_delete_routing_profile(user, record):
         raise NotAllowed("only the profile's publisher or staff may delete it")
-    storage = bundle_storage()
     sha256 = record.sha256
     record.delete()
     with _lock:
         _cache.pop(sha256, None)
-    if storage.exists(blob_name(sha256)):
-        storage.delete(blob_name(sha256))
+    # The store is content-addressed and shared with bundle files: the bytes stay if a
+    # bundle names them too.
+    sweep_unreferenced([sha256])
+
+
+def verify_profile_files(pks: list[int] | None = None) -> tuple[int, list[str]]:
+    """Re-hash every stored profile file (or those of ``pks``): how many were checked, and
+    one line per profile whose bytes are missing or no longer match its sha256."""
+    storage = bundle_storage()
+    records = RoutingProfileRecord.objects.order_by("id")
+    if pks is not None:
+        records = records.filter(pk__in=pks)
+    checked, drifts = 0, []
+    for record in records.iterator():
+        checked += 1
+        found = hash_blob(storage, record.sha256)
+        where = f"routing profile {record.pk} ({blob_name(record.sha256)})"
+        if found is None:
+            drifts.append(f"{where}: missing from storage")
+        elif found[0] != record.size:
+            drifts.append(f"{where}: stored {found[0]} bytes, published {record.size}")
+        elif found[1] != record.sha256:
+            drifts.append(f"{where}: stored bytes hash to {found[1]}, published {record.sha256}")
+    return checked, drifts
 
 
 def published_profile(pk: int) -> RoutingProfile | str:

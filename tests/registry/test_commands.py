@@ -71,7 +71,7 @@ def test_it_says_when_there_is_nothing_to_import(tmp_path: Path) -> None:
 
 def test_it_verifies_intact_bundles(published: Bundle) -> None:
     out, _ = run("verify_bundles")
-    assert out.strip() == "checked 1 bundles, 8 files: 0 drifted"
+    assert out.strip() == "checked 1 bundles, 8 files, 0 routing profiles: 0 drifted"
 
 
 def _writable(path: str) -> None:
@@ -155,3 +155,24 @@ def test_create_user_makes_an_ordinary_account_that_can_sign_in(
     assert Client().login(username="carol", password="a-long-enough-secret")
     with pytest.raises(CommandError, match="exists already"):
         call_command("create_user", "carol", "--password-stdin")
+
+
+def test_it_verifies_routing_profile_files_too(published: Bundle, tmp_path: Path) -> None:
+    from moetables.profiles import write_profile
+    from registry.services.profiles import import_profile_file
+    from tests.moetables.test_captured_estimate import qwen_like_profile
+
+    record = import_profile_file(
+        write_profile(qwen_like_profile(), tmp_path / "q.routing.npz")
+    ).record
+    out, _ = run("verify_bundles")
+    assert out.strip() == "checked 1 bundles, 8 files, 1 routing profiles: 0 drifted"
+    path = bundle_storage().path(blob_name(record.sha256))
+    _writable(path)
+    with open(path, "r+b") as handle:
+        handle.truncate(record.size - 1)
+    err = StringIO()
+    with pytest.raises(CommandError, match="1 drifted"):
+        call_command("verify_bundles", "--profile", str(record.pk), stdout=StringIO(), stderr=err)
+    assert f"DRIFT routing profile {record.pk}" in err.getvalue()
+    assert f"published {record.size}" in err.getvalue()

@@ -94,6 +94,65 @@ def test_it_lets_only_the_publisher_or_staff_delete(
     assert _client("root", staff=True).delete(f"/api/v1/routing-profiles/{pk}/").status_code == 204
 
 
+def test_it_never_serves_a_damaged_or_missing_profile_file(
+    uploader: APIClient, api: APIClient, profile_bytes: bytes
+) -> None:
+    """The download is immutable and named by its sha256: bytes that drifted in storage are a
+    503 naming the profile, never sent under the published ETag (as bundle downloads)."""
+    from registry.storage import blob_name, bundle_storage
+
+    body = _upload(uploader, profile_bytes).json()
+    path = Path(bundle_storage().path(blob_name(body["sha256"])))
+    path.chmod(0o644)
+    path.write_bytes(profile_bytes[:-1] + bytes([profile_bytes[-1] ^ 1]))
+    got = api.get(f"/api/v1/routing-profiles/{body['id']}/download")
+    assert got.status_code == 503 and got["Retry-After"] == "300"
+    assert got.json()["error"] == "storage_fault"
+    assert f"routing profile {body['id']}" in got.json()["message"]
+    assert "no longer matches its sha256" in got.json()["message"]
+    path.unlink()
+    gone = api.get(f"/api/v1/routing-profiles/{body['id']}/download")
+    assert gone.status_code == 503 and "missing from storage" in gone.json()["message"]
+
+
+def test_it_keeps_bytes_a_bundle_also_holds_when_a_profile_goes(
+    uploader: APIClient, profile_bytes: bytes, published: Any
+) -> None:
+    """Bundle files and profiles share one content-addressed store: deleting the profile
+    leaves bytes that a bundle's manifest names, and removes bytes nothing names."""
+    import hashlib
+
+    from registry.manifest import FileRecord
+    from registry.storage import blob_name, bundle_storage
+
+    digest = hashlib.sha256(profile_bytes).hexdigest()
+    pk = _upload(uploader, profile_bytes).json()["id"]
+    record = FileRecord("notes/routing.txt", len(profile_bytes), digest).as_dict()
+    published.manifest = [*published.manifest, record]
+    published.save(update_fields=["manifest"])
+    assert uploader.delete(f"/api/v1/routing-profiles/{pk}/").status_code == 204
+    assert bundle_storage().exists(blob_name(digest))
+    published.manifest = [r for r in published.manifest if r["sha256"] != digest]
+    published.save(update_fields=["manifest"])
+    pk = _upload(uploader, profile_bytes).json()["id"]
+    assert uploader.delete(f"/api/v1/routing-profiles/{pk}/").status_code == 204
+    assert not bundle_storage().exists(blob_name(digest))
+
+
+def test_a_failed_publication_keeps_bytes_a_profile_holds(
+    uploader: APIClient, profile_bytes: bytes
+) -> None:
+    import hashlib
+
+    from registry.bundles.services.publish import sweep_unreferenced
+    from registry.storage import blob_name, bundle_storage
+
+    digest = hashlib.sha256(profile_bytes).hexdigest()
+    assert _upload(uploader, profile_bytes).status_code == 201
+    assert sweep_unreferenced([digest]) == []
+    assert bundle_storage().exists(blob_name(digest))
+
+
 def test_it_estimates_with_a_published_profile_by_id(
     uploader: APIClient, api: APIClient, profile_bytes: bytes
 ) -> None:

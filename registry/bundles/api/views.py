@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.security import FILE_POLICY
+from registry.api.faults import storage_fault
 from registry.api.serializers import ProblemsSerializer
 from registry.bundles.api.serializers import (
     SUMMARY_FIELDS,
@@ -65,17 +66,6 @@ def _etag_matches(request: Request, etag: str) -> bool:
         return False
     tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
     return "*" in tags or etag in tags
-
-
-def _storage_fault(exc: Exception) -> HttpResponse:
-    """A stored file is missing or damaged: a clear 503, never a 500 or a cut connection."""
-    response = HttpResponse(
-        orjson.dumps({"error": "storage_fault", "message": str(exc)}),
-        status=status.HTTP_503_SERVICE_UNAVAILABLE,
-        content_type="application/json",
-    )
-    response["Retry-After"] = "300"
-    return response
 
 
 def _not_modified(etag: str) -> HttpResponse:
@@ -174,7 +164,7 @@ class BundleViewSet(
         try:
             chunks = bundle_archive_chunks(bundle)
         except BlobDriftError as exc:
-            return _storage_fault(exc)
+            return storage_fault(str(exc))
         response = StreamingHttpResponse(chunks, content_type="application/gzip")
         response["ETag"] = etag
         response["Content-Disposition"] = f'attachment; filename="{bundle.archive_stem}.tar.gz"'
@@ -238,7 +228,7 @@ class BundleViewSet(
             # From the verified checkout: a drifted blob is never served under its ETag.
             local = checkout_file(bundle, record)
         except BlobDriftError as exc:
-            return _storage_fault(exc)
+            return storage_fault(str(exc))
         response = FileResponse(
             local.open("rb"),
             content_type=CONTENT_TYPES.get(suffix, "application/octet-stream"),

@@ -318,22 +318,31 @@ def _index(
 
 
 def sweep_unreferenced(digests: list[str]) -> list[str]:
-    """Delete the blobs among ``digests`` that no committed bundle names; returns them.
+    """Delete the blobs among ``digests`` that no committed bundle or routing profile names;
+    returns them.
 
-    Called when a publication fails after writing blobs: content-addressed blobs may be
-    shared, so a blob goes only if no bundle's manifest names it.
+    Called when a publication fails after writing blobs, and when a profile is deleted:
+    bundle files and profiles share one content-addressed store, so the same bytes may be
+    both, and a blob goes only if nothing names it any more.
     """
+    from registry.profile_models import RoutingProfileRecord
+
     if not digests:
         return []
     wanted = set(digests)
+    wanted -= set(
+        RoutingProfileRecord.objects.filter(sha256__in=wanted).values_list("sha256", flat=True)
+    )
     for manifest in Bundle.objects.values_list("manifest", flat=True).iterator():
-        wanted -= {record["sha256"] for record in manifest}
         if not wanted:
             return []
+        wanted -= {record["sha256"] for record in manifest}
     storage = bundle_storage()
     for digest in wanted:
-        storage.delete(blob_name(digest))
-    log.warning("removed %d blobs of a failed publication", len(wanted))
+        if storage.exists(blob_name(digest)):
+            storage.delete(blob_name(digest))
+    if wanted:
+        log.warning("removed %d unreferenced blobs", len(wanted))
     return sorted(wanted)
 
 
