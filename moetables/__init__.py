@@ -12,6 +12,7 @@ from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate import BatchEstimate, LayerEstimate, pad_to_capture
 from moetables.geometry import ExpertGeometry, MoeTarget, TokenDomain, linear_expert_map
 from moetables.lookup import ComponentTables, DeploymentTables
+from moetables.profiles import ProfileError, RoutingProfile, read_profile, write_profile
 
 __all__ = [
     "BatchEstimate",
@@ -25,14 +26,18 @@ __all__ = [
     "ExpertGeometry",
     "LayerEstimate",
     "MoeTarget",
+    "ProfileError",
     "QueryError",
+    "RoutingProfile",
     "TableEntry",
     "TokenDomain",
     "linear_expert_map",
     "load_cluster",
     "open_bundle",
     "pad_to_capture",
+    "read_profile",
     "validate_bundle",
     "write_bundle",
+    "write_profile",
 ]
 __version__ = "0.1.0"

@@ -24,7 +24,31 @@ from moetables.routing import POLICIES
 __all__ = ["main"]
 
 
+def _validate_profile(path: Path, out: TextIO) -> int:
+    try:
+        profile = read_profile(path)
+    except BundleError as exc:
+        print(f"invalid: {path}", file=out)
+        print(f"  - {exc}", file=out)
+        return 1
+    imbalance = profile.imbalance()
+    print(
+        f"ok: {path}: routing profile of {profile.meta['model']['name']} "
+        f"(E={profile.global_experts}, top-{profile.top_k}), {len(profile.layers)} layers, "
+        f"{profile.steps} steps, {int(profile.step_tokens.sum())} tokens, router "
+        f"{profile.meta['router']}; imbalance max/mean {imbalance.min():.2f}-"
+        f"{imbalance.max():.2f} over layers",
+        file=out,
+    )
+    return 0
+
+
 def _validate(args: argparse.Namespace, out: TextIO) -> int:
+    # A routing profile is one file; a bundle is a folder (or its meta.yaml).
+    if str(args.bundle).endswith(".routing.npz") or (
+        Path(args.bundle).is_file() and Path(args.bundle).name != "meta.yaml"
+    ):
+        return _validate_profile(Path(args.bundle), out)
     report = validate_bundle(args.bundle)
     if report.ok and report.bundle is not None:
         rows = sum(len(t) for t in report.tables.values())
@@ -358,8 +382,12 @@ def _export(args: argparse.Namespace, out: TextIO) -> int:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moetables", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("validate", help="check every file, checksum, contract and row")
-    p.add_argument("bundle")
+    p = sub.add_parser(
+        "validate",
+        help="check every file, checksum, contract and row of a bundle, or every member of a "
+        "routing profile (.routing.npz)",
+    )
+    p.add_argument("bundle", help="a bundle folder, or a routing profile file")
     p = sub.add_parser("info", help="describe a bundle's deployments and support as JSON")
     p.add_argument("bundle")
     p = sub.add_parser("lookup", help="answer JSON-lines queries for one deployment rank")

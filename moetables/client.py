@@ -632,6 +632,7 @@ class RemoteTables:
         self._absent: dict[tuple[int, int, int, bool], str] = {}
         self._local: dict[str, ComponentTables] = {}
         self._details: dict[int, dict[str, Any]] = {}
+        self._profiles: dict[int, RoutingProfile] = {}
         self._lock = threading.Lock()
 
     @property
@@ -771,6 +772,7 @@ class RemoteTables:
         """
         local = self._estimator(tp, dp, sequence_parallel)
         if isinstance(local, ComponentTables):
+            options = self._in_process(options)
             return local.estimate(
                 tokens_per_rank,
                 tp=tp,
@@ -805,6 +807,7 @@ class RemoteTables:
         the stream (seed, i) of its request)."""
         local = self._estimator(tp, dp, sequence_parallel)
         if isinstance(local, ComponentTables):
+            options = self._in_process(options)
             return local.estimate_batch(
                 tokens_per_rank,
                 tp=tp,
@@ -853,6 +856,64 @@ class RemoteTables:
             cluster=cluster.name if isinstance(cluster, Cluster) else cluster,
             expert_counts=per_expert,
         )
+
+    def profile(self, profile_id: int) -> RoutingProfile:
+        """A published routing profile, downloaded once and checked (its sha256 against the
+        registry's record and the download's ETag, then every member by ``read_profile``);
+        kept under ``cache_dir/profiles/`` when there is one, confirmed there by ETag."""
+        if isinstance(profile_id, bool) or not isinstance(profile_id, int) or profile_id < 1:
+            raise QueryError(
+                f"profile: a published profile's id is a positive integer, got {profile_id!r}"
+            )
+        found = self._profiles.get(profile_id)
+        if found is not None:
+            return found
+        from moetables.profiles import ProfileError, read_profile
+
+        status, _, data = self._http.request("GET", f"/api/v1/routing-profiles/{profile_id}/")
+        if status == 404:  # worded as the registry's estimate words it
+            raise QueryError(f"profile: no published routing profile {profile_id}")
+        if status != 200:
+            raise _failure(self.url, status, data)
+        sha256 = str(json.loads(data)["sha256"])
+        path = f"/api/v1/routing-profiles/{profile_id}/download"
+        kept = None
+        if self.cache_dir is not None:
+            cached = self.cache_dir / "profiles" / f"{sha256}.routing.npz"
+            with contextlib.suppress(OSError):
+                kept = cached.read_bytes()
+            if kept is not None and hashlib.sha256(kept).hexdigest() != sha256:
+                kept = None  # a kept copy that drifted is downloaded again, not trusted
+        headers = {"If-None-Match": f'"{sha256}"'} if kept is not None else {}
+        status, got, data = self._http.request("GET", path, headers=headers)
+        if status == 304 and kept is not None:
+            data = kept
+        elif status != 200:
+            raise _failure(self.url, status, data)
+        elif got.get("etag", "").strip('"') != sha256:
+            raise BundleError(path, f"ETag {got.get('etag')!r} is not the profile {sha256}")
+        elif hashlib.sha256(data).hexdigest() != sha256:
+            raise BundleError(path, f"the downloaded bytes do not hash to the profile's {sha256}")
+        try:
+            profile = read_profile(data)
+        except ProfileError as exc:
+            raise BundleError(path, str(exc)) from None
+        if self.cache_dir is not None and status == 200:
+            cached = self.cache_dir / "profiles" / f"{sha256}.routing.npz"
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".profile-")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            Path(tmp).replace(cached)
+        self._profiles[profile_id] = profile
+        return profile
+
+    def _in_process(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Options for a cached bundle's own estimate: a profile named by id is fetched."""
+        chosen = options.get("profile")
+        if isinstance(chosen, int) and not isinstance(chosen, bool):
+            return {**options, "profile": self.profile(chosen)}
+        return options
 
     def _estimator(
         self, tp: int, dp: int, sequence_parallel: bool

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,7 +45,7 @@ import numpy.typing as npt
 
 from moetables.errors import QueryError
 from moetables.geometry import ExpertGeometry, MoeTarget, linear_expert_map
-from moetables.profiles import RoutingProfile
+from moetables.profiles import RoutingProfile, read_profile
 
 __all__ = [
     "POLICIES",
@@ -312,6 +314,24 @@ def _check_seed(policy: str, seed: object) -> None:
         raise QueryError(f"{policy} policy: seed must be a non-negative integer, got {seed!r}")
 
 
+def _profile_file(path: str) -> RoutingProfile:
+    """A profile named by its path, read and validated once per process and file version (a
+    batch of steps, or a simulator calling once a step, must not re-read it each time); a
+    rewritten file (another size or modification time) is read again."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        stamp = None  # read_profile names the missing file
+    else:
+        stamp = (stat.st_size, stat.st_mtime_ns)
+    return _read_profile_once(path, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_profile_once(path: str, stamp: tuple[int, int] | None) -> RoutingProfile:
+    return read_profile(path)
+
+
 def _profile_layer(profile: RoutingProfile, layer: object) -> int | None:
     """The layer's position in the profile's arrays, or None for all layers."""
     if layer is None:
@@ -514,10 +534,17 @@ def route_batch(
     if policy == "captured":
         if profile is None:
             raise QueryError("captured policy needs a routing profile")
+        if isinstance(profile, (str, os.PathLike)):
+            profile = _profile_file(os.fspath(profile))
+        if isinstance(profile, int) and not isinstance(profile, bool):
+            raise QueryError(
+                f"captured policy: profile {profile} names a published profile, which only a "
+                "registry holds: use moetables.client.RemoteTables, or pass the profile file"
+            )
         if not isinstance(profile, RoutingProfile):
             raise QueryError(
-                "captured policy: profile must be a RoutingProfile "
-                "(moetables.profiles.read_profile)"
+                "captured policy: profile must be a RoutingProfile or a profile file's path "
+                f"(moetables.read_profile), got {type(profile).__name__}"
             )
         _check_seed(policy, seed)
         position = _profile_layer(profile, layer)

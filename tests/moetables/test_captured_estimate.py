@@ -115,6 +115,62 @@ def test_it_takes_a_profile_file_on_the_command_line(tmp_path: Path) -> None:
     assert "layer 9 is not in the profile" in out.getvalue()
 
 
+def test_it_takes_a_profile_files_path_in_process(tmp_path: Path) -> None:
+    """Issue 15 part 3: the Python API takes a profile file as the CLI does; a rewritten file
+    is read again; an id (a registry's) and a broken file are refused by name."""
+    from moetables import ProfileError, read_profile
+
+    tables = ComponentTables(H200)
+    path = write_profile(qwen_like_profile(), tmp_path / "q.routing.npz")
+    by_path = tables.estimate([32, 32], tp=1, dp=2, policy="captured", profile=path, layer=3)
+    loaded = read_profile(path)
+    assert by_path == tables.estimate(
+        [32, 32], tp=1, dp=2, policy="captured", profile=loaded, layer=3
+    )
+    steps = np.array([[32, 32], [300, 5], [64, 64]])
+    assert (
+        tables.estimate_batch(
+            steps, tp=1, dp=2, policy="captured", profile=str(path), seed=4
+        ).as_dicts()
+        == tables.estimate_batch(
+            steps, tp=1, dp=2, policy="captured", profile=loaded, seed=4
+        ).as_dicts()
+    )
+    base = qwen_like_profile()
+    moved_skew = RoutingProfile.create(  # the skew moves to rank 1
+        model=base.meta["model"],
+        workload=base.meta["workload"],
+        step_tokens=base.step_tokens,
+        counts=base.counts[:, :, ::-1],
+        router="synthetic",
+        source="synthetic",
+    )
+    write_profile(moved_skew, path)
+    moved = tables.estimate([32, 32], tp=1, dp=2, policy="captured", profile=path, layer=3)
+    assert moved.ranks[1].M > moved.ranks[0].M + 100
+    with pytest.raises(QueryError, match="profile 3 names a published profile"):
+        tables.estimate([32, 32], tp=1, dp=2, policy="captured", profile=3)
+    (tmp_path / "bad.routing.npz").write_bytes(b"not a zip")
+    with pytest.raises(ProfileError, match=r"bad\.routing\.npz"):
+        tables.estimate(
+            [32, 32], tp=1, dp=2, policy="captured", profile=tmp_path / "bad.routing.npz"
+        )
+
+
+def test_it_validates_a_profile_file_on_the_command_line(tmp_path: Path) -> None:
+    path = write_profile(qwen_like_profile(), tmp_path / "q.routing.npz")
+    out = io.StringIO()
+    assert main(["validate", str(path)], out=out) == 0
+    said = out.getvalue()
+    assert said.startswith(f"ok: {path}: routing profile of Qwen/Qwen3-30B-A3B-Instruct-2507")
+    assert "(E=128, top-8), 1 layers, 40 steps, 4920 tokens, router synthetic" in said
+    broken = tmp_path / "broken.routing.npz"
+    broken.write_bytes(path.read_bytes()[:-40])
+    out = io.StringIO()
+    assert main(["validate", str(broken)], out=out) == 1
+    assert out.getvalue().startswith(f"invalid: {broken}\n  - ")
+
+
 def test_it_reads_an_inline_profile_and_names_what_is_wrong() -> None:
     inline = qwen_like_profile().to_json()
     request = parse_estimate_request(

@@ -223,3 +223,54 @@ def test_it_estimates_with_a_published_profile_by_id(
         )
     with pytest.raises(QueryError, match=f"no published routing profile {record.pk + 99}"):
         remote.estimate([32, 32], tp=1, dp=2, policy="captured", profile=record.pk + 99)
+
+
+def test_it_fetches_a_published_profile_for_a_cached_bundle(
+    remote: RemoteTables, local: ComponentTables, tmp_path: Path
+) -> None:
+    """With ``cache_dir`` the estimate runs in process: a profile named by id is downloaded
+    once, checked and kept beside the bundles; the answer is the inline profile's."""
+    import io
+
+    from django.contrib.auth import get_user_model
+
+    from moetables.profiles import read_profile, write_profile
+    from registry.services.profiles import publish_profile
+
+    data = write_profile(qwen_like_profile(), tmp_path / "q.routing.npz").read_bytes()
+    upload = io.BytesIO(data)
+    upload.name = "q.routing.npz"
+    user = get_user_model().objects.create_user("simulator", password="x")
+    record = publish_profile(upload, published_by=user).record
+    cache = tmp_path / "cache"
+    cached = RemoteTables(remote.url, cache_dir=cache, **SELECT)
+    OPENED.append(cached)
+    profile = read_profile(data)
+    for tokens in ([32, 32], [5, 300]):
+        expected = local.estimate(tokens, tp=1, dp=2, policy="captured", profile=profile, layer=3)
+        got = cached.estimate(tokens, tp=1, dp=2, policy="captured", profile=record.pk, layer=3)
+        assert got == expected
+    steps = _steps(6)
+    assert (
+        cached.estimate_batch(
+            steps, tp=1, dp=2, policy="captured", profile=record.pk, seed=2
+        ).as_dicts()
+        == local.estimate_batch(
+            steps, tp=1, dp=2, policy="captured", profile=profile, seed=2
+        ).as_dicts()
+    )
+    kept = cache / "profiles" / f"{record.sha256}.routing.npz"
+    assert kept.read_bytes() == data
+    # A second client confirms its kept copy by ETag; a kept copy that drifted is replaced.
+    again = RemoteTables(remote.url, cache_dir=cache, **SELECT)
+    OPENED.append(again)
+    assert again.profile(record.pk).steps == profile.steps
+    kept.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    damaged = RemoteTables(remote.url, cache_dir=cache, **SELECT)
+    OPENED.append(damaged)
+    assert damaged.profile(record.pk).steps == profile.steps
+    assert kept.read_bytes() == data
+    with pytest.raises(QueryError, match="positive integer"):
+        damaged.profile(0)
+    with pytest.raises(QueryError, match=f"no published routing profile {record.pk + 99}"):
+        cached.estimate([32, 32], tp=1, dp=2, policy="captured", profile=record.pk + 99)
