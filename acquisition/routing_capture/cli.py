@@ -163,6 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompts, digest = read_prompts(args.prompts)
     except PromptError as exc:
         problems.append(str(exc))
+    else:
+        text = sum(1 for prompt in prompts if prompt.token_ids is None)
+        if args.engine == "vllm" and args.load_format == "dummy" and text:
+            # Dummy weights start the engine without a tokenizer: say so before it starts.
+            problems.append(
+                f"{args.prompts}: {text} text prompts, but --load-format dummy runs without a "
+                'tokenizer: give {"prompt_token_ids": [...]} lines'
+            )
     if problems:
         for problem in problems:
             print(f"{parser.prog}: error: {problem}", file=sys.stderr)

@@ -323,3 +323,20 @@ def test_it_names_engine_option_errors(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--hf-overrides must be a JSON object" in capsys.readouterr().err
     assert main([*argv, "--tensor-parallel-size", "2"]) == 2
     assert "capture at TP1" in capsys.readouterr().err
+
+
+def test_it_refuses_text_prompts_for_dummy_weights_before_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dummy weights start vLLM without a tokenizer: text prompts would fail only once the
+    engine is up (a minute of GPU), so the command names them first."""
+    import sys
+
+    folder = write_tiny_moe(tmp_path / "model")
+    monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(folder))
+    prompts = write_prompts(tmp_path / "prompts.jsonl")  # one plain text line among ids
+    argv = [str(folder), "--prompts", str(prompts), "--engine", "vllm"]
+    assert main([*argv, "--load-format", "dummy", "--out", str(tmp_path / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "1 text prompts, but --load-format dummy runs without a tokenizer" in err
+    assert not (tmp_path / "x.npz.partial").exists()
