@@ -38,7 +38,8 @@ def profile_list(request: HttpRequest) -> HttpResponse:
 
 
 def _curves(profile: RoutingProfile, ep: int, layer: int | None) -> dict[str, Any]:
-    """Per rank, the mean A and M of the captured steps at each N, and balanced's."""
+    """Per rank, the mean A and M of the captured steps at each N; the busiest rank's (the
+    largest per step, then the mean); and balanced's."""
     stats = profile.rank_statistics(ep, layer)
     group, ns = n_groups(stats.tokens)
     figs: dict[str, Any] = {}
@@ -63,6 +64,21 @@ def _curves(profile: RoutingProfile, ep: int, layer: int | None) -> dict[str, An
                     "x": ns.tolist(),
                     "y": [round(v, 3) for v in mean],
                     "line": {"color": RANK_COLORS[rank % len(RANK_COLORS)]},
+                }
+            )
+        if ep > 1:
+            # The rank the layer waits for, taken per step and layer before averaging: with all
+            # layers the per-rank means flatten skew whose hot experts move between layers.
+            sums = np.bincount(group, weights=values.max(axis=1), minlength=ns.size)
+            busiest = sums / np.bincount(group, minlength=ns.size)
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": "busiest rank captured",
+                    "x": ns.tolist(),
+                    "y": [round(v, 3) for v in busiest.tolist()],
+                    "line": {"dash": "dot", "color": "#1a202c", "width": 3},
                 }
             )
         if balanced is not None:

@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -297,3 +298,25 @@ def test_it_escapes_what_a_profile_says_about_itself(
             "<script>alert(1)" not in text and "<img src=x" not in text and "<b>r</b>" not in text
         )
         assert "&lt;script&gt;alert(1)" in text
+
+
+def test_it_draws_the_busiest_rank_that_all_layers_averaging_would_flatten() -> None:
+    """Two layers whose hot experts sit on opposite ranks: averaged over layers each rank looks
+    balanced, while in every step one rank carries four times the other's pairs."""
+    from frontend.profiles import profile_figures
+    from moetables.profiles import RoutingProfile
+
+    counts = np.zeros((4, 2, 8), dtype=np.int64)
+    counts[:, 0, :4], counts[:, 0, 4:] = 8, 2  # layer 0: rank 0 hot (EP2: experts 0-3)
+    counts[:, 1, :4], counts[:, 1, 4:] = 2, 8  # layer 1: rank 1 hot
+    profile = RoutingProfile.create(
+        model={"name": "two-layer", "global_experts": 8, "top_k": 2, "layers": [0, 1]},
+        workload={"prompts_sha256": "0" * 64, "prompts": 1, "prompt_tokens": 1,
+                  "generated_tokens": 1},
+        step_tokens=[20] * 4, counts=counts, router="synthetic", source="synthetic",
+    )  # fmt: skip
+    traces = {t["name"]: t["y"] for t in profile_figures(profile, 2, None)["m_curve"]["data"]}
+    assert traces["rank 0 captured"] == traces["rank 1 captured"] == [20.0]
+    assert traces["busiest rank captured"] == [32.0]
+    one = {t["name"]: t["y"] for t in profile_figures(profile, 2, 1)["m_curve"]["data"]}
+    assert one["rank 1 captured"] == one["busiest rank captured"] == [32.0]
