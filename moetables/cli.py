@@ -397,7 +397,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--sequence-parallel", action="store_true")
     p.add_argument(
-        "--queries", required=True, help="file of JSON objects, one per line; - for stdin"
+        "--queries",
+        required=True,
+        help="file of JSON objects, one per line; - for stdin. Keys: component, mode (eager), "
+        "tokens, and for experts activated_experts and local_assignments; optionally loads "
+        "('balanced', 'uniform', 'power_law(alpha)' or per-expert counts) and tile_cost_us "
+        '(us per extra row tile). Example: {"component": "experts", "tokens": 2048, '
+        '"activated_experts": 128, "local_assignments": 16384, "loads": "uniform"}',
     )
     p = sub.add_parser(
         "estimate",

@@ -12,7 +12,6 @@ few batch lookups; a single estimate is a batch of one.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +35,7 @@ from moetables.errors import CoverageError, QueryError
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
+from moetables.tiles import MAX_TILE_COST_US, valid_tile_cost
 from moetables.triton_config import KernelShape
 from moetables.waves import LoadCharge
 
@@ -901,13 +901,10 @@ class LayerEstimator:
                     "give a number"
                 )
             given: float | None = None
-        elif (
-            isinstance(cost_us, bool)
-            or not isinstance(cost_us, (int, float))
-            or not 0 <= cost_us < math.inf
-        ):
+        elif not valid_tile_cost(cost_us):
             raise QueryError(
-                f"tile_cost_us must be a finite number >= 0 or 'table', got {cost_us!r}"
+                f"tile_cost_us must be a finite number >= 0 (at most {MAX_TILE_COST_US:,.0f} us) "
+                f"or 'table', got {cost_us!r}"
             )
         else:
             given = float(cost_us)

@@ -8,7 +8,6 @@ inputs, and the mode. The answer is `LayerEstimate.as_dict` per step, or a refus
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from moetables.errors import QueryError
 from moetables.estimate import MODES, TABLE_TILE_COST, estimator_for
 from moetables.profiles import ProfileError, RoutingProfile, profile_from_json
 from moetables.routing import POLICIES, ActiveCurve
+from moetables.tiles import MAX_TILE_COST_US, valid_tile_cost
 
 __all__ = [
     "EstimateRequest",
@@ -247,14 +247,10 @@ def parse_estimate_request(
         )
     tile_cost = raw.get("tile_cost_us")
     if tile_cost is not None:
-        if tile_cost != TABLE_TILE_COST and (
-            isinstance(tile_cost, bool)
-            or not isinstance(tile_cost, (int, float))
-            or not 0 <= tile_cost < math.inf  # JSON's 1e309 reads as inf
-        ):
+        if tile_cost != TABLE_TILE_COST and not valid_tile_cost(tile_cost):  # 1e309 reads inf
             problems.append(
-                f"tile_cost_us: must be a finite number >= 0 or {TABLE_TILE_COST!r}, "
-                f"got {tile_cost!r}"
+                f"tile_cost_us: must be a finite number >= 0 (at most {MAX_TILE_COST_US:,.0f} us) "
+                f"or {TABLE_TILE_COST!r}, got {tile_cost!r}"
             )
         elif policy in POLICIES and policy not in COUNTING_POLICIES:
             problems.append(

@@ -16,10 +16,15 @@ experts E, expert width N, dtype, block shape), nearest key to the kernel's toke
 Without an expert map and with ``N * top_k * 4 <= E_global`` the sort is skipped and every pair
 is its own block (``naive_block_assignment``).
 
-Expected tiles under a load *distribution* use the marginal per-expert count distribution: with
-``m`` pairs over ``a`` experts and expert shares ``p_e``, count_e ~ Binomial(m, p_e) (a token's k
-choices are distinct, so this is an approximation; the marginals are exact for independent
-pairs), and E[ceil(X/b)] = sum_{j>=0} P(X > j*b).
+Expected tiles under a load *distribution* use each expert's marginal count distribution, kept
+inside what a load at (N, A, M) can be: every one of the ``a`` active experts holds at least one
+pair, and none more than the ``n`` rows (a token picks an expert once). So count_e = 1 + Y_e
+with Y_e ~ Binomial(m - a, q_e), capped at n; an expert whose expected count would pass n is
+held at n and the shares of the others renormalised over the pairs left (water-filling, until
+none passes). Without these bounds a steep power law put nearly every pair on one expert and
+left others empty, a load no router can produce, and charged fewer tiles than the balanced
+histogram's A. The marginals ignore that a draw's counts add up to m (an approximation; exact
+for independent pairs), and E[ceil(X/b)] = sum_{j>=0} P(X > j*b).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from moetables.triton_config import (
 )
 
 __all__ = [
+    "MAX_TILE_COST_US",
     "MODEL_BLOCK_M",
     "VLLM_VERSION",
     "TileCount",
@@ -53,6 +59,7 @@ __all__ = [
     "TimedLoad",
     "balanced_counts",
     "block_size_m",
+    "bounded_marginals",
     "contract_expert_width",
     "contract_kernel_shape",
     "default_block_m",
@@ -65,6 +72,8 @@ __all__ = [
     "parse_loads",
     "power_law_shares",
     "row_tiles",
+    "tile_pmfs",
+    "valid_tile_cost",
 ]
 
 # Without a table's own model, tiles of this many rows only are charged: there the kernel is
@@ -73,6 +82,20 @@ __all__ = [
 # carries through A. A table's tile model may name a smaller block (`block_m`) where its own
 # evidence fits one cost: the FP8 table's 64-row blocks ("FP8 expert time follows tiles").
 MODEL_BLOCK_M = 128
+
+
+# A row tile is microseconds of kernel work: a caller's cost above this is a unit mistake, and
+# near float's limit it would overflow the answer to inf (no JSON number).
+MAX_TILE_COST_US = 1e6
+
+
+def valid_tile_cost(cost: Any) -> bool:
+    """Whether ``cost`` is a number of microseconds a row tile can cost: 0 to `MAX_TILE_COST_US`."""
+    return (
+        not isinstance(cost, bool)
+        and isinstance(cost, (int, float))
+        and 0 <= cost <= MAX_TILE_COST_US
+    )
 
 
 class TileError(ValueError):
@@ -181,10 +204,21 @@ def power_law_shares(active: int, alpha: float) -> npt.NDArray[np.float64]:
     return out
 
 
-def expected_row_tiles(pairs: int, shares: Sequence[float] | npt.ArrayLike, block_m: int) -> float:
-    """E[sum_e ceil(X_e / b)] with X_e ~ Binomial(pairs, share_e): the expected tiles of a draw."""
-    if block_m < 1 or pairs < 0:
-        raise TileError(f"need block_m >= 1 and pairs >= 0, got {block_m}, {pairs}")
+def expected_row_tiles(
+    pairs: int,
+    shares: Sequence[float] | npt.ArrayLike,
+    block_m: int,
+    *,
+    rows: int | None = None,
+) -> float:
+    """E[sum_e ceil(X_e / b)] of ``pairs`` pairs over the experts of nonzero share, each holding
+    at least one pair and at most ``rows`` (default: no cap beyond ``pairs``): the module's
+    bounded marginals."""
+    groups = tile_pmfs(_shares_key(shares), pairs, pairs if rows is None else rows, block_m)
+    return float(sum(count * float(pmf @ np.arange(pmf.size)) for pmf, count in groups))
+
+
+def _shares_key(shares: Sequence[float] | npt.ArrayLike) -> tuple[float, ...]:
     p = np.asarray(shares, dtype=np.float64)
     if (
         p.ndim != 1
@@ -193,13 +227,73 @@ def expected_row_tiles(pairs: int, shares: Sequence[float] | npt.ArrayLike, bloc
         or not math.isclose(float(p.sum()), 1.0, rel_tol=1e-9)
     ):
         raise TileError("shares must be a non-empty one-dimensional distribution summing to 1")
-    jmax = pairs // block_m + 1
-    thresholds = np.arange(jmax, dtype=np.float64) * block_m  # P(X > j b), j = 0 .. pairs // b
-    # Experts of equal share have equal marginals: each distinct share is evaluated once
-    # (uniform loads: one row instead of A).
-    shares, times = np.unique(p, return_counts=True)
-    sf = np.asarray(stats.binom.sf(thresholds[None, :], pairs, shares[:, None]), dtype=np.float64)
-    return float((sf.sum(axis=1) * times).sum())
+    return tuple(float(x) for x in p[p > 0])
+
+
+def bounded_marginals(
+    shares: Sequence[float], pairs: int, rows: int
+) -> tuple[int, npt.NDArray[np.float64], npt.NDArray[np.int64], int]:
+    """The experts held at ``rows`` pairs (how many), and for the others their distinct shares
+    of the pairs left, how many experts have each, and those pairs (``pairs`` less one per
+    active expert and the held experts' ``rows - 1`` extra): the module's water-filling."""
+    p = np.asarray(shares, dtype=np.float64)
+    active = p.size
+    if active < 1 or rows < 1 or not active <= pairs <= active * rows:
+        raise TileError(
+            f"need {active} active experts <= {pairs} pairs <= {active} x {rows} rows "
+            "(each active expert holds 1 to N pairs)"
+        )
+    free = np.ones(active, dtype=bool)
+    left = pairs - active
+    while True:
+        q = p * free
+        q /= q.sum()
+        held = free & (1.0 + left * q >= rows)
+        if not held.any():
+            break
+        free &= ~held
+        left -= int(held.sum()) * (rows - 1)
+        if not free.any():
+            break
+    saturated = active - int(free.sum())
+    if not free.any():
+        return saturated, np.zeros(0), np.zeros(0, dtype=np.int64), 0
+    unique, times = np.unique(q[free], return_counts=True)
+    return saturated, unique, times.astype(np.int64), left
+
+
+@functools.lru_cache(maxsize=65536)
+def tile_pmfs(
+    shares: tuple[float, ...], pairs: int, rows: int, block_m: int
+) -> tuple[tuple[npt.NDArray[np.float64], int], ...]:
+    """Per group of experts with equal bounded marginals, the distribution of one expert's row
+    tiles (index = tiles) and the group's size; kept, as lookups repeat their shapes."""
+    if block_m < 1 or pairs < 0:
+        raise TileError(f"need block_m >= 1 and pairs >= 0, got {block_m}, {pairs}")
+    saturated, free_shares, times, left = bounded_marginals(shares, pairs, rows)
+    groups: list[tuple[npt.NDArray[np.float64], int]] = []
+    top = -(-rows // block_m)  # the most tiles an expert can run
+    if saturated:
+        held = np.zeros(top + 1)
+        held[top] = 1.0
+        groups.append((held, saturated))
+    if free_shares.size:
+        # P(X > j b) for X = min(1 + Y, rows): 1 at j = 0, P(Y > j b - 1) below the cap, 0 at it.
+        edges = np.arange(top + 1, dtype=np.float64) * block_m
+        above = np.where(
+            edges[None, :] >= rows,
+            0.0,
+            stats.binom.sf(edges[None, :] - 1.0, left, free_shares[:, None]),
+        )
+        above[:, 0] = 1.0
+        pmfs = np.concatenate(
+            (np.zeros((free_shares.size, 1)), above[:, :-1] - above[:, 1:]), axis=1
+        )
+        groups += [
+            (np.clip(pmf, 0.0, None), int(count))
+            for pmf, count in zip(pmfs, times.tolist(), strict=True)
+        ]
+    return tuple(groups)
 
 
 @dataclass(frozen=True)
@@ -293,8 +387,9 @@ def parse_loads(loads: Any) -> tuple[str, float | tuple[int, ...] | None]:
     )
 
 
-def load_tiles(loads: Any, active: int, pairs: int, block_m: int) -> float:
-    """The row tiles (expected, for a distribution) of ``pairs`` pairs on ``active`` experts."""
+def load_tiles(loads: Any, active: int, pairs: int, block_m: int, rows: int) -> float:
+    """The row tiles (expected, for a distribution) of ``pairs`` pairs on ``active`` experts
+    of a kernel that sees ``rows`` token rows (no expert holds more pairs than that)."""
     kind, param = parse_loads(loads)
     if kind == "balanced":
         return float(row_tiles(balanced_counts(pairs, active), block_m))
@@ -306,15 +401,14 @@ def load_tiles(loads: Any, active: int, pairs: int, block_m: int) -> float:
                 f"loads: the per-expert counts hold {int(c.sum())} pairs on {int((c > 0).sum())} "
                 f"experts, the query {pairs} pairs on {active}"
             )
+        if int(c.max()) > rows:
+            raise TileError(
+                f"loads: expert {int(c.argmax())} holds {int(c.max())} pairs, but a token picks "
+                f"an expert once: at most N={rows}"
+            )
         return float(row_tiles(c, block_m))
     alpha = 0.0 if kind == "uniform" else float(param)  # type: ignore[arg-type]
-    return _expected_tiles(alpha, active, pairs, block_m)
-
-
-@functools.lru_cache(maxsize=65536)
-def _expected_tiles(alpha: float, active: int, pairs: int, block_m: int) -> float:
-    """`expected_row_tiles` of a power law (alpha = 0: uniform), kept: lookups repeat them."""
-    return expected_row_tiles(pairs, power_law_shares(active, alpha), block_m)
+    return expected_row_tiles(pairs, power_law_shares(active, alpha), block_m, rows=rows)
 
 
 class TimedLoad(Protocol):

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats
 
-from moetables.tiles import TileError, TimedLoad, power_law_shares
+from moetables.tiles import TileError, TimedLoad, power_law_shares, tile_pmfs
 
 __all__ = [
     "LoadCharge",
@@ -95,31 +94,33 @@ class LoadCharge:
 
 @functools.lru_cache(maxsize=16384)
 def expected_waves(
-    alpha: float, active: int, pairs: int, block_m: int, block_n: int, grid: WaveGrid
+    alpha: float,
+    active: int,
+    pairs: int,
+    block_m: int,
+    block_n: int,
+    grid: WaveGrid,
+    rows: int,
 ) -> float:
     """The expected weighted waves of ``pairs`` pairs over ``active`` experts with power-law
-    shares (alpha = 0: uniform), kept: lookups repeat them.
+    shares (alpha = 0: uniform) in a kernel of ``rows`` token rows, kept: lookups repeat them.
 
     The distribution of the tile total is the convolution of the experts' tile distributions
-    (taken as one product of their Fourier transforms), each expert's count Binomial(pairs,
-    share) as `moetables.tiles.expected_row_tiles` takes it (so the expected tiles agree).
-    Independent marginals overstate the spread of the total a little (a draw's counts add up to
-    ``pairs``): at 3,072 pairs on 128 uniform experts, 32-row blocks, 5.472 expected waves
-    against 5.521 over 40,000 multinomial draws."""
+    (taken as one product of their Fourier transforms), each expert's the bounded marginal of
+    `moetables.tiles.tile_pmfs` (at least one pair, at most ``rows``), as the expected tiles
+    take it (so the two agree). Independent marginals overstate the spread of the total a little
+    (a draw's counts add up to ``pairs``)."""
     if active < 1 or pairs < active or block_m < 1:
         raise TileError(f"need pairs >= active >= 1 and block_m >= 1, got {pairs}, {active}")
-    shares, times = np.unique(power_law_shares(active, alpha), return_counts=True)
-    edges = np.arange(pairs // block_m + 2, dtype=np.float64) * block_m
-    above = np.asarray(stats.binom.sf(edges[None, :], pairs, shares[:, None]), dtype=np.float64)
-    # P(ceil(X / b) = k) per share, k = 0, 1, ...: from P(X > k b)
-    pmfs = np.concatenate((1.0 - above[:, :1], above[:, :-1] - above[:, 1:]), axis=1)
-    ones = [np.clip(_trim(one), 0.0, None) for one in pmfs]
+    shares = tuple(float(x) for x in power_law_shares(active, alpha))
+    groups = tile_pmfs(shares, pairs, rows, block_m)
+    ones = [(np.clip(_trim(pmf), 0.0, None), count) for pmf, count in groups]
     # The convolution of every expert's distribution as one product of their transforms (each
-    # share's raised to its number of experts), on a grid long enough for the largest total.
-    size = 1 + sum((o.size - 1) * int(c) for o, c in zip(ones, times.tolist(), strict=True))
+    # group's raised to its number of experts), on a grid long enough for the largest total.
+    size = 1 + sum((o.size - 1) * int(c) for o, c in ones)
     n = 1 << max(size - 1, 1).bit_length()
     spectrum = np.ones(n // 2 + 1, dtype=np.complex128)
-    for one, count in zip(ones, times.tolist(), strict=True):
+    for one, count in ones:
         spectrum *= np.fft.rfft(one, n) ** int(count)
     total = np.clip(np.fft.irfft(spectrum, n)[:size], 0.0, None)
     waves = grid.waves(np.arange(total.size), block_n)

@@ -14,7 +14,6 @@ problem named (``RequestError.problems``).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,33 +113,51 @@ def load_problem(
                 "table records no fitted tile cost"
             )
         return None
-    if (
-        isinstance(tile_cost_us, bool)
-        or not isinstance(tile_cost_us, (int, float))
-        or not (math.isfinite(tile_cost_us) and tile_cost_us >= 0)
-    ):
+    from moetables.tiles import MAX_TILE_COST_US, valid_tile_cost
+
+    if not valid_tile_cost(tile_cost_us):
         hint = (
             ": leave it out to charge the table's own fitted cost ('table' is the estimate's)"
             if tile_cost_us == "table"
             else ""
         )
         return (
-            f"tile_cost_us must be a finite number >= 0 (us per row tile), got {tile_cost_us!r}"
-            + hint
+            f"tile_cost_us must be a finite number >= 0 (us per row tile, at most "
+            f"{MAX_TILE_COST_US:,.0f}), got {tile_cost_us!r}" + hint
         )
     return None
 
 
-def counts_problem(loads: Any, activated_experts: int, local_assignments: int) -> str | None:
-    """Why explicit per-expert counts do not describe A experts holding M pairs, or None."""
+def counts_problem(
+    loads: Any,
+    activated_experts: int,
+    local_assignments: int,
+    tokens: int | None = None,
+    local_experts: int | None = None,
+) -> str | None:
+    """Why explicit per-expert counts do not describe A experts holding M pairs, or None; with
+    ``tokens`` and ``local_experts`` (a table's), also a count above the N rows (a token picks
+    an expert once) and more entries than the rank has local experts."""
     if isinstance(loads, str) or loads is None:
         return None
-    total = sum(int(c) for c in loads)
-    active = sum(1 for c in loads if c > 0)
+    counts = [int(c) for c in loads]
+    total = sum(counts)
+    active = sum(1 for c in counts if c > 0)
     if total != local_assignments or active != activated_experts:
         return (
             f"loads: the per-expert counts hold {total} pairs on {active} experts, "
             f"the query {local_assignments} pairs on {activated_experts}"
+        )
+    if local_experts is not None and len(counts) > local_experts:
+        return (
+            f"loads: {len(counts)} per-expert counts, but this rank has {local_experts} local "
+            "experts"
+        )
+    if tokens is not None and counts and max(counts) > tokens:
+        busiest = counts.index(max(counts))
+        return (
+            f"loads: expert {busiest} holds {counts[busiest]} pairs, but a token picks an expert "
+            f"once: at most N={tokens}"
         )
     return None
 
@@ -186,7 +203,7 @@ def parse_query(raw: Any) -> Query:
         a, m = _int(raw, "activated_experts"), _int(raw, "local_assignments")
         if loads is None:
             return Query(component, mode, tokens, a, m)
-        problem = counts_problem(loads, a, m)
+        problem = counts_problem(loads, a, m, tokens)
         if problem is not None:
             raise QueryError(problem)
         return Query(

@@ -71,6 +71,40 @@ def _balanced_tiles_at(
     return out
 
 
+class _ScalarCache:
+    """``time_us``'s bounded cache, which also takes per-expert counts as a list or an array:
+    the cache keys on its arguments, so unhashable counts are keyed as the tuple they equal."""
+
+    __slots__ = ("_cached", "cache_clear", "cache_info")
+
+    def __init__(self, cached: Any) -> None:
+        self._cached = cached
+        self.cache_clear = cached.cache_clear
+        self.cache_info = cached.cache_info
+
+    def __call__(self, *args: Any, **kwargs: Any) -> float:
+        try:
+            return float(self._cached(*args, **kwargs))
+        except TypeError:
+            loads = kwargs.get("loads")
+            if loads is None or isinstance(loads, (str, tuple)):
+                raise
+            try:
+                kwargs["loads"] = tuple(int(c) for c in loads)
+            except (TypeError, ValueError):
+                raise QueryError(
+                    f"loads must be a string or a list of per-expert counts, got {loads!r}"
+                ) from None
+            return float(self._cached(*args, **kwargs))
+
+
+def _mixed_blocks(mean: Any, mean_sq: Any, own: Any) -> Any:
+    """Whether the vertices behind an interpolated answer ran a block size other than ``own``
+    (log2 of vLLM's at the query's N), from the interpolated log2 block ``mean`` and its square:
+    with nonnegative weights, E[x^2] = E[x]^2 only if every vertex with weight has one x."""
+    return (np.abs(mean_sq - mean**2) > 1e-9) | (np.abs(mean - own) > 1e-9)
+
+
 class DeploymentTables:
     """The loaded, validated table of one deployment rank with its curves and surfaces."""
 
@@ -92,7 +126,7 @@ class DeploymentTables:
         )
         # The expert rows' (N, A, M), kept for the balanced-tile surface (issue 18), built lazily.
         self._expert_points: dict[str, tuple[npt.NDArray[np.int64], ...]] = {}
-        self._tile_surfaces: dict[str, AnySurface] = {}
+        self._tile_surfaces: dict[str, tuple[AnySurface, AnySurface, AnySurface]] = {}
         self._wave_grids: dict[WaveModel, WaveGrid] = {}
         for component in entry.components:
             for mode in entry.modes:
@@ -131,7 +165,7 @@ class DeploymentTables:
         # The bundle this rank came from: a layer estimate needs its sibling ranks.
         self.owner: ComponentTables | None = None
         # A bounded cache keyed by every coordinate (R40); errors are not cached.
-        self.time_us = functools.lru_cache(maxsize=SCALAR_CACHE_SIZE)(self._time_us)
+        self.time_us = _ScalarCache(functools.lru_cache(maxsize=SCALAR_CACHE_SIZE)(self._time_us))
 
     def _surface(
         self,
@@ -211,6 +245,19 @@ class DeploymentTables:
             cluster=cluster,
             mode=mode,
             **options,
+        )
+
+    def _refuse_described_historical(self, loads: Any) -> None:
+        """A historical table answers balanced queries only (R42): its publisher's rows hold
+        no kernel shape to count tiles with, so a load description is outside what it covers."""
+        if self.entry.layout != "historical" or loads is None:
+            return
+        if isinstance(loads, str) and loads == "balanced":
+            return
+        raise CoverageError(
+            f"{self.entry.where}: a historical table answers balanced queries only (R42); "
+            f"loads={loads if isinstance(loads, str) else 'per-expert counts'} needs a current "
+            "table (its contract records the expert kernel's shape)"
         )
 
     @property
@@ -299,44 +346,64 @@ class DeploymentTables:
         except ValueError as exc:
             raise QueryError(str(exc)) from None
 
-    def _tile_surface(self, mode: str) -> AnySurface:
+    def _tile_surface(self, mode: str) -> tuple[AnySurface, AnySurface, AnySurface]:
         """The table's own points with the stimulus' row tiles in place of time: interpolated
-        exactly as time is, it gives the balanced tiles the table embodies anywhere."""
-        surface = self._tile_surfaces.get(mode)
-        if surface is not None:
-            return surface
+        exactly as time is, it gives the balanced tiles the table embodies anywhere. With it,
+        the log2 of each point's block size and its square, interpolated the same way: their
+        spread says whether the vertices behind an answer all ran one block size."""
+        surfaces = self._tile_surfaces.get(mode)
+        if surfaces is not None:
+            return surfaces
         from moetables.tiles import balanced_counts, row_tiles
 
         self._known(EXPERTS, mode)
         shape = self.tile_shape()
         n, a, m = self._expert_points[mode]
+        blocks = np.array([shape.config(int(ni)).block_m for ni in n.tolist()], dtype=np.int64)
         tiles = np.array(
             [
-                row_tiles(
-                    balanced_counts(int(mi), int(ai)),
-                    shape.config(int(ni)).block_m,
-                )
-                if ai > 0 and mi >= ai
-                else 0
-                for ni, ai, mi in zip(n.tolist(), a.tolist(), m.tolist(), strict=True)
+                row_tiles(balanced_counts(int(mi), int(ai)), int(bi)) if ai > 0 and mi >= ai else 0
+                for ai, mi, bi in zip(a.tolist(), m.tolist(), blocks.tolist(), strict=True)
             ],
             dtype=np.float64,
         )
+        level = np.log2(blocks.astype(np.float64))
         old = self._experts[(EXPERTS, mode)]
-        label = f"balanced tiles of {old.label}"
-        if isinstance(old, BalancedExpertSurface):
-            surface = BalancedExpertSurface(n, a, m, tiles, self.entry.geometry, label=label)
-        else:
-            surface = self._surface(n, a, m, tiles, label)
-        self._tile_surfaces[mode] = surface
-        return surface
+        built: list[AnySurface] = []
+        for values, what in ((tiles, "balanced tiles"), (level, "block"), (level**2, "block²")):
+            label = f"{what} of {old.label}"
+            if isinstance(old, BalancedExpertSurface):
+                built.append(
+                    BalancedExpertSurface(n, a, m, values, self.entry.geometry, label=label)
+                )
+            else:
+                built.append(self._surface(n, a, m, values, label))
+        surfaces = self._tile_surfaces[mode] = (built[0], built[1], built[2])
+        return surfaces
 
     def balanced_tiles(
         self, tokens: int, activated_experts: int, local_assignments: int, mode: str = "eager"
     ) -> float:
         """The row tiles the table's balanced stimulus embodies at (N, A, M), interpolated as
-        the time is (issue 18); refused where the time is."""
-        return self._tile_surface(mode).time(tokens, activated_experts, local_assignments)
+        the time is (issue 18); refused where the time is. Where the points behind the answer
+        ran another block size than vLLM picks at N (a table without kernel steps, between
+        points across a configuration switch), their tiles are of another size and say nothing
+        of this N's: there the balanced stimulus' own tiles at (N, A, M) are the reference."""
+        tiles, level, square = self._tile_surface(mode)
+        value = tiles.time(tokens, activated_experts, local_assignments)
+        mean = level.time(tokens, activated_experts, local_assignments)
+        mean_sq = square.time(tokens, activated_experts, local_assignments)
+        shape = self.tile_shape()
+        if _mixed_blocks(mean, mean_sq, math.log2(shape.config(tokens).block_m)):
+            return float(
+                _balanced_tiles_at(
+                    shape,
+                    np.array([tokens]),
+                    np.array([activated_experts]),
+                    np.array([local_assignments]),
+                )[0]
+            )
+        return value
 
     def balanced_tiles_batch(
         self,
@@ -347,11 +414,18 @@ class DeploymentTables:
     ) -> BatchResult:
         """`balanced_tiles` for arrays; refusals are per-row codes as in `batch`."""
         n = np.asarray(tokens, dtype=np.int64)
-        values, codes = self._tile_surface(mode).batch(
-            n,
-            np.asarray(activated_experts, dtype=np.int64),
-            np.asarray(local_assignments, dtype=np.int64),
-        )
+        a = np.asarray(activated_experts, dtype=np.int64)
+        m = np.asarray(local_assignments, dtype=np.int64)
+        tiles, level, square = self._tile_surface(mode)
+        values, codes = tiles.batch(n, a, m)
+        mean, _ = level.batch(n, a, m)
+        mean_sq, _ = square.batch(n, a, m)
+        shape = self.tile_shape()
+        own = np.log2([float(shape.config(int(x)).block_m) for x in n.ravel().tolist()])
+        own = own.reshape(n.shape)
+        mixed = _mixed_blocks(mean, mean_sq, own) & (codes == OK)
+        if mixed.any():
+            values = np.where(mixed, _balanced_tiles_at(shape, n, a, m).astype(np.float64), values)
         return BatchResult(time_us=values, code=codes)
 
     def balanced_units_batch(
@@ -400,10 +474,13 @@ class DeploymentTables:
         """
         from moetables.tiles import TileError, load_tiles
 
+        self._refuse_described_historical(loads)
         fitted = self.fitted_tile_cost_us
         problem = load_problem(
             EXPERTS, loads, tile_cost_us, fitted_cost_us=fitted
-        ) or counts_problem(loads, activated_experts, local_assignments)
+        ) or counts_problem(
+            loads, activated_experts, local_assignments, tokens, self.entry.geometry.local_experts
+        )
         if problem is not None:
             raise QueryError(problem)
         base = self.time_us(EXPERTS, tokens, activated_experts, local_assignments, mode)
@@ -429,11 +506,13 @@ class DeploymentTables:
                 config.block_n,
             )
             return base + charge.cost_us * (
-                self._load_waves(loads, activated_experts, local_assignments, config, charge)
+                self._load_waves(
+                    loads, tokens, activated_experts, local_assignments, config, charge
+                )
                 - float(reference[0])
             )
         try:
-            tiles = load_tiles(loads, activated_experts, local_assignments, bm)
+            tiles = load_tiles(loads, activated_experts, local_assignments, bm, tokens)
         except TileError as exc:
             raise QueryError(str(exc)) from None
         return base + float(charge.cost_us) * (
@@ -442,7 +521,7 @@ class DeploymentTables:
 
     @staticmethod
     def _load_waves(
-        loads: Any, active: int, pairs: int, config: TritonConfig, charge: LoadCharge
+        loads: Any, rows: int, active: int, pairs: int, config: TritonConfig, charge: LoadCharge
     ) -> float:
         """The weighted waves of a load description: explicit counts' own, a distribution's
         expected over its tile total's distribution (`moetables.waves.expected_waves`)."""
@@ -453,10 +532,12 @@ class DeploymentTables:
         try:
             kind, param = parse_loads(loads)
             if kind in ("counts", "balanced"):
-                tiles = load_tiles(loads, active, pairs, config.block_m)
+                tiles = load_tiles(loads, active, pairs, config.block_m, rows)
                 return float(charge.grid.waves(tiles, config.block_n))
             alpha = 0.0 if kind == "uniform" else float(param)  # type: ignore[arg-type]
-            return expected_waves(alpha, active, pairs, config.block_m, config.block_n, charge.grid)
+            return expected_waves(
+                alpha, active, pairs, config.block_m, config.block_n, charge.grid, rows
+            )
         except TileError as exc:
             raise QueryError(str(exc)) from None
 
@@ -489,6 +570,8 @@ class DeploymentTables:
         """
         if loads is not None or tile_cost_us is not None:
             self._known(component, mode)
+            if component == EXPERTS:
+                self._refuse_described_historical(loads)
             problem = load_problem(
                 component, loads, tile_cost_us, fitted_cost_us=self.fitted_tile_cost_us
             )
@@ -572,6 +655,12 @@ class DeploymentTables:
         is not balanced answered again by `experts_time_us` (the same value a scalar call
         gives, bit for bit)."""
         self._known(component, mode)
+        if component == EXPERTS and not (isinstance(loads, str) and loads == "balanced"):
+            if isinstance(loads, str) or loads is None:
+                self._refuse_described_historical(loads)
+            else:
+                for d in loads:
+                    self._refuse_described_historical(d)
         fitted = self.fitted_tile_cost_us
         result = self.batch(component, tokens, activated_experts, local_assignments, mode)
         rows = result.time_us.size

@@ -29,8 +29,11 @@ class ProblemsSerializer(serializers.Serializer[Any]):
             {"type": "array", "items": {"type": "integer", "minimum": 0}},
         ],
         "description": "experts only (issue 18): 'balanced' (the table's answer, the default), "
-        "'uniform', 'power_law(alpha)' or per-expert counts (A of them nonzero, adding up to "
-        "M); any but balanced needs tile_cost_us",
+        "'uniform', 'power_law(alpha)' (expected tiles with every active expert holding 1 to N "
+        "pairs) or per-expert counts (A of them nonzero, adding up to M, none above N, at most "
+        "the rank's local experts); any but balanced is charged at tile_cost_us, else at the "
+        "table's own recorded cost for vLLM's block at N (bundle formats 3-5), else refused; "
+        "a historical table answers balanced only (the answer is out_of_support)",
     }
 )
 class LoadsField(serializers.JSONField):
@@ -49,8 +52,10 @@ class QuerySerializer(serializers.Serializer[Any]):
     tile_cost_us = serializers.FloatField(
         required=False,
         min_value=0,
-        help_text="us per row tile beyond the table's balanced ones, charged where vLLM's "
-        "block is 128 rows (issue 18); needs loads",
+        max_value=1e6,
+        help_text="us per row tile beyond the table's balanced ones (issue 18), charged where "
+        "vLLM's block is at least the table's tile block (128 rows without a tile model); "
+        "needs loads",
     )
 
 

@@ -135,7 +135,10 @@ def test_a_described_lookup_defaults_to_the_tables_cost_and_balanced_stays_bit_f
     new, old = ComponentTables(fitted), ComponentTables(unfitted)
     for dp, rank, point, cost in (
         (1, 0, (2000, 128, 16000), 1.416),
-        (2, 1, (3000, 64, 12000), 1.764),
+        # 8192 pairs on 64 experts: the balanced 128 each fill one 128-row tile; a uniform
+        # scatter puts about half the experts past it (at 12,000 pairs, 187.5 each, it
+        # crosses no tile edge in expectation, and the charge is nil).
+        (2, 1, (3000, 64, 8192), 1.764),
     ):
         tables, before = new.deployment(1, dp, rank), old.deployment(1, dp, rank)
         assert tables.fitted_tile_cost_us == cost and before.fitted_tile_cost_us is None

@@ -211,7 +211,7 @@ def test_a_distribution_is_charged_its_expected_waves_the_same_every_time(
     uniform = t.experts_time_us(384, 128, 3072, loads="uniform")
     expected_waves.cache_clear()
     assert t.experts_time_us(384, 128, 3072, loads="uniform") == uniform
-    w = expected_waves(0.0, 128, 3072, 32, 256, GRID)
+    w = expected_waves(0.0, 128, 3072, 32, 256, GRID, 384)
     assert 4.5 < w < 4 + 0.375 * 5 + 1e-9  # between the balanced 4.5 and one step up
     assert uniform == pytest.approx(base + WAVE_COST * (w - 4.5), rel=1e-12)
     skew = t.experts_time_us(384, 128, 3072, loads="power_law(1.2)")
@@ -221,14 +221,15 @@ def test_a_distribution_is_charged_its_expected_waves_the_same_every_time(
 
 
 @pytest.mark.parametrize(("alpha", "n"), [(0.0, 384), (0.6, 384), (1.2, 256), (0.0, 200)])
-def test_expected_waves_are_what_multinomial_draws_give(alpha: float, n: int) -> None:
-    """The convolution (binomial marginals) against 20,000 multinomial draws of the same
-    shares: within 0.06 weighted waves (1 us at the shipped cost) where a step is near."""
-    from moetables.tiles import power_law_shares
+def test_expected_waves_are_what_routed_tokens_give(alpha: float, n: int) -> None:
+    """The convolution of the bounded marginals against the process the load-spread runs timed
+    (every token picks 8 distinct of 128 experts by power-law weight; draws with every expert
+    active, as A = 128 says): within 0.06 weighted waves (1 us at the shipped cost)."""
+    from tests.moetables.test_tiles import routed_tile_totals
 
-    counts = np.random.default_rng(3).multinomial(8 * n, power_law_shares(128, alpha), 20000)
-    drawn = GRID.waves((-(-counts // 32)).sum(axis=1), 256).mean()
-    assert expected_waves(alpha, 128, 8 * n, 32, 256, GRID) == pytest.approx(drawn, abs=0.06)
+    totals = routed_tile_totals(n, alpha, block_m=32, draws=600, seed=3)
+    drawn = GRID.waves(totals, 256).mean()
+    assert expected_waves(alpha, 128, 8 * n, 32, 256, GRID, n) == pytest.approx(drawn, abs=0.06)
 
 
 def test_the_estimate_charges_waves_at_32_rows_and_names_them(bundles: dict[str, Path]) -> None:

@@ -266,3 +266,94 @@ def test_an_all_remote_row_is_the_tables_answer_under_any_description() -> None:
     assert batch.code.tolist() == [0, 0]
     assert batch.time_us[0] == base
     assert batch.time_us[1] == RANK.experts_time_us(2048, 64, 8192, loads="uniform")
+
+
+F2K4 = ROOT / "H200-vllm-modular-f2k4/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+FP8 = ROOT / "H200-vllm-modular-fp8-f2/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
+HISTORICAL = ROOT / "llmservingsim-rtxpro6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16"
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.2, 3.0, 5.0])
+def test_no_distribution_is_charged_below_the_balanced_histogram_at_one_tile_each(
+    alpha: float,
+) -> None:
+    """A user's pass on issue 18: at 64 pairs per expert and 64-row blocks each balanced expert
+    runs one tile, the fewest any load of A active experts can; power_law(3) and (5) were
+    answered 60 and 84 us below the table (an unbounded binomial left experts empty)."""
+    rank = ComponentTables(F2K4).deployment(1, 1, 0)
+    base = rank.time_us("experts", 1024, 128, 8192)
+    assert rank.experts_time_us(1024, 128, 8192, loads=f"power_law({alpha})") >= base - 1e-9
+
+
+def test_the_one_feasible_load_is_the_tables_answer() -> None:
+    """M = N x A: every active expert holds all N rows, so any description is the balanced
+    load (uniform was charged +5.6 us at (2048, 8, 16384))."""
+    rank = ComponentTables(F2K4).deployment(1, 1, 0)
+    base = rank.time_us("experts", 2048, 8, 16384)
+    for loads in ("uniform", "power_law(1.2)", "power_law(20)", [2048] * 8):
+        assert rank.experts_time_us(2048, 8, 16384, loads=loads) == pytest.approx(base, abs=1e-9)
+
+
+def test_a_reference_across_a_block_switch_is_this_ns_own() -> None:
+    """The FP8 table's points N = 128 (16-row blocks) and 256 (64-row) straddle N = 200: their
+    interpolated balanced tiles (46) were of two sizes, and [200] x 8 (the only load at A = k
+    there) was answered 11.9 us below the table; the estimate cut the same."""
+    tables = ComponentTables(FP8)
+    rank = tables.deployment(1, 1, 0)
+    assert rank.balanced_tiles(200, 8, 1600) == 32.0  # 8 experts x ceil(200 / 64)
+    base = rank.time_us("experts", 200, 8, 1600)
+    assert rank.experts_time_us(200, 8, 1600, loads=[200] * 8) == base
+    counts = [200] * 8 + [0] * 120
+    charged = tables.estimate(
+        [200], tp=1, dp=1, policy="histogram", expert_counts=counts, tile_cost_us="table"
+    )
+    assert charged.ranks[0].components["experts"] == base
+    # At the table's own points the interpolated tiles are the point's, as before.
+    assert rank.balanced_tiles(256, 8, 2048) == 32.0
+
+
+def test_counts_no_router_can_give_are_refused_by_the_lookup_as_by_the_estimate() -> None:
+    rank = ComponentTables(F2K4).deployment(1, 1, 0)
+    with pytest.raises(QueryError, match=r"expert 0 holds 16377 pairs.*at most N=2048"):
+        rank.experts_time_us(2048, 8, 16384, loads=[16377] + [1] * 7)
+    with pytest.raises(QueryError, match="1128 per-expert counts, but this rank has 128"):
+        rank.experts_time_us(2048, 8, 16384, loads=[2048] * 8 + [0] * 1120)
+    with pytest.raises(QueryError, match="at most N=10"):
+        parse_query({**EXPERT, "tokens": 10, "activated_experts": 2, "local_assignments": 20,
+                     "loads": [19, 1]})  # fmt: skip
+    bad = rank.batch("experts", [2048], [8], [16384], loads=[[16377] + [1] * 7])
+    assert bad.code.tolist() == [2] and np.isnan(bad.time_us).all()
+
+
+def test_time_us_takes_counts_as_a_list_or_an_array() -> None:
+    """The README's `rank.time_us(..., loads=...)` with a list raised "unhashable type"."""
+    rank = ComponentTables(F2K4).deployment(1, 1, 0)
+    as_tuple = rank.time_us("experts", 2048, 128, 16384, loads=tuple([128] * 128))
+    assert rank.time_us("experts", 2048, 128, 16384, loads=[128] * 128) == as_tuple
+    assert rank.time_us("experts", 2048, 128, 16384, loads=np.full(128, 128)) == as_tuple
+    with pytest.raises(QueryError, match="per-expert counts"):
+        rank.time_us("experts", 2048, 128, 16384, loads=[{"a": 1}])
+
+
+def test_a_historical_table_answers_balanced_only_as_documented() -> None:
+    """docs/bundle-format.md: unbalanced queries on historical tables are a CoverageError (they
+    were a QueryError asking for a tile_cost_us, then for a contract field the table cannot
+    have); balanced stays the publisher's answer."""
+    from moetables.errors import CoverageError
+
+    rank = ComponentTables(HISTORICAL).deployment(1, 2, 0)
+    base = rank.time_us("experts", 256, 64, 1024)
+    assert rank.time_us("experts", 256, 64, 1024, loads="balanced") == base
+    for kw in ({"loads": "uniform"}, {"loads": "uniform", "tile_cost_us": 1.0}):
+        with pytest.raises(CoverageError, match="historical table answers balanced queries only"):
+            rank.time_us("experts", 256, 64, 1024, **kw)
+    with pytest.raises(CoverageError, match="historical"):
+        rank.batch("experts", [256], [64], [1024], loads="uniform", tile_cost_us=1.0)
+
+
+def test_a_tile_cost_that_would_overflow_is_refused() -> None:
+    rank = ComponentTables(F2K4).deployment(1, 1, 0)
+    with pytest.raises(QueryError, match="at most 1,000,000"):
+        rank.experts_time_us(2048, 128, 16384, loads="uniform", tile_cost_us=1e308)
+    with pytest.raises(QueryError, match="at most 1,000,000"):
+        ComponentTables(F2K4).estimate([2048], tp=1, dp=1, policy="random", tile_cost_us=1e308)

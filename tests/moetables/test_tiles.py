@@ -77,6 +77,55 @@ def test_it_never_beats_the_balanced_tiles(pairs: int, active: int, block: int) 
     assert row_tiles(skew, block) >= row_tiles(bal, block) >= max(active, math.ceil(pairs / block))
 
 
+def routed_tile_totals(
+    n: int, alpha: float, *, block_m: int, draws: int, seed: int, experts: int = 128, k: int = 8
+) -> np.ndarray:
+    """Row tiles of loads routed as scripts/h200_load_spread.py routes them: each of ``n`` tokens
+    picks ``k`` distinct experts with weight rank^-alpha (Gumbel top-k); only draws in which
+    every expert is active are kept (the query's A = experts)."""
+    rng = np.random.default_rng(seed)
+    logw = np.log(power_law_shares(experts, alpha))
+    kept: list[int] = []
+    for _ in range(draws):
+        picks = np.argpartition(-(logw + rng.gumbel(size=(n, experts))), k - 1, axis=1)[:, :k]
+        counts = np.bincount(picks.ravel(), minlength=experts)
+        if (counts > 0).all():
+            kept.append(int((-(-counts // block_m)).sum()))
+    assert len(kept) >= draws // 20, "too few draws with every expert active"
+    return np.array(kept)
+
+
+@pytest.mark.parametrize(
+    ("n", "alpha", "block_m"), [(384, 0.0, 32), (384, 0.6, 32), (1024, 1.2, 64), (2048, 0.6, 64)]
+)
+def test_expected_tiles_follow_routed_tokens(n: int, alpha: float, block_m: int) -> None:
+    """Issue 18: the bounded marginals (each active expert 1 to N pairs) against the timed
+    process: within 0.6 % where unbounded binomials were up to 3.6 % off (1,024 rows, alpha
+    1.2: 217.6 tiles for a routed 210.0; bounded 211.0)."""
+    drawn = routed_tile_totals(n, alpha, block_m=block_m, draws=300, seed=5).mean()
+    got = expected_row_tiles(8 * n, power_law_shares(128, alpha), block_m, rows=n)
+    assert got == pytest.approx(drawn, rel=0.006)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.2, 3.0, 5.0, 20.0])
+@pytest.mark.parametrize(("rows", "active", "pairs", "block_m"), [
+    (1024, 128, 8192, 64), (1024, 64, 4096, 64), (200, 8, 1600, 16), (2048, 8, 16384, 64),
+    (40, 30, 300, 16), (300, 2, 600, 128),
+])  # fmt: skip
+def test_no_distribution_runs_fewer_tiles_than_any_load_can(
+    alpha: float, rows: int, active: int, pairs: int, block_m: int
+) -> None:
+    """Issue 18 (a steep power law was charged below balanced): every active expert runs a
+    tile and no expert holds more than N pairs, so the expected tiles are at least
+    max(A, ceil(M / b)) and at most A x ceil(N / b); where every expert must hold N pairs
+    (M = N x A) the one feasible load is balanced's."""
+    got = expected_row_tiles(pairs, power_law_shares(active, alpha), block_m, rows=rows)
+    assert max(active, math.ceil(pairs / block_m)) - 1e-9 <= got
+    assert got <= active * math.ceil(rows / block_m) + 1e-9
+    if pairs == rows * active:
+        assert got == pytest.approx(row_tiles(balanced_counts(pairs, active), block_m))
+
+
 def test_it_expects_more_tiles_under_random_than_balanced_loads() -> None:
     """Issue 18: 8192 pairs on 64 experts, 128-row blocks: balanced 64 tiles, uniform draws about 96."""
     uniform = expected_row_tiles(8192, np.full(64, 1 / 64), 128)
