@@ -75,7 +75,7 @@ def _curves(profile: RoutingProfile, ep: int, layer: int | None) -> dict[str, An
                 {
                     "type": "scatter",
                     "mode": "lines",
-                    "name": "busiest rank captured",
+                    "name": "busiest rank",
                     "x": ns.tolist(),
                     "y": [round(v, 3) for v in busiest.tolist()],
                     "line": {"dash": "dot", "color": "#1a202c", "width": 3},

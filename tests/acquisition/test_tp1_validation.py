@@ -272,7 +272,13 @@ def test_the_wave_charge_gives_the_documented_numbers(bundle: str) -> None:
         return s["routing"], s["policy"], s["tokens"][0]
 
     old = {key(s): s for s in before["steps"]}
-    moved = {k[2] for s in result["steps"] if (k := key(s)) and not json_close(s, old[k])}
+    # Moved beyond a millionth: the balanced reference across a block switch became N's own
+    # (2026-12-01), which shifts other steps by parts in 1e9, not what this asks.
+    moved = {
+        k[2]
+        for s in result["steps"]
+        if (k := key(s)) and not json_close(s, old[k], rel=1e-6, absolute=1e-6)
+    }
     assert moved and moved <= {200, 256, 384}  # the 32-row steps only
     at384 = {s["routing"]: s for s in result["steps"] if key(s)[1:] == ("histogram", 384)}
     for routing in ("simulator", "native"):

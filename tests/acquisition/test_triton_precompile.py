@@ -233,7 +233,9 @@ def _forward_records(out: Path) -> list[tuple[Any, ...]]:
                 )  # fmt: skip
             elif record["type"] == "reference_check":
                 found.append((samples.parent.name, record["point"], "check", record["slots"]))
-    return found
+    # A point whose B/2B control failed on this loaded CPU is measured again at the end of the
+    # queue (the same contexts once more): timing noise, not what precompilation changes.
+    return list(dict.fromkeys(found))
 
 
 def test_precompiled_acquisition_runs_the_same_forwards_with_no_compile_inside_points(

@@ -79,13 +79,13 @@ def test_it_draws_the_profile_and_switches_the_ep_size(
     rows = page.eval_on_selector("#fig-heatmap", "el => el.data[0].z.length")
     assert rows == 2  # two captured layers
     assert _traces(page, "#fig-imbalance") == 1
-    # EP2 (the default): two captured ranks and two balanced lines per figure.
-    assert _traces(page, "#fig-m") == 4
+    # EP2 (the default): two captured ranks, the busiest rank and two balanced lines.
+    assert _traces(page, "#fig-m") == 5
     page.select_option("#p-ep", "4")
     page.click("#profile-form button[type=submit]")
     page.wait_for_url("**ep=4*")
-    assert _traces(page, "#fig-m") == 4 + 2
-    assert _traces(page, "#fig-a") == 4 + 2
+    assert _traces(page, "#fig-m") == 4 + 1 + 2
+    assert _traces(page, "#fig-a") == 4 + 1 + 2
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(SHOTS) / "routing-profile.png"), full_page=True)
@@ -128,8 +128,9 @@ def test_the_shipped_h200_profiles_draw_with_their_data(
     assert _traces(page, "#fig-imbalance") == 1
     bars = _ys(page, "#fig-imbalance")[0]
     assert len(bars) == 48 and min(bars) > 1.6
-    # EP2: two captured ranks and two balanced lines; decode (N = 16) A below balanced's 64.
-    assert _traces(page, "#fig-a") == 4
+    # EP2: two captured ranks, the busiest and two balanced lines; decode (N = 16) A below
+    # balanced's 64.
+    assert _traces(page, "#fig-a") == 5
     a = page.eval_on_selector("#fig-a", "el => el.data.map(t => [t.name, t.x, t.y])")
     captured = {name: dict(zip(x, y, strict=True)) for name, x, y in a if "captured" in name}
     balanced = {name: dict(zip(x, y, strict=True)) for name, x, y in a if "balanced" in name}
@@ -138,7 +139,7 @@ def test_the_shipped_h200_profiles_draw_with_their_data(
     page.select_option("#p-ep", "8")
     page.click("#profile-form button[type=submit]")
     page.wait_for_url("**ep=8*")
-    assert _traces(page, "#fig-m") == 8 + 2
+    assert _traces(page, "#fig-m") == 8 + 1 + 2
     ms = [y for y in _ys(page, "#fig-m")[:8]]
     # The simulator's normal distribution over expert ids loads the middle ranks: at EP8 the
     # outer ranks get a fraction of the middle ones' pairs at every captured N.
