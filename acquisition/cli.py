@@ -14,6 +14,7 @@ Exit status: 0 published, 1 acquisition failed (evidence kept), 2 invalid comman
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -39,7 +40,7 @@ from acquisition.phases import PhaseClock
 from acquisition.progress import ProgressReporter
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
     from types import FrameType
 
     from acquisition.plan import PointPlan
@@ -419,21 +420,30 @@ def _run_child(child_argv: list[str], write_fd: int, read_fd: int, feed: _ChildF
         [sys.executable, "-m", "acquisition", *child_argv], pass_fds=(write_fd,)
     )
     os.close(write_fd)
-    try:
-        with os.fdopen(read_fd, encoding="utf-8") as events:
-            for line in events:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(record, dict):
-                    feed.feed(record)
-        return child.wait()
-    except BaseException:
-        # Cancelled (SIGINT, SIGTERM) or broken: the child stops and keeps its samples.
-        child.send_signal(signal.SIGTERM)
-        child.wait()
-        raise
+
+    def relay(lines: Iterable[str]) -> None:
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                feed.feed(record)
+
+    with os.fdopen(read_fd, encoding="utf-8") as events:
+        try:
+            relay(events)
+            return child.wait()
+        except BaseException:
+            # Cancelled (SIGINT, SIGTERM) or broken: the child stops and keeps its samples.
+            # The pipe stays open until the child has said its last (the points it finished
+            # meanwhile, its cancelled event): the parent's count stays the checkpoint's, and
+            # the child never writes into a closed pipe (a traceback and exit 1, not 130).
+            child.send_signal(signal.SIGTERM)
+            with contextlib.suppress(KeyboardInterrupt, OSError, ValueError):
+                relay(events)
+            child.wait()
+            raise
 
 
 def _acquire_isolated(

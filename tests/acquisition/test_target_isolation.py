@@ -404,12 +404,13 @@ def test_a_cancelled_isolated_run_stops_its_child_and_resumes(
     slow = ["--measurement-iterations", "12", "--isolate-targets", "on"]
     args = argv(tiny_model, out, *slow, "--progress-json", str(progress))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    stderr = (tmp_path / "stderr.txt").open("wb")
     parent = subprocess.Popen(
         [sys.executable, "-m", "acquisition", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and parent.poll() is None:
@@ -420,7 +421,12 @@ def test_a_cancelled_isolated_run_stops_its_child_and_resumes(
     assert parent.poll() is None, "the run ended before it could be cancelled"
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=60) == 130
-    assert events(progress)[-1]["phase"] == "cancelled"
+    stderr.close()
+    cancelled = events(progress)[-1]
+    assert cancelled["phase"] == "cancelled"
+    # The child's last words reach the parent: no broken pipe in the child (it printed a
+    # traceback and exited 1), and the parent's count is what the checkpoint holds.
+    assert b"Traceback" not in (tmp_path / "stderr.txt").read_bytes()
     children = [
         p
         for p in Path("/proc").iterdir()
@@ -429,7 +435,13 @@ def test_a_cancelled_isolated_run_stops_its_child_and_resumes(
     assert children == []
     kept = len(sample_records(out, DEPLOYMENTS[0], "forward"))
     assert kept > 0
-    assert main(argv(tiny_model, out, *slow[:2], "--isolate-targets", "off")) == 0
+    again = tmp_path / "again.jsonl"
+    rerun = argv(
+        tiny_model, out, *slow[:2], "--isolate-targets", "off", "--progress-json", str(again)
+    )
+    assert main(rerun) == 0
+    resumed = [e for e in events(again) if str(e.get("message", "")).startswith("resumed:")]
+    assert resumed and resumed[0]["points_done"] == cancelled["points_done"]
     assert sorted(tables(out)) == DEPLOYMENTS
     assert len(sample_records(out, DEPLOYMENTS[0], "forward")) >= kept
 
