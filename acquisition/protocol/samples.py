@@ -192,10 +192,7 @@ class SampleLog:
                         f"{self.path}:{number}: unknown record; refusing to resume"
                     )
                 if record["type"] == "session" and record.get("identity") != identity:
-                    old = record.get("identity") or {}
-                    changed = sorted(
-                        k for k in set(old) | set(identity) if old.get(k) != identity.get(k)
-                    )
+                    changed = _identity_changes(record.get("identity") or {}, identity)
                     raise CheckpointError(
                         f"{self.path} was acquired under other semantic conditions "
                         f"(changed: {', '.join(changed)}); resume only the same command, or "
@@ -291,3 +288,33 @@ def append_failure(directory: Path, record: dict[str, Any]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / FAILURES).open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+
+# What a changed hash stands for: the field itself cannot say which option moved it.
+_HASHED = {
+    "point_plan_sha256": "the point plan: grid factor, token and sequence limits, capture sizes, "
+    "cudagraph mode or kernel-step rule",
+}
+
+
+def _identity_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Each changed field of a resume identity by its dotted name, with the checkpoint's value
+    and this command's (``protocol.rounds (2 -> 3)``), so a refusal names the option."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        name = prefix + str(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _identity_changes(a, b, name + ".")
+        elif key in _HASHED:
+            out.append(f"{name} ({_HASHED[key]})")
+        else:
+            out.append(f"{name} ({_short(a)} -> {_short(b)})")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."

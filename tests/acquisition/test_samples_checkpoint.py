@@ -140,3 +140,16 @@ def test_a_failed_control_opens_a_new_attempt(tmp_path: Path) -> None:
 def test_failures_go_to_their_own_file(tmp_path: Path) -> None:
     append_failure(tmp_path, {"point": "experts:1:1:1", "reason": "attribution failed"})
     assert json.loads((tmp_path / "failures.jsonl").read_text())["reason"] == "attribution failed"
+
+
+def test_a_refused_resume_names_the_changed_option_and_its_values(tmp_path: Path) -> None:
+    """A user's pass: --moe-rounds, --measurement-iterations, --quality-tolerance all said
+    "changed: protocol", and a changed plan only "point_plan_sha256"."""
+    first = {**IDENTITY, "protocol": {"rounds": 2, "iterations": 3}, "point_plan_sha256": "a" * 64}
+    SampleLog.open(tmp_path, first, {}).close()
+    again = {**first, "protocol": {"rounds": 3, "iterations": 3}, "point_plan_sha256": "b" * 64}
+    with pytest.raises(CheckpointError) as refused:
+        SampleLog.open(tmp_path, again, {})
+    message = str(refused.value)
+    assert "protocol.rounds (2 -> 3)" in message and "iterations" not in message
+    assert "point_plan_sha256 (the point plan: grid factor" in message
