@@ -408,6 +408,13 @@ def load_tiles(loads: Any, active: int, pairs: int, block_m: int, rows: int) -> 
             )
         return float(row_tiles(c, block_m))
     alpha = 0.0 if kind == "uniform" else float(param)  # type: ignore[arg-type]
+    return _expected_tiles(alpha, active, pairs, block_m, rows)
+
+
+@functools.lru_cache(maxsize=65536)
+def _expected_tiles(alpha: float, active: int, pairs: int, block_m: int, rows: int) -> float:
+    """`expected_row_tiles` of a power law (alpha = 0: uniform), kept by its five numbers (a
+    lookup repeats them; the shares tuple of `tile_pmfs`' own key costs more to hash)."""
     return expected_row_tiles(pairs, power_law_shares(active, alpha), block_m, rows=rows)
 
 
