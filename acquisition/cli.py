@@ -406,6 +406,11 @@ class _ChildFeed:
                 for _ in range(count):
                     self.progress.measured(share, message)
             return
+        if phase in ("failed", "cancelled") and isinstance(done, int) and done > self.done:
+            # The child's last count, where its last points' own events did not come first.
+            count, self.done = done - self.done, done
+            for _ in range(count):
+                self.progress.measured(0.0, message)
         if phase == "failed":
             self.failed = event
             return

@@ -425,7 +425,7 @@ def test_a_cancelled_isolated_run_stops_its_child_and_resumes(
     cancelled = events(progress)[-1]
     assert cancelled["phase"] == "cancelled"
     # The child's last words reach the parent: no broken pipe in the child (it printed a
-    # traceback and exited 1), and the parent's count is what the checkpoint holds.
+    # traceback and exited 1).
     assert b"Traceback" not in (tmp_path / "stderr.txt").read_bytes()
     children = [
         p
@@ -441,7 +441,9 @@ def test_a_cancelled_isolated_run_stops_its_child_and_resumes(
     )
     assert main(rerun) == 0
     resumed = [e for e in events(again) if str(e.get("message", "")).startswith("resumed:")]
-    assert resumed and resumed[0]["points_done"] == cancelled["points_done"]
+    # A stop between a batch's checkpoint and its points' progress events leaves the count up
+    # to one batch short of the checkpoint, never above it.
+    assert resumed and 0 < cancelled["points_done"] <= resumed[0]["points_done"]
     assert sorted(tables(out)) == DEPLOYMENTS
     assert len(sample_records(out, DEPLOYMENTS[0], "forward")) >= kept
 
