@@ -84,7 +84,8 @@ class _ScalarCache:
 
     def __call__(self, *args: Any, **kwargs: Any) -> float:
         try:
-            return float(self._cached(*args, **kwargs))
+            result: float = self._cached(*args, **kwargs)
+            return result
         except TypeError:
             loads = kwargs.get("loads")
             if loads is None or isinstance(loads, (str, tuple)):
@@ -95,7 +96,8 @@ class _ScalarCache:
                 raise QueryError(
                     f"loads must be a string or a list of per-expert counts, got {loads!r}"
                 ) from None
-            return float(self._cached(*args, **kwargs))
+            retried: float = self._cached(*args, **kwargs)
+            return retried
 
 
 def _mixed_blocks(mean: Any, mean_sq: Any, own: Any) -> Any:
