@@ -13,11 +13,11 @@ SLICE=(slice Qwen/Qwen3-30B-A3B-Instruct-2507 --hardware H200 --tp 1 --tp-refres
   --moe-grid-factor 2 --cudagraph-capture-sizes 1,2,4,8,16,32,64,128,256 --dp 1,2
   --backend vllm-modular --out-root /tmp/adm-out)
 # Cold: no .pyc is written, so the acquisition after it starts as cold as session 8's call 24.
-PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=. timeout 60 python3 bench/acquisition_admission_cost.py \
+PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=.:${PYTHONPATH:-} timeout 60 python3 bench/acquisition_admission_cost.py \
   --json "$OUT/adm/cold.json" -- "${SLICE[@]}" >"$OUT/adm/cold.txt" 2>&1
 echo "admission bench (cold): exit $?" | tee -a "$OUT/adm/status.txt"
 BUDGET_S=${BUDGET_S:-440} SUMMARY=1 ROOT=${ROOT:-/tmp/speed10} EXTRA_ARGS="--moe-kernel-steps v2" \
   bash scripts/h200_acquisition_speed.sh modular-six=.:vllm-modular:2:1,2:410
-PYTHONPATH=. timeout 40 python3 bench/acquisition_admission_cost.py \
+PYTHONPATH=.:${PYTHONPATH:-} timeout 40 python3 bench/acquisition_admission_cost.py \
   --json "$OUT/adm/warm.json" -- "${SLICE[@]}" >"$OUT/adm/warm.txt" 2>&1
 echo "admission bench (warm): exit $?" | tee -a "$OUT/adm/status.txt"
