@@ -3,7 +3,7 @@
 # before/after tables of docs/benchmarks.md and the equivalence check.
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the device copy's root:
-#   bash .dev/acq/scripts/h200_acquisition_speed.sh LABEL=DIR:BACKEND:FACTOR:DPS:LIMIT_S[:TP] ...
+#   bash .dev/acq/scripts/h200_acquisition_speed.sh LABEL=DIR:BACKEND:FACTOR:DPS:LIMIT_S[:TP[:TARGET]] ...
 # DIR is a copy of the project (the "before" and "after" commits side by side); each run is
 # the Qwen3-30B-A3B-Instruct-2507 bf16 slice of docs/h200-runs.md (TP1, --dp DPS, 3 rounds x 3
 # iterations, 2048 tokens, 128 sequences, capture sizes 1..256 in powers of two) with
@@ -13,6 +13,9 @@
 # runs.tar.gz into the run root first (a resumed run continues its checkpoint).
 # TP (optional, default 1) is the target's TP degree: TP=2 slices the TP2 tables (--tp 1,2
 # --tp-refresh 2: whole experts over EP = TP x DPS, every rank on this one GPU; issue 20 item 3).
+# TARGET (optional) restricts the run to one target (--only-target, e.g. tp1/dp2_ep2_rank1_sp0).
+# PARALLEL=1 starts every run at once on the one GPU (each its own process, out root and caches)
+# and waits for all: the experiment of targets measured side by side (issue 19, session 10).
 # $OUT receives runs.tar.gz (per run: phases.jsonl, progress.jsonl, run.log, the bundle's
 # runtime files and the _acquisition checkpoint without writer locks) and speed.log.
 # BUDGET_S (optional): wall seconds for the whole script from its start; each run's limit is
@@ -33,6 +36,7 @@ OUT_DIR=${OUT:-var/speed-out}
 ROOT=${ROOT:-/tmp/speed}
 CAPTURES=${CAPTURES:-1,2,4,8,16,32,64,128,256}
 mkdir -p "$OUT_DIR" "$ROOT"
+started_runs=()
 export PYTHONUNBUFFERED=1
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/speed.log"; }
 # Whether vLLM's modules have bytecode before the first run (without importing vLLM): without
@@ -52,7 +56,7 @@ if [ -n "${RESUME_FROM:-}" ]; then
 fi
 for spec in "$@"; do
   label=${spec%%=*}
-  IFS=: read -r dir backend factor dps limit tp <<<"${spec#*=}"
+  IFS=: read -r dir backend factor dps limit tp only <<<"${spec#*=}"
   tp=${tp:-1}
   if [ "$tp" = 1 ]; then tp_args=(--tp 1 --tp-refresh 1); else tp_args=(--tp "1,$tp" --tp-refresh "$tp"); fi
   run=$ROOT/$label
@@ -74,6 +78,7 @@ for spec in "$@"; do
   [ "$backend" = vllm-live ] && extra=(--engine-attention-backend TRITON_ATTN)
   read -r -a more <<<"${EXTRA_ARGS:-}"
   extra+=("${more[@]}")
+  [ -n "${only:-}" ] && extra+=(--only-target "$only")
   cmd=(python3 -m acquisition.adapters.vllm_cli slice Qwen/Qwen3-30B-A3B-Instruct-2507
     --hardware H200 "${tp_args[@]}" --group moe --max-num-batched-tokens 2048
     --max-num-seqs 128 --moe-rounds 3 --measurement-iterations 3 --moe-grid-factor "$factor"
@@ -82,12 +87,30 @@ for spec in "$@"; do
     "${extra[@]}")
   log "$label: (cd $dir && timeout $limit ${cmd[*]})"
   start=$(date +%s)
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    (cd "$dir" && TRITON_CACHE_DIR="$run/triton" VLLM_CACHE_ROOT="$run/vllm-cache" \
+      PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+      timeout --signal=TERM --kill-after=20 "$limit" "${cmd[@]}"; echo $? >"$run/exit_status") \
+      >>"$run/run.log" 2>&1 &
+    started_runs+=("$label:$start")
+    continue
+  fi
   (cd "$dir" && TRITON_CACHE_DIR="$run/triton" VLLM_CACHE_ROOT="$run/vllm-cache" \
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
     timeout --signal=TERM --kill-after=20 "$limit" "${cmd[@]}") >>"$run/run.log" 2>&1
   status=$?
   log "$label: exit $status after $(( $(date +%s) - start ))s; $(tail -n 1 "$run/run.log" | cut -c1-200)"
 done
+if [ "${PARALLEL:-0}" = 1 ]; then
+  wait
+  for entry in "${started_runs[@]}"; do
+    label=${entry%%:*}
+    log "$label: exit $(cat "$ROOT/$label/exit_status" 2>/dev/null || echo '?'), ended at \
+$(date -u -r "$ROOT/$label/exit_status" +%H:%M:%S 2>/dev/null), started $(date -u -d "@${entry##*:}" +%H:%M:%S); \
+$(tail -n 1 "$ROOT/$label/run.log" | cut -c1-200)"
+  done
+  log "parallel runs: all ended $(( $(date +%s) - SCRIPT_START ))s after the script began"
+fi
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv >>"$OUT_DIR/speed.log" 2>&1
 # Versions from the installed metadata: importing vLLM here would cost seconds of the budget.
 python3 -c "from importlib.metadata import version as v; print('torch', v('torch'), 'vllm', v('vllm'))" \
