@@ -13,9 +13,9 @@ export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/root/pyc}
 unset PYTHONDONTWRITEBYTECODE
 IMPORT="import vllm.model_executor.layers.fused_moe, acquisition.adapters.vllm_modular_backend"
 for pass in write read; do
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   PYTHONPATH=.:${PYTHONPATH:-} python3 -c "$IMPORT"
-  echo "import with the cache prefix ($pass): $(echo "$(date +%s.%N) - $start" | bc) s" | tee -a "$OUT/adm/status.txt"
+  echo "import with the cache prefix ($pass): $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$OUT/adm/status.txt"
 done
 echo "prefix $PYTHONPYCACHEPREFIX: $(du -sh "$PYTHONPYCACHEPREFIX" | cut -f1)" | tee -a "$OUT/adm/status.txt"
 BUDGET_S=${BUDGET_S:-380} SUMMARY=1 ROOT=${ROOT:-/tmp/speed10b} EXTRA_ARGS="--moe-kernel-steps v2" \
