@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from acquisition.bytecode import bytecode_note, uncached_packages
 from acquisition.conserve import ConserveError, out_path, plan_targets
 from acquisition.conserve import add_arguments as conserve_arguments
 from acquisition.finished import split_finished, write_marker
@@ -140,6 +141,8 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None
         try:
             with clock.phase("plan"):
                 plans = _skip_finished(request, plans, progress)
+            if plans and args.only_target is None:
+                _note_bytecode(progress, clock)
             if not plans:
                 status = 0
                 message = f"every target is published in {request.bundle_dir} already"
@@ -161,6 +164,16 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool | None = None
         return status
     finally:
         progress.close()
+
+
+def _note_bytecode(progress: ProgressReporter, clock: PhaseClock) -> None:
+    """Say once, in the parent, when every process will compile torch and vLLM anew (an
+    isolated target's child is started with ``--only-target`` and stays quiet)."""
+    missing = uncached_packages()
+    clock.note("bytecode", {"uncached": missing, "dont_write": sys.dont_write_bytecode})
+    note = bytecode_note(missing)
+    if note is not None:
+        progress.write(note)
 
 
 def _skip_finished(

@@ -73,3 +73,65 @@ def test_a_sixth_field_slices_that_tp_degree_and_others_stay_tp1(tmp_path: Path)
     assert value(tp2, "--out-root") == str(tmp_path / "root" / "tp2" / "out")
     speed_log = (tmp_path / "out" / "speed.log").read_text()
     assert "tp2: exit 0" in speed_log and "dp2: exit 0" in speed_log
+
+
+PARALLEL_STUB = r"""#!/usr/bin/env bash
+# python3 stand-in for PARALLEL=1: a run notes when it starts and ends (each sleeps 1 s), so
+# overlapping intervals show that the runs ran at once.
+case $1 in
+  -) cat >/dev/null; echo "stub census"; exit 0 ;;
+  -c) echo "torch stub vllm stub"; exit 0 ;;
+esac
+echo "start $(date +%s%N) $*" >> "$ARGV_LOG"
+sleep 1
+echo "end $(date +%s%N)" >> "$ARGV_LOG"
+echo "published"
+"""
+
+
+def test_parallel_runs_start_together_and_each_names_its_target(tmp_path: Path) -> None:
+    """PARALLEL=1 (session 10's side-by-side experiment): every spec's run starts before any
+    ends, a seventh field reaches the run as --only-target, and each exit is logged."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "python3").write_text(PARALLEL_STUB)
+    (stubs / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    project = tmp_path / "project"
+    (project / "acquisition").mkdir(parents=True)
+    log = tmp_path / "argv.log"
+    environment = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "OUT": str(tmp_path / "out"),
+        "ROOT": str(tmp_path / "root"),
+        "ARGV_LOG": str(log),
+        "PARALLEL": "1",
+    }
+    result = subprocess.run(
+        [
+            "bash",
+            str(SCRIPT),
+            f"a={project}:vllm-modular:2:2:60::tp1/dp2_ep2_rank0_sp0",
+            f"b={project}:vllm-modular:2:2:60::tp1/dp2_ep2_rank1_sp0",
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = log.read_text().splitlines()
+    starts = [int(line.split()[1]) for line in lines if line.startswith("start")]
+    ends = [int(line.split()[1]) for line in lines if line.startswith("end")]
+    assert len(starts) == len(ends) == 2
+    assert max(starts) < min(ends), "the second run started only after the first ended"
+    targets = sorted(
+        line.split("--only-target")[1].split()[0] for line in lines if line.startswith("start")
+    )
+    assert targets == ["tp1/dp2_ep2_rank0_sp0", "tp1/dp2_ep2_rank1_sp0"]
+    speed_log = (tmp_path / "out" / "speed.log").read_text()
+    assert "a: exit 0" in speed_log and "b: exit 0" in speed_log
+    assert "parallel runs: all ended" in speed_log
