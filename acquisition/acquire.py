@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import acquisition
 from acquisition.adapters.base import AdapterRefusal
 from acquisition.adapters.vllm_fp8 import oracle_environment
+from acquisition.deferred_stop import stop_deferred
 from acquisition.evidence import conservation_evidence, stability_rows
 from acquisition.phases import PhaseClock
 from acquisition.protocol.attribution import AttributionError
@@ -128,10 +129,11 @@ def _identity(
     request: AcquisitionRequest,
     plan: PointPlan,
     backend: ComponentBackend,
-    banks: int,
+    banks: int | None,
     runtime: RuntimeInfo,
 ) -> dict[str, Any]:
-    """The immutable semantic conditions of a target's acquisition (resume identity)."""
+    """The immutable semantic conditions of a target's acquisition (resume identity);
+    ``banks=None`` (before the build, which sizes the banks) leaves the bank count out."""
     identity = {
         "schema": "moe-acquisition-identity-v1",
         "model": request.model.name,
@@ -146,6 +148,8 @@ def _identity(
         "banks": banks,
         "cache_bytes": runtime.cache_bytes,
     }
+    if banks is None:
+        del identity["banks"]
     if request.model.block_fp8:
         # vLLM's FP8 kernels depend on these switches (2026-12-01 H200 run: DP1's samples came
         # from a process with DeepGEMM usable, E8M0 scales and unfused quantization, and were
@@ -299,6 +303,11 @@ class _TargetRun:
         target = self.plan.target
         outcome = TargetOutcome(published=False, bundle=None, work_dir=self.work_dir)
         with writer_lock(self.work_dir):
+            # A changed command is refused now, not after minutes of building the engine.
+            SampleLog.check_resumable(
+                self.work_dir,
+                _identity(self.request, self.plan, self.backend, None, self.runtime),
+            )
             self.progress.event("build", f"building {self.backend.name} for {target.deployment}")
             try:
                 with self.clock.phase("build"):
@@ -505,18 +514,21 @@ class _TargetRun:
                         }
                     )
                 records += _records(request.point, request.attempt, measurement.results)
-            with self.clock.phase("checkpoint"):
-                log.extend(records)
-                log.sync()
-            share = (time.monotonic() - started) / len(done)
-            retry: list[_Pending] = []
-            for item, _ in batch[: len(done)]:
-                item.seconds += share
-                step = self._advance(log, item)
-                if isinstance(step, bool):
-                    finish(item, step)
-                else:
-                    retry.append(item)
+            # A stop waits until the batch's points are both in the checkpoint and counted, so
+            # the cancelled event's count is the one a resume finds.
+            with stop_deferred():
+                with self.clock.phase("checkpoint"):
+                    log.extend(records)
+                    log.sync()
+                share = (time.monotonic() - started) / len(done)
+                retry: list[_Pending] = []
+                for item, _ in batch[: len(done)]:
+                    item.seconds += share
+                    step = self._advance(log, item)
+                    if isinstance(step, bool):
+                        finish(item, step)
+                    else:
+                        retry.append(item)
             # The points the batch's time limit left unmeasured go back to the head, in order.
             for item in reversed([item for item, _ in batch[len(done) :]]):
                 queue.appendleft(item)

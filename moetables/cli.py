@@ -199,23 +199,42 @@ def _lookup(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _read_steps(text: str) -> list[Any]:
+_STEP_KEYS = frozenset({"tokens", "expert_counts"})
+
+
+def _read_steps(text: str) -> tuple[list[Any], list[int]]:
     """``--tokens``: ``n0,n1,...`` for one step, else a JSONL file of steps (each line a list
-    of counts, or an object with ``tokens`` and, for the histogram policy, ``expert_counts``)."""
+    of counts, or an object with ``tokens`` and, for the histogram policy, ``expert_counts``).
+
+    Also each step's line number in the file (blank lines are skipped, not counted as steps,
+    but an answer names the line a person finds in an editor). A line that is not JSON, or
+    an object with keys a step does not have, becomes that line's QueryError."""
     if re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", text):
-        return [int(n) for n in text.split(",")]
+        return [int(n) for n in text.split(",")], [0]
     path = Path(text)
     if not path.is_file():
         raise QueryError(f"--tokens {text!r} is neither n0,n1,... nor a JSONL file of steps")
     steps: list[Any] = []
+    lines: list[int] = []
     for number, line in enumerate(path.read_text("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
+        lines.append(number)
         try:
-            steps.append(json.loads(line))
+            step = json.loads(line)
         except json.JSONDecodeError as exc:
-            steps.append(QueryError(f"line {number} is not JSON: {exc.msg}"))
-    return steps
+            steps.append(QueryError(f"not JSON: {exc.msg}"))
+            continue
+        unknown = sorted(set(step) - _STEP_KEYS) if isinstance(step, dict) else []
+        if unknown:
+            step = QueryError(
+                f"unknown key {unknown[0]!r}: a step is a list of token counts per DP rank, or "
+                f"an object with {sorted(_STEP_KEYS)}"
+            )
+        elif isinstance(step, dict) and "tokens" not in step:
+            step = QueryError("an object step needs 'tokens' (its token counts per DP rank)")
+        steps.append(step)
+    return steps, lines
 
 
 def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dict[str, Any]:
@@ -226,6 +245,7 @@ def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dic
         "tokens": tokens,
         "policy": args.policy,
         "seed": args.seed,
+        "first_step": args.first_step,
         "mode": args.mode,
         "events": not args.no_events,
         "rank_expert_counts": args.rank_expert_counts,
@@ -265,7 +285,7 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
     try:
         tables = ComponentTables(args.bundle)
         cluster = load_cluster(args.cluster) if args.cluster else None
-        steps = _read_steps(args.tokens)
+        steps, lines = _read_steps(args.tokens)
         args.active_curve = _json_arg(args.active_curve, "--active-curve")
         args.load_shares = _json_arg(args.load_shares, "--load-shares")
         counts = _json_arg(args.expert_counts, "--expert-counts")
@@ -294,12 +314,16 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
             file=sys.stderr,
         )
         return 1
-    batched = _estimate_together(args, tables, cluster, steps, counts)
+    batched = _estimate_together(args, tables, cluster, steps, counts, lines)
     if batched is not None:
         for answer in batched:
             out.write(json.dumps(answer) + "\n")
         return 1 if steps and all("error" in a for a in batched) else 0
+    # Some line needs its own error: every line is answered on its own, step i as the i-th
+    # step of the file (the seeded stream's index first_step + i), so that the good lines get
+    # the answers one batch would have given them.
     failed = 0
+    first = args.first_step
     for i, step in enumerate(steps):
         try:
             if isinstance(step, QueryError):
@@ -310,24 +334,32 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
                 else (step, None)
             )
             step_counts = own if own is not None else (counts[i] if counts is not None else None)
-            request = parse_estimate_request(_estimate_request(args, tokens, step_counts))
+            raw = _estimate_request(args, tokens, step_counts)
+            if isinstance(first, int) and not isinstance(first, bool) and first >= 0:
+                raw["first_step"] = first + i
+            request = parse_estimate_request(raw)
             answer = answer_estimate(tables, request, cluster)
         except (QueryError, CoverageError, BundleError) as exc:
-            answer = {"error": _error_name(exc), "message": f"line {i + 1}: {exc}"}
+            answer = {"error": _error_name(exc), "message": f"line {lines[i]}: {exc}"}
             failed += 1
         out.write(json.dumps(answer) + "\n")
     return 1 if failed == len(steps) and steps else 0
 
 
 def _estimate_together(
-    args: argparse.Namespace, tables: Any, cluster: Any, steps: list[Any], counts: Any
+    args: argparse.Namespace,
+    tables: Any,
+    cluster: Any,
+    steps: list[Any],
+    counts: Any,
+    lines: list[int],
 ) -> list[dict[str, Any]] | None:
     """A file of well-formed steps answered as one batch (the same answers, far faster);
     None when some line needs its own error, so that each line is answered on its own."""
     rows: list[Any] = []
     own: list[Any] = []
     for step in steps:
-        if isinstance(step, dict) and set(step) <= {"tokens", "expert_counts"}:
+        if isinstance(step, dict):
             rows.append(step.get("tokens"))
             own.append(step.get("expert_counts"))
         elif isinstance(step, list):
@@ -350,7 +382,11 @@ def _estimate_together(
     assert isinstance(answers, list)
     for i, answer in enumerate(answers):
         if "error" in answer:
-            answer["message"] = f"line {i + 1}: {answer['message']}"
+            message = str(answer["message"])
+            # The batch names a refusal by its step; the file's reader needs its line.
+            if message.startswith(f"step {i}: "):
+                message = message[len(f"step {i}: ") :]
+            answer["message"] = f"line {lines[i]}: {message}"
     return answers
 
 
@@ -427,6 +463,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument("--active-curve", help="custom policy: JSON [[N, A], ...] (file or inline)")
     p.add_argument("--load-shares", help="custom policy: JSON list, one share per EP rank")
     p.add_argument("--seed", type=int, default=0, help="random and captured policies' seed")
+    p.add_argument(
+        "--first-step",
+        type=int,
+        default=0,
+        help="random and captured: the first step's index in the seeded stream (step i of "
+        "the file draws from (seed, first_step + i)); for a run estimated in parts",
+    )
     p.add_argument("--profile", help="captured policy: a routing profile file (.routing.npz)")
     p.add_argument("--layer", type=int, help="captured policy: the profile's layer (default all)")
     p.add_argument(

@@ -47,7 +47,7 @@ import numpy.typing as npt
 from moetables.bundle import EXPERTS, open_bundle
 from moetables.comm import Cluster
 from moetables.errors import BundleError, CoverageError, QueryError
-from moetables.estimate import BatchEstimate, LayerEstimate
+from moetables.estimate import BatchEstimate, LayerEstimate, check_estimate_options
 from moetables.estimate_json import batch_from_dicts, layer_from_dict
 from moetables.geometry import MoeTarget
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
@@ -65,20 +65,6 @@ __all__ = ["RegistryError", "RemoteDeployment", "RemoteTables", "manifest_sha256
 
 LOOKUP_PATH = "/api/v1/lookup"
 ESTIMATE_PATH = "/api/v1/estimate"
-# Options of ComponentTables.estimate, as the REST request names them.
-_OPTIONS = frozenset(
-    {
-        "expert_counts",
-        "active_curve",
-        "load_shares",
-        "seed",
-        "capture_sizes",
-        "profile",
-        "layer",
-        "captured_expectation",
-        "tile_cost_us",
-    }
-)
 _COUNTING = frozenset({"histogram", "round_robin", "random", "captured"})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _CODES = {"out_of_support": OUT_OF_SUPPORT, "invalid": INVALID}
@@ -803,8 +789,9 @@ class RemoteTables:
         **options: Any,
     ) -> BatchEstimate:
         """``ComponentTables.estimate_batch`` over REST: ``estimate_steps`` steps a request
-        (the seeded policies, random and captured draws, in one request: step i draws from
-        the stream (seed, i) of its request)."""
+        (the seeded policies, random and captured draws, too: each request names its first
+        step, so step i of the call draws from the stream (seed, first_step + i) whatever the
+        chunking)."""
         local = self._estimator(tp, dp, sequence_parallel)
         if isinstance(local, ComponentTables):
             options = self._in_process(options)
@@ -826,13 +813,15 @@ class RemoteTables:
         per_expert = policy in _COUNTING and not options.get("captured_expectation")
         if per_expert:
             body["rank_expert_counts"] = True
-        seeded = policy == "random" or (
-            policy == "captured" and not options.get("captured_expectation")
-        )
-        size = len(steps) if seeded else self.estimate_steps
+        first = options.get("first_step", 0)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise QueryError(f"first_step must be a non-negative integer, got {first!r}")
+        size = self.estimate_steps
         answers: list[dict[str, Any]] = []
         for start in range(0, len(steps), size):
             part = {**body, "steps": steps[start : start + size]}
+            if first + start:
+                part["first_step"] = first + start
             if counts is not None:
                 part["expert_counts"] = (
                     counts[start : start + size] if isinstance(counts, list) else counts
@@ -943,9 +932,7 @@ class RemoteTables:
         mode: str,
         options: dict[str, Any],
     ) -> dict[str, Any]:
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise TypeError(f"estimate() got an unexpected keyword argument {unknown[0]!r}")
+        check_estimate_options(options)
         body: dict[str, Any] = {
             "bundle": first.answerer["sha256"],
             "tp": tp,

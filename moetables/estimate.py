@@ -115,6 +115,7 @@ class ComponentTables(Protocol):
 
 
 __all__ = [
+    "ESTIMATE_OPTIONS",
     "MODES",
     "BatchEstimate",
     "CollectiveEstimate",
@@ -124,6 +125,8 @@ __all__ = [
     "StepArrays",
     "TraceEvent",
     "capture_sizes_of",
+    "check_estimate_options",
+    "checked_capture_sizes",
     "pad_to_capture",
     "unmeasured_block_work",
 ]
@@ -137,6 +140,55 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
+# The keyword options of ComponentTables.estimate / estimate_batch (and the REST request's).
+ESTIMATE_OPTIONS = frozenset(
+    {
+        "expert_counts",
+        "active_curve",
+        "load_shares",
+        "seed",
+        "capture_sizes",
+        "profile",
+        "layer",
+        "captured_expectation",
+        "tile_cost_us",
+        "first_step",
+    }
+)
+
+
+def check_estimate_options(options: Mapping[str, Any], call: str = "estimate") -> None:
+    """TypeError naming an unknown keyword and the known ones (Python's own message names
+    neither the method the user called nor what it takes)."""
+    unknown = sorted(set(options) - ESTIMATE_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"{call}() got an unexpected keyword argument {unknown[0]!r}; its options are "
+            f"{sorted(ESTIMATE_OPTIONS)}"
+        )
+
+
+def checked_capture_sizes(capture_sizes: object) -> list[int]:
+    """The capture sizes sorted and deduplicated; QueryError unless a non-empty sequence of
+    positive integers (a bool, a float or a string is a caller's mistake, not a size)."""
+    if isinstance(capture_sizes, (str, bytes)) or not isinstance(
+        capture_sizes, (Sequence, np.ndarray)
+    ):
+        raise QueryError(
+            f"capture sizes must be a non-empty list of positive integers, got {capture_sizes!r}"
+        )
+    values = list(capture_sizes)
+    if (
+        not values
+        or any(
+            isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) for v in values
+        )
+        or min(values) < 1
+    ):
+        raise QueryError(f"capture sizes must be positive integers, got {values!r}")
+    return sorted({int(v) for v in values})
+
+
 def pad_to_capture(
     tokens_per_rank: Sequence[int], capture_sizes: Sequence[int]
 ) -> tuple[list[int], bool]:
@@ -146,9 +198,7 @@ def pad_to_capture(
     the largest padded size of the step (the graph batch is one size on every DP rank). A step
     where some rank exceeds the largest capture size runs eagerly: counts stay as given.
     """
-    sizes = sorted({int(s) for s in capture_sizes})
-    if not sizes or sizes[0] < 1:
-        raise QueryError(f"capture sizes must be positive integers, got {list(capture_sizes)}")
+    sizes = checked_capture_sizes(capture_sizes)
     counts = [int(n) for n in tokens_per_rank]
     if any(n < 1 for n in counts):
         raise QueryError(f"token counts must be at least 1, got {counts}")
@@ -754,10 +804,13 @@ class LayerEstimator:
         layer: int | None = None,
         captured_expectation: bool = False,
         tile_cost_us: float | str | None = None,
+        first_step: int = 0,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
         if isinstance(tokens_per_rank, (str, bytes)) or not isinstance(tokens_per_rank, Sequence):
             raise QueryError("tokens_per_rank must be a list of integers, one per DP rank")
+        if any(isinstance(n, (bool, np.bool_)) for n in tokens_per_rank):
+            raise QueryError(f"token counts must be integers, got {list(tokens_per_rank)!r}")
         batch = self.estimate_batch(
             [list(tokens_per_rank)],
             policy=policy,
@@ -772,6 +825,7 @@ class LayerEstimator:
             layer=layer,
             captured_expectation=captured_expectation,
             tile_cost_us=tile_cost_us,
+            first_step=first_step,
         )
         return batch.step(0)
 
@@ -791,6 +845,7 @@ class LayerEstimator:
         layer: int | None = None,
         captured_expectation: bool = False,
         tile_cost_us: float | str | None = None,
+        first_step: int = 0,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
@@ -801,13 +856,23 @@ class LayerEstimator:
         tiles its table embodies (`moetables.tiles`), where vLLM's block is at least the rank's
         ``tile_block_m`` rows (its tile model's ``block_m``, else 128); it needs a
         counting policy (histogram, round_robin, random, captured). ``"table"``: each rank at
-        its own table's fitted cost (bundle format 3's tile model; refused for a rank without)."""
+        its own table's fitted cost (bundle format 3's tile model; refused for a rank without).
+
+        ``first_step``: the seeded policies draw step i of this call from the stream
+        (seed, first_step + i), so a run asked a chunk or a step at a time gets the same draws
+        as one call for all of it."""
         if mode not in MODES:
             raise QueryError(f"mode must be one of {list(MODES)}, got {mode!r}")
         if cluster is not None and not isinstance(cluster, Cluster):
             raise QueryError("cluster must be a loaded Cluster (moetables.comm.load_cluster)")
         notes: list[str] = list(self.block_notes)
-        counts = np.asarray(tokens_per_rank)
+        try:
+            counts = np.asarray(tokens_per_rank)
+        except (ValueError, TypeError):
+            raise QueryError(
+                "tokens_per_rank must be steps of one integer per DP rank "
+                f"({self.dp}), all of the same length"
+            ) from None
         given = counts
         graph = None
         table_mode = "eager"
@@ -818,6 +883,7 @@ class LayerEstimator:
                     "graph mode needs the serving capture sizes: this bundle's contract records "
                     "none, so pass capture_sizes"
                 )
+            sizes = checked_capture_sizes(sizes)
             padded = []
             flags = []
             for row in np.atleast_2d(counts).tolist():
@@ -846,6 +912,7 @@ class LayerEstimator:
             profile=profile,
             layer=layer,
             captured_expectation=captured_expectation,
+            first_step=first_step,
         )
         steps, ep = routing.local_rows.shape
         code = np.full(steps, OK, dtype=np.int8)
@@ -1217,6 +1284,14 @@ def estimator_for(
     tables: ComponentTables, tp: int, dp: int, sequence_parallel: bool = False
 ) -> LayerEstimator:
     """A cached `LayerEstimator` per (TP, DP, SP) of a ComponentTables."""
+    for name, value in (("tp", tp), ("dp", dp)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise QueryError(f"{name} must be a positive integer, got {value!r}")
+        if value < 1:
+            raise QueryError(f"{name} must be a positive integer, got {value}")
+    if not isinstance(sequence_parallel, (bool, np.bool_)):
+        raise QueryError(f"sequence_parallel must be true or false, got {sequence_parallel!r}")
+    tp, dp = int(tp), int(dp)
     cache: dict[tuple[int, int, bool], LayerEstimator] = tables.__dict__.setdefault(
         "_estimators", {}
     )

@@ -47,6 +47,7 @@ _FIELDS = {
     "layer",
     "profile_draw",
     "tile_cost_us",
+    "first_step",
 }
 PROFILE_DRAWS = ("sample", "expectation")
 _INT64_MAX = 2**63 - 1
@@ -87,6 +88,8 @@ class EstimateRequest:
     # Issue 18: microseconds per expert-kernel row tile beyond the table's balanced tiles
     # (counting policies only; None: the tables' balanced answer).
     tile_cost_us: float | str | None = None
+    # The seeded policies draw step i from the stream (seed, first_step + i).
+    first_step: int = 0
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int, problems: list[str], default: int) -> int:
@@ -181,6 +184,7 @@ def parse_estimate_request(
     if mode not in MODES:
         problems.append(f"mode: must be one of {list(MODES)}, got {mode!r}")
     seed = _int(raw, "seed", 0, problems, 0)
+    first_step = _int(raw, "first_step", 0, problems, 0)
     counts = raw.get("expert_counts")
     expert_counts: list[list[int]] | None = None
     if counts is not None:
@@ -272,6 +276,7 @@ def parse_estimate_request(
         policy=policy,
         expert_counts=expert_counts,
         seed=seed,
+        first_step=first_step,
         active_curve=curve,
         load_shares=[float(s) for s in shares] if shares is not None else None,
         mode=mode,
@@ -315,6 +320,7 @@ def answer_estimate(
         layer=request.layer,
         captured_expectation=request.captured_expectation,
         tile_cost_us=request.tile_cost_us,
+        first_step=request.first_step,
     )
     if request.single:
         # A refusal raises, naming rank and component.

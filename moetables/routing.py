@@ -227,6 +227,8 @@ def _counts_array(tokens_per_rank: object, dp: int) -> IntArray:
             f"need one padded token count per DP rank ({dp}) for each step, got shape "
             f"{list(raw.shape)}"
         )
+    if raw.dtype.kind == "b":
+        raise QueryError("token counts must be integers, got booleans")
     if raw.size and raw.dtype.kind not in "iu":
         if raw.dtype.kind == "f" and np.all(np.isfinite(raw)) and np.all(raw == np.round(raw)):
             raw = raw.astype(np.int64)
@@ -298,20 +300,27 @@ def _round_robin_counts(deployment: Deployment, tokens: IntArray) -> IntArray:
     return base[:, None] + (np.arange(e)[None, :] < extra[:, None]).astype(np.int64)
 
 
-def _random_counts(deployment: Deployment, tokens: IntArray, seed: int) -> IntArray:
-    """Each token draws k distinct experts uniformly; step i uses the stream (seed, i)."""
+def _random_counts(
+    deployment: Deployment, tokens: IntArray, seed: int, first_step: int = 0
+) -> IntArray:
+    """Each token draws k distinct experts uniformly; step i uses the stream
+    (seed, first_step + i)."""
     e, k = deployment.global_experts, deployment.top_k
     out = np.zeros((tokens.shape[0], e), dtype=np.int64)
     for i, n in enumerate(tokens.tolist()):
-        rng = np.random.default_rng([seed, i])
+        rng = np.random.default_rng([seed, first_step + i])
         chosen = np.argpartition(rng.random((n, e)), k - 1, axis=1)[:, :k]
         out[i] = np.bincount(chosen.ravel(), minlength=e)
     return out
 
 
-def _check_seed(policy: str, seed: object) -> None:
+def _check_seed(policy: str, seed: object, first_step: object = 0) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise QueryError(f"{policy} policy: seed must be a non-negative integer, got {seed!r}")
+    if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
+        raise QueryError(
+            f"{policy} policy: first_step must be a non-negative integer, got {first_step!r}"
+        )
 
 
 def _profile_file(path: str) -> RoutingProfile:
@@ -377,11 +386,15 @@ def _chances(counts: npt.NDArray[Any], rows: float, k: int) -> npt.NDArray[np.fl
 
 
 def captured_counts(
-    profile: RoutingProfile, position: int | None, tokens: IntArray, seed: int
+    profile: RoutingProfile,
+    position: int | None,
+    tokens: IntArray,
+    seed: int,
+    first_step: int = 0,
 ) -> IntArray:
     """Per step a global per-expert histogram of N = ``tokens[i]`` rows drawn from the profile
-    (see the module's ``captured``); step i uses the stream (seed, i); ``position`` is the
-    layer's index in the profile, or None to draw the layer too."""
+    (see the module's ``captured``); step i uses the stream (seed, first_step + i);
+    ``position`` is the layer's index in the profile, or None to draw the layer too."""
     e, k = profile.global_experts, profile.top_k
     captured = profile.step_tokens
     by_size = np.argsort(captured, kind="stable")
@@ -390,7 +403,7 @@ def captured_counts(
     pooled: dict[int, npt.NDArray[np.float64]] = {}
     out = np.zeros((tokens.shape[0], e), dtype=np.int64)
     for i, n in enumerate(tokens.tolist()):
-        rng = np.random.default_rng([seed, i])
+        rng = np.random.default_rng([seed, first_step + i])
         lay = int(rng.integers(layer_count)) if position is None else position
         low = int(np.searchsorted(sizes, n, side="left"))
         high = int(np.searchsorted(sizes, n, side="right"))
@@ -460,11 +473,20 @@ def _expected_loads(
     k, e = deployment.top_k, deployment.global_experts
     if shares is None:
         return -(-(tokens[:, None] * k * local[None, :]) // e)
-    s = np.asarray(shares, dtype=np.float64)
+    numbers = (
+        not isinstance(shares, (str, bytes))
+        and isinstance(shares, (Sequence, np.ndarray))
+        and all(
+            isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, (bool, np.bool_))
+            for v in np.ravel(np.asarray(shares, dtype=object))
+        )
+    )
+    s = np.asarray(shares, dtype=np.float64) if numbers else np.empty(0)
     if s.shape != (deployment.ep,) or not np.all(np.isfinite(s)) or s.min() < 0:
         raise QueryError(
             f"custom policy: load shares need one non-negative number per EP rank "
-            f"({deployment.ep}), got {list(shares)}"
+            f"({deployment.ep}), got {shares!r}"
         )
     if abs(s.sum() - 1.0) > 1e-6:
         raise QueryError(f"custom policy: load shares must add up to 1, got {s.sum():g}")
@@ -513,8 +535,13 @@ def route_batch(
     profile: RoutingProfile | None = None,
     layer: int | None = None,
     captured_expectation: bool = False,
+    first_step: int = 0,
 ) -> BatchRouting:
-    """Route many steps at once; ``tokens_per_rank`` is (steps, dp) or one step (dp,)."""
+    """Route many steps at once; ``tokens_per_rank`` is (steps, dp) or one step (dp,).
+
+    ``first_step``: the seeded policies (random, captured) draw step i of this call from the
+    stream (seed, first_step + i), so a long run asked a chunk (or a step) at a time gets the
+    draws one call for all of it would."""
     if policy not in POLICIES:
         raise QueryError(f"unknown routing policy {policy!r}; known are {list(POLICIES)}")
     counts = _counts_array(tokens_per_rank, deployment.dp)
@@ -546,7 +573,7 @@ def route_batch(
                 "captured policy: profile must be a RoutingProfile or a profile file's path "
                 f"(moetables.read_profile), got {type(profile).__name__}"
             )
-        _check_seed(policy, seed)
+        _check_seed(policy, seed, first_step)
         position = _profile_layer(profile, layer)
         if (profile.global_experts, profile.top_k) != (deployment.global_experts, deployment.top_k):
             raise QueryError(
@@ -557,7 +584,7 @@ def route_batch(
         if captured_expectation:
             captured_loads = _captured_expectation(deployment, profile, position, tokens)
         else:
-            histogram = captured_counts(profile, position, tokens, seed)
+            histogram = captured_counts(profile, position, tokens, seed, first_step)
     elif policy == "histogram":
         if expert_counts is None:
             raise QueryError("histogram policy needs the step's global per-expert pair counts")
@@ -579,8 +606,8 @@ def route_batch(
     elif policy == "round_robin":
         histogram = _round_robin_counts(deployment, tokens)
     elif policy == "random":
-        _check_seed(policy, seed)
-        histogram = _random_counts(deployment, tokens, seed)
+        _check_seed(policy, seed, first_step)
+        histogram = _random_counts(deployment, tokens, seed, first_step)
     if captured_loads is not None:
         active, pairs = captured_loads
     elif histogram is not None:

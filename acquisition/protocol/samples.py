@@ -178,6 +178,36 @@ class SampleLog:
         log.sync()
         return log
 
+    @staticmethod
+    def check_resumable(directory: Path, identity: dict[str, Any]) -> None:
+        """Before a target is built (seconds to minutes of engine start): CheckpointError if
+        the checkpoint's first session disagrees with ``identity`` on any field it names.
+
+        ``identity`` may leave out what only the built session knows (the bank count); `open`
+        checks the whole identity of every session afterwards. Reads up to the first session
+        record, so a large checkpoint costs a line or two."""
+        path = directory / SAMPLES
+        if not path.is_file():
+            return
+        with path.open(encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    return  # `open` names the malformed line
+                if not isinstance(record, dict) or record.get("type") != "session":
+                    continue
+                old = record.get("identity") or {}
+                known = {k: old.get(k) for k in identity}
+                if known != identity:
+                    changed = _identity_changes(known, identity)
+                    raise CheckpointError(
+                        f"{path} was acquired under other semantic conditions "
+                        f"(changed: {', '.join(changed)}); resume only the same command, or "
+                        "choose another --out-root for a new measurement"
+                    )
+                return
+
     def _replay(self, identity: dict[str, Any]) -> None:
         with self.path.open(encoding="utf-8") as handle:
             for number, line in enumerate(handle, start=1):

@@ -214,6 +214,7 @@ class DeploymentTables:
         if owner is None:
             owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
         t = self.target
+        _own_deployment(t, options)
         return owner.estimate(
             tokens_per_rank,
             tp=t.tp,
@@ -238,6 +239,7 @@ class DeploymentTables:
         if owner is None:
             owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
         t = self.target
+        _own_deployment(t, options)
         return owner.estimate_batch(
             tokens_per_rank,
             tp=t.tp,
@@ -892,6 +894,23 @@ class DeploymentTables:
         return {"error": CODE_NAMES.get(code, "invalid"), "message": "outside measured support"}
 
 
+def _own_deployment(target: MoeTarget, options: dict[str, Any]) -> None:
+    """A rank's tables estimate the deployment they belong to: a ``tp``, ``dp`` or
+    ``sequence_parallel`` that says the same is dropped, another one is refused by name."""
+    own = {"tp": target.tp, "dp": target.dp, "sequence_parallel": target.sequence_parallel}
+    for key, value in own.items():
+        if key not in options:
+            continue
+        given = options.pop(key)
+        if given != value or isinstance(given, bool) != isinstance(value, bool):
+            raise QueryError(
+                f"these tables are rank {target.rank} of TP{target.tp}/DP{target.dp} "
+                f"(sequence_parallel={target.sequence_parallel}) and estimate that deployment; "
+                f"got {key}={given!r}: for another deployment call "
+                "ComponentTables.estimate(tokens, tp=..., dp=...)"
+            )
+
+
 class ComponentTables:
     """A bundle opened for lookups. Deployments load once and stay cached with the process,
     as do deployments the bundle does not cover; a corrupt table raises every time (R43).
@@ -956,8 +975,9 @@ class ComponentTables:
         (custom), ``seed`` (random, captured), ``capture_sizes`` (graph mode), ``profile``, ``layer``
         and ``captured_expectation`` (captured: a `moetables.profiles.RoutingProfile`).
         """
-        from moetables.estimate import estimator_for
+        from moetables.estimate import check_estimate_options, estimator_for
 
+        check_estimate_options(options, "estimate")
         return estimator_for(self, tp, dp, sequence_parallel).estimate(
             tokens_per_rank, policy=policy, cluster=cluster, mode=mode, **options
         )
@@ -975,8 +995,9 @@ class ComponentTables:
         **options: Any,
     ) -> BatchEstimate:
         """`estimate` for many steps: ``tokens_per_rank`` of shape (steps, dp)."""
-        from moetables.estimate import estimator_for
+        from moetables.estimate import check_estimate_options, estimator_for
 
+        check_estimate_options(options, "estimate_batch")
         return estimator_for(self, tp, dp, sequence_parallel).estimate_batch(
             tokens_per_rank, policy=policy, cluster=cluster, mode=mode, **options
         )

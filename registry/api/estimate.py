@@ -69,6 +69,12 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
     active_curve = serializers.JSONField(required=False, help_text="custom: [[N, A], ...]")
     load_shares = serializers.ListField(child=serializers.FloatField(), required=False)
     seed = serializers.IntegerField(min_value=0, default=0, help_text="random, captured policies")
+    first_step = serializers.IntegerField(
+        min_value=0,
+        default=0,
+        help_text="random, captured: step i of this request draws from the stream "
+        "(seed, first_step + i), so a run asked in chunks gets the draws of one request",
+    )
     profile = serializers.JSONField(
         required=False,
         help_text="captured: a published routing profile's id, or a profile inline "

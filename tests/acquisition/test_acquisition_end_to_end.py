@@ -359,3 +359,35 @@ def test_a_refusal_found_while_building_exits_3_before_any_samples(
     assert run_here(cli(model, out)) == 3
     assert "native prepare launches work" in capsys.readouterr().err
     assert not list(out.rglob("samples.jsonl"))
+
+
+def test_a_changed_command_is_refused_before_the_target_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R9/R36: resuming a checkpoint under other semantic conditions is refused, naming the
+    option, before the backend builds anything (on the H200 a build is an engine start of
+    20-60 s; the refusal used to come after it)."""
+    import acquisition.adapters as adapters
+    from acquisition.adapters.torch_reference import TorchReferenceBackend
+
+    builds: list[str] = []
+
+    class Counting(TorchReferenceBackend):
+        def build(self, *args: Any, **kwargs: Any) -> Any:
+            builds.append(self.name)
+            return super().build(*args, **kwargs)
+
+    monkeypatch.setattr(adapters, "BACKENDS", (Counting(),))
+    model = write_model(tmp_path / "tiny-moe")
+    out = tmp_path / "out"
+    work = out / "_acquisition/CPU/test/tiny-moe/fp32/tp1/moe_components/dp1_ep1_rank0_sp0"
+    assert run_here(cli(model, out)) == 0
+    assert builds == ["torch-reference"]
+    (work / "published.json").unlink()  # a checkpoint to resume, not a finished target
+    changed = [*cli(model, out)]
+    changed[changed.index("--moe-rounds") + 1] = "3"
+    capsys.readouterr()
+    assert run_here(changed) != 0
+    assert builds == ["torch-reference"], "the backend was built before the refusal"
+    err = capsys.readouterr().err
+    assert "other semantic conditions" in err and "protocol.rounds (2 -> 3)" in err

@@ -153,3 +153,16 @@ def test_a_refused_resume_names_the_changed_option_and_its_values(tmp_path: Path
     message = str(refused.value)
     assert "protocol.rounds (2 -> 3)" in message and "iterations" not in message
     assert "point_plan_sha256 (the point plan: grid factor" in message
+
+
+def test_a_resume_is_checked_before_the_build_on_the_fields_known_then(tmp_path: Path) -> None:
+    """`check_resumable` compares what is known before the build (no bank count yet): a
+    changed field is refused by name; the fields it is not given are left to `open`."""
+    first = {**IDENTITY, "banks": 4}
+    SampleLog.open(tmp_path, first, {}).close()
+    SampleLog.check_resumable(tmp_path, IDENTITY)  # the same command: no refusal
+    with pytest.raises(CheckpointError, match=r"changed: rounds \(2 -> 3\).*another --out-root"):
+        SampleLog.check_resumable(tmp_path, {**IDENTITY, "rounds": 3})
+    with pytest.raises(CheckpointError, match=r"changed: device \(null -> \"cuda\"\)"):
+        SampleLog.check_resumable(tmp_path, {**IDENTITY, "device": "cuda"})
+    SampleLog.check_resumable(tmp_path / "elsewhere", IDENTITY)  # nothing to resume

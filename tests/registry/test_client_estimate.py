@@ -58,6 +58,7 @@ CASES: list[dict[str, Any]] = [
     {"policy": "balanced", "cluster": "file"},
     {"policy": "round_robin", "cluster": "file"},
     {"policy": "random", "seed": 7, "cluster": "file"},
+    {"policy": "random", "seed": 7, "first_step": 11},
     {"policy": "round_robin", "tile_cost_us": 1.5},
     {"policy": "custom", "active_curve": [[1, 8.0], [200_000, 128.0]], "load_shares": [0.3, 0.7]},
     {"policy": "balanced", "mode": "graph", "capture_sizes": [1, 2, 4, 8, 16, 512]},
@@ -83,7 +84,7 @@ def test_it_estimates_a_batch_as_in_process(
     steps = _steps(40)
     options = _options(case)
     expected = local.estimate_batch(steps, tp=1, dp=2, **options)
-    remote.estimate_steps = 16  # three requests (seeded policies: one)
+    remote.estimate_steps = 16  # three requests (seeded ones too: each names its first step)
     got = remote.estimate_batch(steps, tp=1, dp=2, **options)
     assert got.code.tolist() == expected.code.tolist()
     assert (got.code != 0).any() and got.errors == expected.errors

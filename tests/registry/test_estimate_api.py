@@ -212,3 +212,22 @@ def test_it_charges_row_tiles_over_rest_as_the_cli_does(api: APIClient, h200: An
     assert answer["ranks"][0]["components"]["experts"] > plain["ranks"][0]["components"]["experts"]
     refused = post(api, {**body, "policy": "balanced"})
     assert refused.status_code == 400 and "tile_cost_us" in refused.content.decode()
+
+
+def test_a_seeded_run_asked_in_parts_gets_the_draws_of_one_request(
+    api: APIClient, h200: Any
+) -> None:
+    """R41's seeded policies over REST: step i of a request draws from the stream
+    (seed, first_step + i), so a simulator may ask a run in parts."""
+    body = {"bundle": h200.pk, "tp": 1, "dp": 2, "policy": "random", "seed": 3, "events": False}
+    steps = [[4, 4], [100, 7], [37, 300], [600, 5]]
+    whole = post(api, {**body, "steps": steps})
+    assert whole.status_code == 200, whole.content
+    first = post(api, {**body, "steps": steps[:2]})
+    rest = post(api, {**body, "steps": steps[2:], "first_step": 2})
+    assert first.json()["answers"] + rest.json()["answers"] == whole.json()["answers"]
+    restarted = post(api, {**body, "steps": steps[2:]})
+    assert restarted.json()["answers"] != whole.json()["answers"][2:]
+    bad = post(api, {**body, "steps": steps, "first_step": -1})
+    assert bad.status_code == 400
+    assert "first_step: must be at least 0, got -1" in " ".join(bad.json()["problems"])
