@@ -11,8 +11,10 @@ import copy
 import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -62,10 +64,12 @@ __all__ = [
     "attach_conservation",
     "attach_tile_models",
     "format_table",
+    "recover_interrupted_write",
     "write_bundle",
 ]
 
 Row = tuple[str, str, int, int, int, float]
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,52 @@ def _meta_lock(dest: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _stage(dest: Path) -> Path:
+    """A fresh staging folder beside ``dest``, after repairing what a stopped write left
+    (the caller holds the root's lock, so no other writer is at work)."""
+    for line in recover_interrupted_write(dest):
+        _log.warning("%s", line)
+    return Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+
+
+def recover_interrupted_write(dest: str | Path) -> list[str]:
+    """Repair what a write of ``dest`` stopped by a kill left beside it; one line per repair.
+
+    A write stages the new bundle in ``.NAME.XXXXXXXX``, moves the old one aside to
+    ``.NAME.old-PID``, moves the stage in and deletes the old one. A kill between the two moves
+    leaves no ``NAME`` at all: the old bundle is moved back (the stage may be incomplete, and
+    what it held is still in its writer's checkpoint). Leftover stages and old copies are
+    deleted. Call it holding the root's lock (the writers here do); it changes nothing when
+    nothing was left."""
+    dest = Path(dest)
+    if not dest.parent.is_dir():
+        return []
+    name = re.escape(dest.name)
+    stage_name = re.compile(rf"\.{name}\.[a-z0-9_]{{8}}")
+    retired_name = re.compile(rf"\.{name}\.old-\d+")
+    stages, retired = [], []
+    for path in dest.parent.iterdir():
+        if not path.is_dir() or path.is_symlink():
+            continue
+        if stage_name.fullmatch(path.name):
+            stages.append(path)
+        elif retired_name.fullmatch(path.name):
+            retired.append(path)
+    lines = []
+    if not dest.exists() and retired:
+        retired.sort(key=lambda p: p.stat().st_mtime)
+        newest = retired.pop()
+        newest.rename(dest)
+        lines.append(
+            f"restored {dest} from {newest.name}: an earlier write was stopped between moving "
+            "the old bundle aside and moving the new one in"
+        )
+    for path in sorted(stages + retired):
+        shutil.rmtree(path, ignore_errors=True)
+        lines.append(f"removed {path.name} beside {dest.name}, left by a write that was stopped")
+    return lines
+
+
 def write_bundle(
     dest: str | Path,
     header: Mapping[str, Any],
@@ -150,7 +200,7 @@ def write_bundle(
         if not isinstance(header.get(required), str) or not header[required]:
             raise ValueError(f"header.{required} must be a non-empty string")
     with _meta_lock(dest):
-        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        stage = _stage(dest)
         try:
             meta: dict[str, Any] = {}
             if merge and dest.exists():
@@ -295,7 +345,7 @@ def attach_tile_models(
         raise ValueError(f"blocks must name block sizes >= 1, got {blocks!r}")
     dest = Path(dest)
     with _meta_lock(dest):
-        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        stage = _stage(dest)
         try:
             shutil.copytree(dest, stage, dirs_exist_ok=True, copy_function=_link_or_copy)
             meta = read_meta(stage)
@@ -368,7 +418,7 @@ def attach_conservation(
     if dest != source and dest.exists():
         raise BundleError(str(dest), "already exists; write the updated bundle elsewhere")
     with _meta_lock(dest):
-        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        stage = _stage(dest)
         try:
             shutil.copytree(source, stage, dirs_exist_ok=True, copy_function=_link_or_copy)
             before = _kept_digests(stage)
