@@ -52,11 +52,12 @@ echo "published"
 """
 
 
-def make_stubs(tmp_path: Path) -> Path:
-    """A PATH folder with the ``python3`` and ``nvidia-smi`` stand-ins."""
+def make_stubs(tmp_path: Path, python3: str = STUB) -> Path:
+    """A PATH folder with the ``python3`` (``STUB`` unless given) and ``nvidia-smi``
+    stand-ins."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").write_text(STUB)
+    (bin_dir / "python3").write_text(python3)
     (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)

@@ -12,27 +12,25 @@ import os
 import subprocess
 from pathlib import Path
 
+from script_stubs import make_stubs
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "h200_acquisition_speed.sh"
 
-STUB = r"""#!/usr/bin/env bash
-# python3 stand-in: `-` (the bytecode census) and `-c` (versions) print a line; a run
+# python3 stand-ins: `-` (the bytecode census) and `-c` (versions) print a line; a run
 # (`-m acquisition.adapters.vllm_cli slice ...`) appends its arguments to $ARGV_LOG.
+_NOT_A_RUN = r"""#!/usr/bin/env bash
 case $1 in
   -) cat >/dev/null; echo "stub census"; exit 0 ;;
   -c) echo "torch stub vllm stub"; exit 0 ;;
 esac
-echo "$*" >> "$ARGV_LOG"
-echo "published"
 """
+STUB = _NOT_A_RUN + 'echo "$*" >> "$ARGV_LOG"\necho "published"\n'
 
 
-def test_a_sixth_field_slices_that_tp_degree_and_others_stay_tp1(tmp_path: Path) -> None:
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    (stubs / "python3").write_text(STUB)
-    (stubs / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
-    for stub in stubs.iterdir():
-        stub.chmod(0o755)
+def _run(tmp_path: Path, python3: str, specs: list[str], **env: str) -> Path:
+    """The script over ``specs`` (``{project}``: a stand-in project copy) with ``python3``
+    stubbed; the stub's argument log."""
+    stubs = make_stubs(tmp_path, python3)
     project = tmp_path / "project"
     (project / "acquisition").mkdir(parents=True)
     log = tmp_path / "argv.log"
@@ -42,15 +40,10 @@ def test_a_sixth_field_slices_that_tp_degree_and_others_stay_tp1(tmp_path: Path)
         "OUT": str(tmp_path / "out"),
         "ROOT": str(tmp_path / "root"),
         "ARGV_LOG": str(log),
-        "EXTRA_ARGS": "--moe-kernel-steps off",
+        **env,
     }
     result = subprocess.run(
-        [
-            "bash",
-            str(SCRIPT),
-            f"tp2={project}:vllm-modular:2:1:60:2",
-            f"dp2={project}:vllm-modular:2:2:60",
-        ],
+        ["bash", str(SCRIPT), *(spec.format(project=project) for spec in specs)],
         env=environment,
         capture_output=True,
         text=True,
@@ -58,6 +51,16 @@ def test_a_sixth_field_slices_that_tp_degree_and_others_stay_tp1(tmp_path: Path)
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    return log
+
+
+def test_a_sixth_field_slices_that_tp_degree_and_others_stay_tp1(tmp_path: Path) -> None:
+    log = _run(
+        tmp_path,
+        STUB,
+        ["tp2={project}:vllm-modular:2:1:60:2", "dp2={project}:vllm-modular:2:2:60"],
+        EXTRA_ARGS="--moe-kernel-steps off",
+    )
     tp2, dp2 = (line.split() for line in log.read_text().splitlines())
 
     def value(argv: list[str], flag: str) -> str:
@@ -75,54 +78,30 @@ def test_a_sixth_field_slices_that_tp_degree_and_others_stay_tp1(tmp_path: Path)
     assert "tp2: exit 0" in speed_log and "dp2: exit 0" in speed_log
 
 
-PARALLEL_STUB = r"""#!/usr/bin/env bash
-# python3 stand-in for PARALLEL=1: a run notes when it starts and ends (each sleeps 1 s), so
-# overlapping intervals show that the runs ran at once.
-case $1 in
-  -) cat >/dev/null; echo "stub census"; exit 0 ;;
-  -c) echo "torch stub vllm stub"; exit 0 ;;
-esac
-echo "start $(date +%s%N) $*" >> "$ARGV_LOG"
+# For PARALLEL=1: a run notes when it starts and ends (each sleeps 1 s), so overlapping
+# intervals show that the runs ran at once.
+PARALLEL_STUB = (
+    _NOT_A_RUN
+    + r"""echo "start $(date +%s%N) $*" >> "$ARGV_LOG"
 sleep 1
 echo "end $(date +%s%N)" >> "$ARGV_LOG"
 echo "published"
 """
+)
 
 
 def test_parallel_runs_start_together_and_each_names_its_target(tmp_path: Path) -> None:
     """PARALLEL=1 (session 10's side-by-side experiment): every spec's run starts before any
     ends, a seventh field reaches the run as --only-target, and each exit is logged."""
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    (stubs / "python3").write_text(PARALLEL_STUB)
-    (stubs / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, uuid'\n")
-    for stub in stubs.iterdir():
-        stub.chmod(0o755)
-    project = tmp_path / "project"
-    (project / "acquisition").mkdir(parents=True)
-    log = tmp_path / "argv.log"
-    environment = {
-        **os.environ,
-        "PATH": f"{stubs}:{os.environ['PATH']}",
-        "OUT": str(tmp_path / "out"),
-        "ROOT": str(tmp_path / "root"),
-        "ARGV_LOG": str(log),
-        "PARALLEL": "1",
-    }
-    result = subprocess.run(
+    log = _run(
+        tmp_path,
+        PARALLEL_STUB,
         [
-            "bash",
-            str(SCRIPT),
-            f"a={project}:vllm-modular:2:2:60::tp1/dp2_ep2_rank0_sp0",
-            f"b={project}:vllm-modular:2:2:60::tp1/dp2_ep2_rank1_sp0",
+            "a={project}:vllm-modular:2:2:60::tp1/dp2_ep2_rank0_sp0",
+            "b={project}:vllm-modular:2:2:60::tp1/dp2_ep2_rank1_sp0",
         ],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        PARALLEL="1",
     )
-    assert result.returncode == 0, result.stderr
     lines = log.read_text().splitlines()
     starts = [int(line.split()[1]) for line in lines if line.startswith("start")]
     ends = [int(line.split()[1]) for line in lines if line.startswith("end")]
