@@ -91,6 +91,7 @@ class _Pending:
     tries: int = 0
     verified: bool = False
     seconds: float = 0.0
+    warm_up: bool = False  # measured in the target's first batch (its start in its seconds)
 
 
 def _queue_order(log: SampleLog, points: list[PlanPoint]) -> list[PlanPoint]:
@@ -457,7 +458,7 @@ class _TargetRun:
                 outcome.failed_points.append(item.point.key)
             outcome.measured_now += 1
             self.clock.measured()
-            self.progress.measured(item.seconds, item.point.key)
+            self.progress.measured(item.seconds, item.point.key, warm_up=item.warm_up)
 
         with frozen_heap() as heap:
             self._measure_queue(log, meter, queue, finish)
@@ -475,6 +476,7 @@ class _TargetRun:
         finish: Callable[[_Pending, bool], None],
     ) -> None:
         settings = self.request.settings
+        first = True
         while queue:
             batch: list[tuple[_Pending, PointRequest]] = []
             while queue and len(batch) < settings.batch_points:
@@ -524,11 +526,13 @@ class _TargetRun:
                 retry: list[_Pending] = []
                 for item, _ in batch[: len(done)]:
                     item.seconds += share
+                    item.warm_up = item.warm_up or first
                     step = self._advance(log, item)
                     if isinstance(step, bool):
                         finish(item, step)
                     else:
                         retry.append(item)
+            first = False
             # The points the batch's time limit left unmeasured go back to the head, in order.
             for item in reversed([item for item, _ in batch[len(done) :]]):
                 queue.appendleft(item)

@@ -396,6 +396,8 @@ class _ChildFeed:
         self.done = 0
         self.last = time.monotonic()
         self.failed: dict[str, object] | None = None
+        # The first points a child reports carry its process start and build in their share.
+        self.warm = True
 
     def feed(self, event: dict[str, object]) -> None:
         phase = str(event.get("phase"))
@@ -417,7 +419,8 @@ class _ChildFeed:
                 now = time.monotonic()
                 share, self.last = (now - self.last) / count, now
                 for _ in range(count):
-                    self.progress.measured(share, message)
+                    self.progress.measured(share, message, warm_up=self.warm)
+                self.warm = False
             return
         if phase in ("failed", "cancelled") and isinstance(done, int) and done > self.done:
             # The child's last count, where its last points' own events did not come first.

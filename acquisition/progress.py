@@ -29,6 +29,11 @@ class ProgressReporter:
         self.done = 0
         self._measured = 0
         self._measure_seconds = 0.0
+        # Points whose seconds carry a target's start (its first batch: profiler start, first
+        # kernel launches, a child process's build): the rate leaves them out once any
+        # other point is measured, or the first ETA of every run reads several times too high.
+        self._warm_measured = 0
+        self._warm_seconds = 0.0
         self._last_event = 0.0
         self._target: str | None = None
         self._json: IO[str] | None = None
@@ -45,9 +50,12 @@ class ProgressReporter:
 
     @property
     def eta_s(self) -> float | None:
-        if not self._measured:
-            return None
-        return self._measure_seconds / self._measured * (self.total - self.done)
+        left = self.total - self.done
+        if self._measured:
+            return self._measure_seconds / self._measured * left
+        if self._warm_measured:
+            return self._warm_seconds / self._warm_measured * left
+        return None
 
     def set_target(self, target: str) -> None:
         self._target = target
@@ -80,10 +88,17 @@ class ProgressReporter:
             self._bar.update(count)
         self.event("measure", f"resumed: {count} points already measured")
 
-    def measured(self, seconds: float, message: str = "") -> None:
+    def measured(self, seconds: float, message: str = "", *, warm_up: bool = False) -> None:
+        """One point decided in ``seconds``; ``warm_up``: measured in its target's first
+        batch, whose seconds include the target's start (counted, but not in the rate while
+        other points give one)."""
         self.done += 1
-        self._measured += 1
-        self._measure_seconds += seconds
+        if warm_up:
+            self._warm_measured += 1
+            self._warm_seconds += seconds
+        else:
+            self._measured += 1
+            self._measure_seconds += seconds
         if self._bar is not None:
             self._bar.update(1)
         if time.monotonic() - self._last_event >= _MEASURE_INTERVAL_S or self.done == self.total:
