@@ -47,7 +47,12 @@ import numpy.typing as npt
 from moetables.bundle import EXPERTS, open_bundle
 from moetables.comm import Cluster
 from moetables.errors import BundleError, CoverageError, QueryError
-from moetables.estimate import BatchEstimate, LayerEstimate, check_estimate_options
+from moetables.estimate import (
+    BatchEstimate,
+    LayerEstimate,
+    check_estimate_options,
+    own_deployment,
+)
 from moetables.estimate_json import batch_from_dicts, layer_from_dict
 from moetables.geometry import MoeTarget
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
@@ -329,6 +334,7 @@ class RemoteDeployment:
     ) -> LayerEstimate:
         """The layer estimate of this rank's deployment (as ``DeploymentTables.estimate``)."""
         t = self.target
+        own_deployment(t, options)
         return self._tables.estimate(
             tokens_per_rank,
             tp=t.tp,
@@ -350,6 +356,7 @@ class RemoteDeployment:
     ) -> BatchEstimate:
         """`estimate` for many steps (as ``DeploymentTables.estimate_batch``)."""
         t = self.target
+        own_deployment(t, options)
         return self._tables.estimate_batch(
             tokens_per_rank,
             tp=t.tp,

@@ -32,6 +32,7 @@ from moetables.comm import (
     tensor_widths,
 )
 from moetables.errors import CoverageError, QueryError
+from moetables.geometry import MoeTarget
 from moetables.lookup.codes import INVALID, OK, OUT_OF_SUPPORT
 from moetables.profiles import RoutingProfile
 from moetables.routing import ActiveCurve, BatchRouting, Deployment, route_batch
@@ -127,6 +128,7 @@ __all__ = [
     "capture_sizes_of",
     "check_estimate_options",
     "checked_capture_sizes",
+    "own_deployment",
     "pad_to_capture",
     "unmeasured_block_work",
 ]
@@ -166,6 +168,24 @@ def check_estimate_options(options: Mapping[str, Any], call: str = "estimate") -
             f"{call}() got an unexpected keyword argument {unknown[0]!r}; its options are "
             f"{sorted(ESTIMATE_OPTIONS)}"
         )
+
+
+def own_deployment(target: MoeTarget, options: dict[str, Any]) -> None:
+    """A rank's tables (in process or a registry's) estimate the deployment they belong to: a
+    ``tp``, ``dp`` or ``sequence_parallel`` in ``options`` that says the same is dropped,
+    another one is refused by name."""
+    own = {"tp": target.tp, "dp": target.dp, "sequence_parallel": target.sequence_parallel}
+    for key, value in own.items():
+        if key not in options:
+            continue
+        given = options.pop(key)
+        if given != value or isinstance(given, bool) != isinstance(value, bool):
+            raise QueryError(
+                f"these tables are rank {target.rank} of TP{target.tp}/DP{target.dp} "
+                f"(sequence_parallel={target.sequence_parallel}) and estimate that deployment; "
+                f"got {key}={given!r}: for another deployment call "
+                "ComponentTables.estimate(tokens, tp=..., dp=...)"
+            )
 
 
 def checked_capture_sizes(capture_sizes: object) -> list[int]:

@@ -214,7 +214,9 @@ class DeploymentTables:
         if owner is None:
             owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
         t = self.target
-        _own_deployment(t, options)
+        from moetables.estimate import own_deployment
+
+        own_deployment(t, options)
         return owner.estimate(
             tokens_per_rank,
             tp=t.tp,
@@ -239,7 +241,9 @@ class DeploymentTables:
         if owner is None:
             owner = self.owner = ComponentTables(self.root, coordinates=self._coordinates)
         t = self.target
-        _own_deployment(t, options)
+        from moetables.estimate import own_deployment
+
+        own_deployment(t, options)
         return owner.estimate_batch(
             tokens_per_rank,
             tp=t.tp,
@@ -892,23 +896,6 @@ class DeploymentTables:
             return {"error": "out_of_support", "message": str(exc)}
         # The batch and scalar paths disagree only at the hull's rounding edge; keep the refusal.
         return {"error": CODE_NAMES.get(code, "invalid"), "message": "outside measured support"}
-
-
-def _own_deployment(target: MoeTarget, options: dict[str, Any]) -> None:
-    """A rank's tables estimate the deployment they belong to: a ``tp``, ``dp`` or
-    ``sequence_parallel`` that says the same is dropped, another one is refused by name."""
-    own = {"tp": target.tp, "dp": target.dp, "sequence_parallel": target.sequence_parallel}
-    for key, value in own.items():
-        if key not in options:
-            continue
-        given = options.pop(key)
-        if given != value or isinstance(given, bool) != isinstance(value, bool):
-            raise QueryError(
-                f"these tables are rank {target.rank} of TP{target.tp}/DP{target.dp} "
-                f"(sequence_parallel={target.sequence_parallel}) and estimate that deployment; "
-                f"got {key}={given!r}: for another deployment call "
-                "ComponentTables.estimate(tokens, tp=..., dp=...)"
-            )
 
 
 class ComponentTables:

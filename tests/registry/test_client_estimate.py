@@ -275,3 +275,18 @@ def test_it_fetches_a_published_profile_for_a_cached_bundle(
         damaged.profile(0)
     with pytest.raises(QueryError, match=f"no published routing profile {record.pk + 99}"):
         cached.estimate([32, 32], tp=1, dp=2, policy="captured", profile=record.pk + 99)
+
+
+def test_a_remote_rank_told_another_deployment_refuses_as_in_process(
+    remote: RemoteTables, local: ComponentTables
+) -> None:
+    """A rank's tables estimate their own deployment, remote as in process (R43: a clear
+    error naming the argument, not a TypeError about duplicate keywords)."""
+    for tables in (local, remote):
+        rank = tables.deployment(1, 2, 1)
+        with pytest.raises(QueryError, match=r"rank 1 of TP1/DP2 .* got dp=4"):
+            rank.estimate([5, 300], dp=4)
+        with pytest.raises(QueryError, match=r"got tp=2"):
+            rank.estimate_batch([[5, 300]], tp=2)
+    same = remote.deployment(1, 2, 1).estimate([5, 300], tp=1, dp=2)
+    assert same == local.deployment(1, 2, 1).estimate([5, 300])
