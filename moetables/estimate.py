@@ -451,7 +451,14 @@ class BatchEstimate:
     cluster: str | None
     notes: tuple[str, ...]
     graph: npt.NDArray[np.bool_] | None = None
+    # Each step's notes where they differ between steps (a tile charge names the blocks its
+    # step ran); None: every step's are ``notes``.
+    step_notes: list[tuple[str, ...]] | None = None
     _steps: list[StepArrays] | None = None
+
+    def notes_of(self, i: int) -> tuple[str, ...]:
+        """Step ``i``'s notes (without the graph-mode note of a step that ran eagerly)."""
+        return self.notes if self.step_notes is None else self.step_notes[i]
 
     def __len__(self) -> int:
         return int(self.code.shape[0])
@@ -566,7 +573,7 @@ class BatchEstimate:
             layer_compute_us=float(self.layer_compute_us[i]),
             critical_rank=int(np.argmax(finals)),
             cluster=self.cluster,
-            notes=self.notes
+            notes=self.notes_of(i)
             + (
                 ("graph mode: this step exceeds the largest capture size and runs eagerly",)
                 if self.graph is not None and not self.graph[i]
@@ -720,7 +727,7 @@ class BatchEstimate:
                             }
                             for j, k in enumerate(group)
                         ]
-            notes = list(self.notes)
+            notes = list(self.notes_of(i))
             if graph is not None and not graph[i]:
                 notes.append(eager_note)
             answer: dict[str, Any] = {
@@ -951,8 +958,9 @@ class LayerEstimator:
                         tables, rank, component, part_mode, routing, rows, times, code, errors
                     )
             components[component] = times
+        per_step: tuple[int, list[str]] | None = None
         if tile_cost_us is not None:
-            self._charge_tiles(routing, components, tile_cost_us, table_mode, notes)
+            per_step = self._charge_tiles(routing, components, tile_cost_us, table_mode, notes)
         return self._time(
             routing,
             components,
@@ -965,6 +973,7 @@ class LayerEstimator:
             np.atleast_2d(given),
             tuple(notes),
             graph,
+            per_step,
         )
 
     def _charge_tiles(
@@ -974,10 +983,14 @@ class LayerEstimator:
         cost_us: float | str,
         mode: str,
         notes: list[str],
-    ) -> None:
+    ) -> tuple[int, list[str]] | None:
         """Issue 18: the expert kernel's row tiles beyond the table's balanced ones, charged
         where vLLM's block is at least each rank's ``tile_block_m`` rows (its tile model's
-        ``block_m``, else 128)."""
+        ``block_m``, else 128).
+
+        Appends the note saying what was charged. Where steps of the batch ran different
+        blocks with different costs, returns the note's index and each step's own text (the
+        blocks that step ran), so that a step's answer names only its own charges."""
         table = cost_us == TABLE_TILE_COST
         if table:
             missing = [r for r, t in enumerate(self.ranks) if t.fitted_tile_cost_us is None]
@@ -1001,10 +1014,11 @@ class LayerEstimator:
                 "use histogram, round_robin, random or captured"
             )
         if EXPERTS not in components:
-            return
+            return None
         times = components[EXPERTS]
         ranges = self.deployment.expert_ranges()
         charged: set[tuple[int, float, str]] = set()
+        by_step: list[set[tuple[int, float, str]]] = [set() for _ in range(times.shape[0])]
         for rank, tables in enumerate(self.ranks):
             shape = tables.tile_shape()
             start, stop = ranges[rank]
@@ -1026,6 +1040,8 @@ class LayerEstimator:
                 if pick.size == 0:
                     continue
                 charged.add((b, charge.cost_us, charge.kind))
+                for i in pick.tolist():
+                    by_step[i].add((b, charge.cost_us, charge.kind))
                 reference = tables.balanced_units_batch(charge, n[pick], a[pick], m[pick], mode)
                 counts = routing.expert_counts[pick, start:stop]
                 run = tables.charged_units(charge, n[pick], (-(-counts // b)).sum(axis=1))
@@ -1038,23 +1054,14 @@ class LayerEstimator:
             costs = {given} if given is not None else {t.fitted_tile_cost_us for t in self.ranks}
             each = ", ".join(sorted(f"{c:g}" for c in costs if c is not None))
             what = f"at {each} us each{source} where vLLM's block is at least {least} rows"
-        else:
-            what = (
-                "at "
-                + ", ".join(
-                    f"{c:g} us where vLLM's block is {b} rows"
-                    if k == "tiles"
-                    else f"{c:g} us per weighted wave of the kernel's grid beyond the balanced "
-                    f"histogram's where vLLM's block is {b} rows"
-                    for b, c, k in sorted(charged, reverse=True)
-                )
-                if charged
-                else "at nothing (no step ran a block with a recorded cost)"
-            ) + source
-        notes.append(
-            f"expert-kernel row tiles beyond the table's balanced tiles are charged {what} "
-            "(issue 18)"
-        )
+            notes.append(_charge_note(what))
+            return None
+        notes.append(_charge_note(_per_block_charges(charged, source)))
+        distinct = {frozenset(c) for c in by_step}
+        if len(distinct) < 2:
+            return None
+        texts = {c: _charge_note(_per_block_charges(set(c), source)) for c in distinct}
+        return len(notes) - 1, [texts[frozenset(c)] for c in by_step]
 
     def _lookup(
         self,
@@ -1181,8 +1188,11 @@ class LayerEstimator:
         given: Any,
         notes: tuple[str, ...],
         graph: npt.NDArray[np.bool_] | None,
+        per_step: tuple[int, list[str]] | None = None,
     ) -> BatchEstimate:
-        """Walk the trace over every step at once: clocks per rank, collectives synchronise."""
+        """Walk the trace over every step at once: clocks per rank, collectives synchronise.
+        ``per_step``: a note's index in ``notes`` and its text for each step (see
+        `_charge_tiles`)."""
         steps, ep = routing.local_rows.shape
         clock = np.zeros((steps, ep))
         compute = np.zeros((steps, ep))
@@ -1251,6 +1261,17 @@ class LayerEstimator:
             if transfer is not None and layer is not None:
                 transfer[bad] = np.nan
                 layer[bad] = np.nan
+        if cluster is None and any(isinstance(s, CollectiveStep) for s in self.trace.steps):
+            notes += (
+                "no cluster given: collectives carry their bytes but no transfer time, and "
+                "layer_us is null; layer_compute_us leaves transfers out",
+            )
+        step_notes = None
+        if per_step is not None:
+            at, texts = per_step
+            # One tuple per distinct text, shared by its steps (a batch may hold 10,000).
+            shared = {text: (*notes[:at], text, *notes[at + 1 :]) for text in set(texts)}
+            step_notes = [shared[text] for text in texts]
         return BatchEstimate(
             trace=self.trace,
             routing=routing,
@@ -1267,18 +1288,9 @@ class LayerEstimator:
             code=code,
             errors=errors,
             cluster=cluster.name if cluster is not None else None,
-            notes=notes
-            + (
-                ()
-                if cluster is not None
-                else (
-                    "no cluster given: collectives carry their bytes but no transfer time, and "
-                    "layer_us is null; layer_compute_us leaves transfers out",
-                )
-                if any(isinstance(s, CollectiveStep) for s in self.trace.steps)
-                else ()
-            ),
+            notes=notes,
             graph=graph,
+            step_notes=step_notes,
             _steps=kept,
         )
 
@@ -1320,6 +1332,28 @@ def estimator_for(
     if found is None:
         found = cache[key] = LayerEstimator(tables, tp, dp, sequence_parallel)
     return found
+
+
+def _charge_note(what: str) -> str:
+    return (
+        f"expert-kernel row tiles beyond the table's balanced tiles are charged {what} (issue 18)"
+    )
+
+
+def _per_block_charges(charged: set[tuple[int, float, str]], source: str) -> str:
+    """What a per-block charge cost, block by block (largest first), for the steps named."""
+    return (
+        "at "
+        + ", ".join(
+            f"{c:g} us where vLLM's block is {b} rows"
+            if k == "tiles"
+            else f"{c:g} us per weighted wave of the kernel's grid beyond the balanced "
+            f"histogram's where vLLM's block is {b} rows"
+            for b, c, k in sorted(charged, reverse=True)
+        )
+        if charged
+        else "at nothing (no step ran a block with a recorded cost)"
+    ) + source
 
 
 def _per_block(tables: DeploymentTables) -> bool:

@@ -199,6 +199,7 @@ def batch_from_dicts(
                 )
         walked.append(StepArrays(nan.copy(), nan.copy(), nan.copy(), groups))
     notes: tuple[str, ...] = ()
+    own: dict[int, tuple[str, ...]] = {}  # each answered step's notes, as the step says them
     table_mode = "eager"
     for i, answer in enumerate(answers):
         if "error" in answer:
@@ -223,8 +224,9 @@ def batch_from_dicts(
         step_notes = tuple(answer["notes"])
         if graph is not None and EAGER_NOTE in step_notes:
             graph[i] = False
+        own[i] = tuple(n for n in step_notes if n != EAGER_NOTE)
         if i == ok[0]:
-            notes = tuple(n for n in step_notes if n != EAGER_NOTE)
+            notes = own[i]
             table_mode = answer["table_mode"]
         if graph is not None and graph[i]:
             table_mode = answer["table_mode"]
@@ -259,6 +261,11 @@ def batch_from_dicts(
     ):
         table_mode = "graph"  # every answered step ran eagerly: the tables' mode is graph's
     routing = BatchRouting(policy, padded, local_rows, n_tokens, active, pairs, global_counts)
+    # Steps whose notes differ (a tile charge names its step's blocks) keep their own; a
+    # refused step has none to say.
+    by_step = None
+    if len(set(own.values())) > 1:
+        by_step = [own.get(i, notes) for i in range(len(answers))]
     return BatchEstimate(
         trace=trace,
         routing=routing,
@@ -277,5 +284,6 @@ def batch_from_dicts(
         cluster=cluster,
         notes=notes,
         graph=graph,
+        step_notes=by_step,
         _steps=walked,
     )

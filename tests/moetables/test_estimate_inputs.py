@@ -197,3 +197,26 @@ def test_a_refused_step_in_a_batched_file_names_its_line(tmp_path: Path) -> None
     assert lines[1]["error"] == "out_of_support"
     assert lines[1]["message"].startswith("line 3: ")
     assert "step 1" not in lines[1]["message"]
+
+
+def test_each_step_of_a_batch_names_only_the_tile_charges_it_ran(
+    tables: ComponentTables,
+) -> None:
+    """Issue 18's charge note: a batch whose steps ran different vLLM blocks (format 5: a
+    cost per block, some per wave) answers each step with the note its own request would
+    get, not the blocks of every step."""
+    steps = [[40], [300], [2048]]
+    options: dict[str, Any] = {"tp": 1, "dp": 1, "policy": "random", "seed": 1}
+    batch = tables.estimate_batch(steps, tile_cost_us="table", **options)
+    charged = [[n for n in batch.step(i).notes if "charged" in n] for i in range(3)]
+    assert len({tuple(c) for c in charged}) == 3
+    assert "128 rows" in charged[2][0] and "32 rows" not in charged[2][0]
+    assert "32 rows" in charged[1][0] and "128 rows" not in charged[1][0]
+    answers = batch.as_dicts(events=False)
+    for i, step in enumerate(steps):
+        alone = tables.estimate(step, tile_cost_us="table", first_step=i, **options)
+        assert batch.step(i) == alone
+        assert answers[i]["notes"] == list(alone.notes)
+    # The batch's own notes still say every block it charged.
+    (summary,) = [n for n in batch.notes if "charged" in n]
+    assert "128 rows" in summary and "32 rows" in summary

@@ -59,6 +59,7 @@ CASES: list[dict[str, Any]] = [
     {"policy": "round_robin", "cluster": "file"},
     {"policy": "random", "seed": 7, "cluster": "file"},
     {"policy": "random", "seed": 7, "first_step": 11},
+    {"policy": "random", "seed": 3, "tile_cost_us": "table"},  # steps name their own blocks
     {"policy": "round_robin", "tile_cost_us": 1.5},
     {"policy": "custom", "active_curve": [[1, 8.0], [200_000, 128.0]], "load_shares": [0.3, 0.7]},
     {"policy": "balanced", "mode": "graph", "capture_sizes": [1, 2, 4, 8, 16, 512]},
