@@ -20,6 +20,7 @@ Only tables with the record are split; every other table keeps the one `ExpertSu
 from __future__ import annotations
 
 import bisect
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +174,7 @@ class SegmentedExpertSurface:
             if remote.any()
             else None
         )
+        self._positive, self._remote_tokens = positive, tokens[remote]  # for `with_values`
         self.support = (int(pn.min()), int(pn.max())) if pn.size else (0, 0)
         top = int(pn.max()) if pn.size else 1
         ends = switches.switches(top)  # segment i is ends[i-1]+1 .. ends[i]
@@ -203,6 +205,36 @@ class SegmentedExpertSurface:
         self.segments = segments
         # Where a segment answers for the largest number of dimensions (for `explain`).
         self.dimension = max((s.surface.dimension for s in segments if s.surface), default=0)
+
+    def with_values(self, values: FloatArray, *, label: str) -> SegmentedExpertSurface:
+        """The same points and segments with other values (one per row, in the rows' order),
+        each segment sharing its triangulation (`ExpertSurface.with_values`)."""
+        positive = self._positive
+        if values.shape != positive.shape:
+            raise ValueError(f"{label}: {values.shape[0]} values for {positive.shape[0]} rows")
+        other = copy.copy(self)
+        other.label = label
+        remote = ~positive
+        if self.remote is not None:
+            other.remote = LocalCurve(
+                self._remote_tokens, values[remote], f"{label} all-remote (A=M=0)"
+            )
+        pt = values[positive]
+        other.segments = [
+            KernelSegment(
+                s.first,
+                s.last,
+                s.kernel,
+                s.surface.with_values(
+                    pt[s.rows], label=f"{label} kernel segment {s.span} ({s.kernel})"
+                )
+                if s.surface is not None
+                else None,
+                s.rows,
+            )
+            for s in self.segments
+        ]
+        return other
 
     def segment(self, tokens: int) -> KernelSegment:
         """The segment whose kernel vLLM runs for ``tokens`` rows."""

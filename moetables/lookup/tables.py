@@ -385,7 +385,10 @@ class DeploymentTables:
                     BalancedExpertSurface(n, a, m, values, self.entry.geometry, label=label)
                 )
             else:
-                built.append(self._surface(n, a, m, values, label))
+                # The time surface's own points, in its rows' order: its triangulation (and
+                # kernel segments) serve these values as a new build over them would.
+                assert isinstance(old, (ExpertSurface, SegmentedExpertSurface))
+                built.append(old.with_values(values, label=label))
         surfaces = self._tile_surfaces[mode] = (built[0], built[1], built[2])
         return surfaces
 
