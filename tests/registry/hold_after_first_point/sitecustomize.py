@@ -41,9 +41,10 @@ def _hold() -> None:
 def _hold_after_first_point(reporter_class: Any) -> None:
     measured = reporter_class.measured
 
-    def measured_then_hold(self: Any, seconds: float, message: str = "") -> None:
-        measured(self, seconds, message)
-        if self._measured == 1 and self.done == 1:
+    def measured_then_hold(self: Any, seconds: float, message: str = "", **how: Any) -> None:
+        measured(self, seconds, message, **how)
+        # The first point of this run (a target's first batch counts as warm-up for the ETA).
+        if self._measured + self._warm_measured == 1 and self.done == 1:
             self.event("measure", "held after the first point by the test hook")
             if _STATE["sections"]:
                 _STATE["pending"] = True  # held as the deferred section ends
