@@ -19,7 +19,7 @@ from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.lookup import ComponentTables
 from moetables.profiles import read_profile
-from moetables.routing import POLICIES
+from moetables.routing import POLICIES, is_count
 
 __all__ = ["main"]
 
@@ -335,7 +335,7 @@ def _estimate(args: argparse.Namespace, out: TextIO) -> int:
             )
             step_counts = own if own is not None else (counts[i] if counts is not None else None)
             raw = _estimate_request(args, tokens, step_counts)
-            if isinstance(first, int) and not isinstance(first, bool) and first >= 0:
+            if is_count(first):  # else the request refuses --first-step, naming it
                 raw["first_step"] = first + i
             request = parse_estimate_request(raw)
             answer = answer_estimate(tables, request, cluster)

@@ -64,7 +64,7 @@ from moetables.lookup.queries import (
 )
 from moetables.lookup.tables import BatchResult, ComponentTables, DeploymentTables
 from moetables.profiles import RoutingProfile
-from moetables.routing import ActiveCurve
+from moetables.routing import ActiveCurve, is_count
 
 __all__ = ["RegistryError", "RemoteDeployment", "RemoteTables", "manifest_sha256"]
 
@@ -821,7 +821,7 @@ class RemoteTables:
         if per_expert:
             body["rank_expert_counts"] = True
         first = options.get("first_step", 0)
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        if not is_count(first):
             raise QueryError(f"first_step must be a non-negative integer, got {first!r}")
         size = self.estimate_steps
         answers: list[dict[str, Any]] = []

@@ -314,13 +314,17 @@ def _random_counts(
     return out
 
 
+def is_count(value: object) -> bool:
+    """A non-negative Python integer (not a bool): a seed, a step index."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _check_seed(policy: str, seed: object, first_step: object = 0) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise QueryError(f"{policy} policy: seed must be a non-negative integer, got {seed!r}")
-    if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
-        raise QueryError(
-            f"{policy} policy: first_step must be a non-negative integer, got {first_step!r}"
-        )
+    for name, value in (("seed", seed), ("first_step", first_step)):
+        if not is_count(value):
+            raise QueryError(
+                f"{policy} policy: {name} must be a non-negative integer, got {value!r}"
+            )
 
 
 def _profile_file(path: str) -> RoutingProfile:

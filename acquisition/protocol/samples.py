@@ -200,12 +200,7 @@ class SampleLog:
                 old = record.get("identity") or {}
                 known = {k: old.get(k) for k in identity}
                 if known != identity:
-                    changed = _identity_changes(known, identity)
-                    raise CheckpointError(
-                        f"{path} was acquired under other semantic conditions "
-                        f"(changed: {', '.join(changed)}); resume only the same command, or "
-                        "choose another --out-root for a new measurement"
-                    )
+                    raise _other_conditions(path, known, identity)
                 return
 
     def _replay(self, identity: dict[str, Any]) -> None:
@@ -222,12 +217,7 @@ class SampleLog:
                         f"{self.path}:{number}: unknown record; refusing to resume"
                     )
                 if record["type"] == "session" and record.get("identity") != identity:
-                    changed = _identity_changes(record.get("identity") or {}, identity)
-                    raise CheckpointError(
-                        f"{self.path} was acquired under other semantic conditions "
-                        f"(changed: {', '.join(changed)}); resume only the same command, or "
-                        "choose another --out-root for a new measurement"
-                    )
+                    raise _other_conditions(self.path, record.get("identity") or {}, identity)
                 self._apply(record)
 
     def _apply(self, record: dict[str, Any]) -> None:
@@ -325,6 +315,15 @@ _HASHED = {
     "point_plan_sha256": "the point plan: grid factor, token and sequence limits, capture sizes, "
     "cudagraph mode or kernel-step rule",
 }
+
+
+def _other_conditions(path: Path, old: dict[str, Any], new: dict[str, Any]) -> CheckpointError:
+    """The refusal of a resume whose identity changed, naming each changed field."""
+    return CheckpointError(
+        f"{path} was acquired under other semantic conditions "
+        f"(changed: {', '.join(_identity_changes(old, new))}); resume only the same command, "
+        "or choose another --out-root for a new measurement"
+    )
 
 
 def _identity_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

@@ -141,7 +141,7 @@ def _stage(dest: Path) -> Path:
 def recover_interrupted_write(dest: str | Path) -> list[str]:
     """Repair what a write of ``dest`` stopped by a kill left beside it; one line per repair.
 
-    A write stages the new bundle in ``.NAME.XXXXXXXX``, moves the old one aside to
+    A write stages the new bundle in ``.NAME.<8 random characters>``, moves the old one aside to
     ``.NAME.old-PID``, moves the stage in and deletes the old one. A kill between the two moves
     leaves no ``NAME`` at all: the old bundle is moved back (the stage may be incomplete, and
     what it held is still in its writer's checkpoint). Leftover stages and old copies are
