@@ -1,14 +1,18 @@
 """Per-expert load spread measured on a GPU, recorded in a bundle (issue 18, parts 1 and 2).
 
 ``scripts/h200_load_spread.py`` times vLLM's expert kernels at the tables' own N under balanced,
-uniform and power-law per-expert loads, for two deployments of Qwen3-30B-A3B: ``tp1`` (all 128
-experts local) and ``ep2`` (EP rank 0 of 2, 64 local experts). This module turns its JSON into
-the bundle's ``load_spread.csv`` rows and records each deployment's fitted row-tile cost on the
-bundle's matching entries (format 3, ``moetables.bundle.attach_tile_models``):
+uniform and power-law per-expert loads, for deployments of Qwen3-30B-A3B: ``tp1`` (all 128
+experts local), ``ep2``, ``ep4`` and ``ep8`` (EP rank 0 of 2, 4 and 8: 64, 32 and 16 local
+experts). This module turns its JSON into the bundle's ``load_spread.csv`` rows and records each
+deployment's fitted row-tile cost on the bundle's matching entries (format 3,
+``moetables.bundle.attach_tile_models``):
 
 - ``tp1`` on the TP1/DP1 table;
-- ``ep2`` on every TP1/DP2/EP2 rank's table (the kernel's shape, 64 local experts of width 768,
-  is the same on both ranks; the measurement ran rank 0's expert map).
+- ``ep2`` on every TP1/DP2/EP2 rank's table, ``ep4`` on every DP4/EP4 rank's, ``ep8`` on every
+  DP8/EP8 rank's (the kernel's shape, the local experts of width 768, is the same on every rank
+  of a deployment; the measurement ran rank 0's expert map).
+
+By default every deployment the evidence times is recorded where the bundle has its tables.
 
     python -m acquisition.load_spread BUNDLE docs/evidence/h200-load-spread/load_spread.json
 
@@ -62,7 +66,7 @@ from moetables.geometry import MoeTarget
 from moetables.tiles import MODEL_BLOCK_M, TileError, fit_tile_cost
 
 # The measured deployment -> the table targets (tp, dp) whose kernel it is.
-DEPLOYMENT_TABLES = {"tp1": (1, 1), "ep2": (1, 2)}
+DEPLOYMENT_TABLES = {"tp1": (1, 1), "ep2": (1, 2), "ep4": (1, 4), "ep8": (1, 8)}
 
 
 class LoadSpreadError(ValueError):
@@ -95,6 +99,12 @@ def rows_of(raw: Mapping[str, Any], deployment: str) -> list[LoadSpreadRow]:
     return out
 
 
+def measured_deployments(raw: Mapping[str, Any]) -> list[str]:
+    """The known deployments the evidence times, in `DEPLOYMENT_TABLES` order."""
+    timed = {r.get("deployment") for r in raw.get("results", [])}
+    return [d for d in DEPLOYMENT_TABLES if d in timed]
+
+
 def targets_for(bundle: Path, deployment: str) -> list[MoeTarget]:
     tp, dp = DEPLOYMENT_TABLES[deployment]
     return [
@@ -113,7 +123,7 @@ def merged(raws: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def attach(
     bundle: Path,
     raw: Mapping[str, Any],
-    deployments: Sequence[str] = tuple(DEPLOYMENT_TABLES),
+    deployments: Sequence[str] | None = None,
     *,
     block_m: int = MODEL_BLOCK_M,
     blocks: Sequence[int] | None = None,
@@ -123,7 +133,8 @@ def attach(
 
     ``block_m``: one cost on blocks of at least ``block_m`` rows, where the lookups then charge
     it (format 3). ``blocks``: one cost per block size, each fitted on exactly that block's
-    records and charged only there (format 4)."""
+    records and charged only there (format 4). ``deployments``: those to record (each must
+    have timed records); None: every deployment the evidence times."""
     # The kernel's dtype must be the bundle's (an FP8 cost on a bf16 table would be wrong).
     dtypes = {str(r.get("dtype", "bf16")) for r in raw.get("results", [])}
     variant = str(open_bundle(bundle).meta.get("variant", ""))
@@ -133,6 +144,8 @@ def attach(
         )
     models: dict[MoeTarget, list[LoadSpreadRow]] = {}
     costs: dict[str, float | dict[int, float]] = {}
+    if deployments is None:
+        deployments = measured_deployments(raw)
     for deployment in deployments:
         rows = rows_of(raw, deployment)
         targets = targets_for(bundle, deployment)
@@ -304,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--deployments",
-        default=",".join(DEPLOYMENT_TABLES),
-        help="comma-separated measured deployments to record (tp1, ep2)",
+        default="",
+        help="comma-separated measured deployments to record "
+        f"({', '.join(DEPLOYMENT_TABLES)}; default: every one the evidence times)",
     )
     p.add_argument(
         "--held-out",
@@ -313,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         help="print the held-out errors per block size and record nothing",
     )
     args = p.parse_args(argv)
-    wanted = [d for d in args.deployments.split(",") if d]
-    unknown = set(wanted) - set(DEPLOYMENT_TABLES)
+    wanted: list[str] | None = [d for d in args.deployments.split(",") if d] or None
+    unknown = set(wanted or ()) - set(DEPLOYMENT_TABLES)
     if unknown:
         p.error(f"unknown deployments {sorted(unknown)}; known: {sorted(DEPLOYMENT_TABLES)}")
     blocks = None
@@ -334,8 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         wave_specs.append((b, r, sms))
     raw = merged([json.loads(e.read_text()) for e in args.evidence])
     if args.held_out:
-        for deployment in wanted:
-            rows = rows_of(raw, deployment)
+        for deployment in wanted or measured_deployments(raw):
+            try:
+                rows = rows_of(raw, deployment)
+            except LoadSpreadError as exc:
+                p.error(str(exc))
             runs: list[tuple[int, str, Callable[[LoadSpreadRow], float] | None]] = [
                 (b, "tiles", None)
                 for b in blocks or sorted({r.block_m for r in rows}, reverse=True)
@@ -357,14 +374,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--waves names a block twice: record one residency per block")
     if waves and blocks is None:
         p.error("--waves records format 5's per-block models: give --blocks too")
-    costs = attach(
-        args.bundle,
-        raw,
-        wanted,
-        block_m=args.block_m,
-        blocks=sorted(set(blocks or ()) | set(waves), reverse=True) if waves else blocks,
-        waves=waves or None,
-    )
+    try:
+        costs = attach(
+            args.bundle,
+            raw,
+            wanted,
+            block_m=args.block_m,
+            blocks=sorted(set(blocks or ()) | set(waves), reverse=True) if waves else blocks,
+            waves=waves or None,
+        )
+    except (LoadSpreadError, TileError) as exc:
+        p.error(str(exc))
     for deployment, c in costs.items():
         if isinstance(c, dict):
             for b, v in c.items():

@@ -1,12 +1,14 @@
 """Issue 18, part 1: expert kernel time under spread per-expert loads at the tables' own (N, A, M).
 
-Prepared for a later GPU session (NOT run yet: this session's device budget was spent). On one
-H200 with the vLLM kit staged (docs/h200-runs.md), it times vLLM 0.26.0's ``fused_experts`` (the
-Triton kernels of ``TritonExperts``) for Qwen3-30B-A3B bf16 at two deployments:
+On one H200 with the vLLM kit staged (docs/h200-runs.md), it times vLLM 0.26.0's
+``fused_experts`` (the Triton kernels of ``TritonExperts``) for Qwen3-30B-A3B at these
+deployments (``--deployments``; the first two by default, as session 4 ran them):
 
 - ``tp1``: all 128 experts local (the TP1/DP1 table; tuned H200 config file E=128,N=768);
 - ``ep2``: EP rank 0 of 2, 64 local experts through an expert map (the DP2/EP2 tables; no tuned
-  file, vLLM's default config);
+  bf16 file, vLLM's default config);
+- ``ep4``, ``ep8``: EP rank 0 of 4 (32 local experts) and of 8 (16), the wide-EP rank tables
+  (`bundles/H200-vllm-modular-dp4-f4`, `-dp8-f4`; vLLM's default config);
 
 and, at each N, under these per-expert load distributions, all with the same N rows and top-k:
 
@@ -58,7 +60,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 # Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, expert width 768.
 E, K, H, INTER = 128, 8, 2048, 768
-DEPLOYMENTS = {"tp1": 128, "ep2": 64}
+DEPLOYMENTS = {"tp1": 128, "ep2": 64, "ep4": 32, "ep8": 16}
+DEFAULT_DEPLOYMENTS = ("tp1", "ep2")
 TOKENS = (256, 1024, 1536, 2048, 3072, 4096)
 QUICK_TOKENS = (2048, 4096)
 ALPHAS = (0.6, 1.2)
@@ -74,9 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
-    ap.add_argument("--deployments", default=",".join(DEPLOYMENTS), help="e.g. tp1 or tp1,ep2")
+    ap.add_argument(
+        "--deployments", default=",".join(DEFAULT_DEPLOYMENTS), help="e.g. tp1, tp1,ep2 or ep4,ep8"
+    )
     ap.add_argument("--tokens", default=None, help="comma-separated N (default: TOKENS)")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.deployments.split(",")) - set(DEPLOYMENTS))
+    if unknown:
+        ap.error(f"unknown deployments {unknown}: choose from {sorted(DEPLOYMENTS)}")
     deployments = {d: DEPLOYMENTS[d] for d in args.deployments.split(",")}
 
     import numpy as np

@@ -16,14 +16,27 @@
 #   bf16-small   scripts/h200_load_spread.py --deployments tp1 at N in SMALL_TOKENS: the bf16
 #                TP1 kernel's 16/32/64-row blocks (the shipped run has only N = 256 below 128-row
 #                blocks), 78 records. ~25 s             limit BF16_SMALL_S=40
-#   all          the three (default)
+#   all          the three (default; session 5's call 7)
+#
+# Session 11's parts (the deployments the shipped runs left without a tile model; "ranks" runs
+# the four). Each times the same arms (balanced + 4 draws each of uniform, power_law(0.6),
+# power_law(1.2)) at EP rank 0 of its deployment:
+#   fp8-ep2      --dtype fp8 --deployments ep2 at N in FP8_EP2_TOKENS: the FP8 DP2/EP2 ranks'
+#                kernel (64 local experts), VLLM_USE_DEEP_GEMM=0. limit FP8_EP2_S=90
+#   ep2-small    --deployments ep2 at N in EP2_SMALL_TOKENS: the bf16 DP2/EP2 ranks' 16/32/64-row
+#                blocks (the session-4 run has one N below 128-row blocks). limit EP2_SMALL_S=60
+#   ep4          --deployments ep4 at N in EP4_TOKENS: the DP4/EP4 ranks (32 local experts).
+#                limit EP4_S=90
+#   ep8          --deployments ep8 at N in EP8_TOKENS: the DP8/EP8 ranks (16 local experts).
+#                limit EP8_S=90
 #
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
 #   bash scripts/h200_spread_rest.sh [PART...]
 # Environment: ROOT (default /tmp/spread-rest; the parts write there), OUT, the limits,
-# FP8_TOKENS, SMALL_TOKENS. $OUT receives spread-rest.log (commands, exits, walls), summary.txt
+# FP8_TOKENS, SMALL_TOKENS, FP8_EP2_TOKENS, EP2_SMALL_TOKENS, EP4_TOKENS, EP8_TOKENS. $OUT receives spread-rest.log (commands, exits, walls), summary.txt
 # (one line a part) and spread-rest.tar.gz (repacked after each part): load_spread_fp8.json,
-# load_spread_bf16_small.json and their logs, tp1-native/ (validation/native/rank0.json,
+# load_spread_bf16_small.json, load_spread_fp8_ep2.json, load_spread_bf16_{ep2_small,ep4,ep8}.json
+# and their logs, tp1-native/ (validation/native/rank0.json,
 # validation_native.log, gpus.csv, topo.txt), gpus.csv and spread-rest.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +44,10 @@ OUT_DIR=${OUT:-var/spread-rest-out}
 ROOT=${ROOT:-/tmp/spread-rest}
 FP8_TOKENS=${FP8_TOKENS:-128,256,512,1024,1536,2048}
 SMALL_TOKENS=${SMALL_TOKENS:-64,128,200,384,512,640}
+FP8_EP2_TOKENS=${FP8_EP2_TOKENS:-64,128,256,512,1024,2048,3072,4096}
+EP2_SMALL_TOKENS=${EP2_SMALL_TOKENS:-24,64,96,128,200,384,512}
+EP4_TOKENS=${EP4_TOKENS:-64,256,512,1024,2048,4096,6144,8192}
+EP8_TOKENS=${EP8_TOKENS:-128,512,1024,2048,4096,8192,12288,16384}
 mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/spread-rest.log"; }
@@ -55,6 +72,7 @@ log "versions: $(python3 -c 'import torch, vllm; print(torch.__version__, vllm._
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(all)
 [ "${parts[*]}" = all ] && parts=(fp8-spread tp1-native bf16-small)
+[ "${parts[*]}" = ranks ] && parts=(fp8-ep2 ep2-small ep4 ep8)
 for part in "${parts[@]}"; do
   t0=$(date +%s)
   case $part in
@@ -78,6 +96,24 @@ for part in "${parts[@]}"; do
       log "bf16-small: timeout ${BF16_SMALL_S:-40} ${cmd[*]}"
       timeout "${BF16_SMALL_S:-40}" "${cmd[@]}" >"$ROOT/load_spread_bf16_small.log" 2>&1
       finish bf16-small $? "$t0" ;;
+    fp8-ep2)
+      cmd=(python3 scripts/h200_load_spread.py "$ROOT/load_spread_fp8_ep2.json" --dtype fp8
+        --deployments ep2 --tokens "$FP8_EP2_TOKENS")
+      log "fp8-ep2: VLLM_USE_DEEP_GEMM=0 timeout ${FP8_EP2_S:-90} ${cmd[*]}"
+      VLLM_USE_DEEP_GEMM=0 timeout "${FP8_EP2_S:-90}" "${cmd[@]}" >"$ROOT/load_spread_fp8_ep2.log" 2>&1
+      finish fp8-ep2 $? "$t0" ;;
+    ep2-small | ep4 | ep8)
+      case $part in
+        ep2-small) dep=ep2 tokens=$EP2_SMALL_TOKENS limit=${EP2_SMALL_S:-60} ;;
+        ep4) dep=ep4 tokens=$EP4_TOKENS limit=${EP4_S:-90} ;;
+        ep8) dep=ep8 tokens=$EP8_TOKENS limit=${EP8_S:-90} ;;
+      esac
+      name=load_spread_bf16_${part//-/_}
+      cmd=(python3 scripts/h200_load_spread.py "$ROOT/$name.json" --deployments "$dep"
+        --tokens "$tokens")
+      log "$part: timeout $limit ${cmd[*]}"
+      timeout "$limit" "${cmd[@]}" >"$ROOT/$name.log" 2>&1
+      finish "$part" $? "$t0" ;;
     *) log "unknown part $part" ;;
   esac
 done

@@ -203,4 +203,18 @@ def test_the_documented_command_reproduces_the_shipped_record(tmp_path: Path) ->
     spread = "tp1/moe_components/dp1_ep1_rank0_sp0/load_spread.csv"
     assert (copy / spread).read_bytes() == (FP8 / spread).read_bytes()
     with pytest.raises(SystemExit):
-        main([str(copy), evidence, "--deployments", "ep4"])
+        main([str(copy), evidence, "--deployments", "ep16"])
+
+
+def test_a_deployment_the_evidence_does_not_time_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from acquisition.load_spread import main
+
+    copy = tmp_path / "fp8"
+    shutil.copytree(FP8, copy)
+    before = (copy / "meta.yaml").read_bytes()
+    with pytest.raises(SystemExit):
+        main([str(copy), str(EVIDENCE / "load_spread_fp8.json"), "--deployments", "ep4"])
+    assert "no timed records of deployment 'ep4'" in capsys.readouterr().err
+    assert (copy / "meta.yaml").read_bytes() == before

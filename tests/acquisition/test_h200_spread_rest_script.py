@@ -106,3 +106,40 @@ def test_the_fp8_record_is_readable_after_unpacking(stubs: Path, tmp_path: Path)
         f = tar.extractfile("root/load_spread_fp8.json")
         assert f is not None
         assert json.load(f) == {"meta": {}, "results": []}
+
+
+def test_ranks_times_the_fp8_dp2_kernel_then_bf16_ep2_small_blocks_ep4_and_ep8(
+    stubs: Path, tmp_path: Path
+) -> None:
+    """Issue 18 part 1, session 11: the deployments the earlier runs left without a tile model."""
+    result = run(stubs, tmp_path, "ranks")
+    assert result.returncode == 0, result.stderr
+    fp8, small, ep4, ep8 = argv(tmp_path)
+    assert "--dtype fp8 --deployments ep2 --tokens 64,128,256,512,1024,2048,3072,4096" in fp8
+    assert fp8.endswith("VLLM_USE_DEEP_GEMM=0")
+    assert "load_spread_bf16_ep2_small.json --deployments ep2 --tokens 24,64,96" in small
+    assert "load_spread_bf16_ep4.json --deployments ep4 --tokens 64,256" in ep4
+    assert "load_spread_bf16_ep8.json --deployments ep8 --tokens 128,512" in ep8
+    # Only FP8 turns DeepGEMM off, as for the shipped FP8 tables.
+    assert all(line.endswith("VLLM_USE_DEEP_GEMM=unset") for line in (small, ep4, ep8))
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert [s.split(":")[0] for s in summary] == ["fp8-ep2", "ep2-small", "ep4", "ep8"]
+    packed = members(tmp_path / "out" / "spread-rest.tar.gz")
+    assert {
+        "root/load_spread_fp8_ep2.json",
+        "root/load_spread_bf16_ep2_small.json",
+        "root/load_spread_bf16_ep4.json",
+        "root/load_spread_bf16_ep8.json",
+    } <= packed
+
+
+def test_the_load_spread_script_refuses_an_unknown_deployment_by_name() -> None:
+    script = SCRIPT.parent / "h200_load_spread.py"
+    result = subprocess.run(
+        ["python3", str(script), "/tmp/never.json", "--deployments", "tp1,ep3"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "unknown deployments ['ep3']" in result.stderr
