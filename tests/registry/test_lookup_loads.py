@@ -257,7 +257,12 @@ def test_the_fp8_tables_64_row_model_travels_to_every_path(live_server: Any) -> 
     OPENED.append(remote_tables)
     remote = remote_tables.deployment(1, 1, 0)
     assert (remote.tile_block_m, remote.fitted_tile_cost_us) == (64, 0.85)
-    assert remote_tables.deployment(1, 2, 0).tile_block_m == 128  # no model: the default
+    # The DP2/EP2 ranks' per-block models (session 11: 64- and 16-row blocks) travel as well.
+    rank = remote_tables.deployment(1, 2, 0)
+    assert (rank.tile_block_m, rank.fitted_tile_cost_us) == (64, 0.902)
+    ranked = [{**q, "tokens": 48, "activated_experts": 40, "local_assignments": 192}
+              for q in ({"component": "experts", "loads": "power_law(1.2)"},)]  # fmt: skip
+    assert rank.answer(ranked) == ComponentTables(FP8).deployment(1, 2, 0).answer(ranked)
     queries = [
         {"component": "experts", "tokens": 1024, "activated_experts": 128,
          "local_assignments": 8192, "loads": "uniform"},
