@@ -18,7 +18,8 @@ against the record's measured time (2B median). The tables were measured on othe
 ``unit-matched``: scaled by that N's measured balanced arm over the table's answer for it.
 
     PYTHONPATH=. .venv/bin/python bench/rank_load_spread.py \
-        --out docs/evidence/h200-rank-load-spread/lookup_report.json
+        --out docs/evidence/h200-rank-load-spread/lookup_report.json \
+        --figure docs/figures/rank_load_spread.png
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from moetables.errors import CoverageError
 from moetables.lookup.tables import ComponentTables
@@ -90,6 +93,7 @@ def report_run(evidence: Sequence[Path], bundle: Path, tp_dp: tuple[int, int]) -
     }
     by_block: dict[int, dict[str, list[tuple[float, float]]]] = {}
     skipped = []
+    answers: list[dict[str, Any]] = []
     for r in records:
         if r["distribution"] == "balanced":
             continue
@@ -102,6 +106,14 @@ def report_run(evidence: Sequence[Path], bundle: Path, tp_dp: tuple[int, int]) -
             continue
         measured = r["b2_us"]
         s = scale[n]
+        answers.append(
+            {
+                "N": n, "A": a, "M": m, "distribution": r["distribution"], "seed": r["seed"],
+                "block_m": r["block_m"], "measured_us": measured,
+                "balanced_us": round(plain, 4), "charged_us": round(charged, 4),
+                "unit_scale": round(s, 6),
+            }
+        )  # fmt: skip
         for key, value in (
             ("balanced", plain),
             ("charged", charged),
@@ -124,12 +136,51 @@ def report_run(evidence: Sequence[Path], bundle: Path, tp_dp: tuple[int, int]) -
             str(b): {"records": len(v["balanced"]), **{k: _errors(p) for k, p in v.items()}}
             for b, v in sorted(by_block.items(), reverse=True)
         },
+        "answers": answers,
     }
+
+
+def figure(runs: Sequence[dict[str, Any]], path: Path) -> None:
+    """Per run, each spread record's lookup error (unit-matched) against its N: the balanced
+    answer and the answer charged for the record's counts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharey=True)
+    for ax, run in zip(axes.flat, runs, strict=True):
+        pts = run["answers"]
+        n = np.array([p["N"] for p in pts], dtype=float)
+        jitter = np.exp(np.linspace(-0.06, 0.06, len(pts)))
+        for key, colour, label in (
+            ("balanced_us", "tab:red", "balanced answer"),
+            ("charged_us", "tab:blue", "charged for the record's counts"),
+        ):
+            err = [100 * (p[key] * p["unit_scale"] / p["measured_us"] - 1) for p in pts]
+            ax.scatter(n * jitter, err, s=9, alpha=0.6, color=colour, label=label)
+        t = run["target"]
+        e = run["errors_pct"]
+        ax.set_title(
+            f"{run['dtype']} DP{t['dp']}/EP{t['ep']} rank 0: median |err| "
+            f"{e['balanced_unit']['median_abs']} -> {e['charged_unit']['median_abs']} %, "
+            f"max {e['balanced_unit']['max_abs']} -> {e['charged_unit']['max_abs']} %",
+            fontsize=9,
+        )
+        ax.set_xscale("log", base=2)
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_xlabel("N (token rows into the rank's expert kernel)")
+        ax.set_ylabel("lookup / measured - 1 (%), unit-matched per N")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--figure", type=Path)
     args = ap.parse_args(argv)
     runs = [report_run([EVIDENCE / f for f in e], ROOT / b, d) for e, b, d in RUNS]
     for run in runs:
@@ -148,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{v['balanced_unit']['max_abs']} % -> {v['charged_unit']['median_abs']} / "
                 f"{v['charged_unit']['max_abs']} %"
             )
+    if args.figure:
+        figure(runs, args.figure)
     if args.out:
         args.out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     return 0
