@@ -235,8 +235,9 @@ def compare(
     kwargs: dict[str, Any] = {}
     if policy == "histogram":
         kwargs["expert_counts"] = np.array([f.global_counts for f in forwards], dtype=np.int64)
-        if tile_cost_us is not None:  # issue 18: the captured counts' row tiles, charged
-            kwargs["tile_cost_us"] = tile_cost_us
+        # Issue 18: the captured counts' row tiles, charged only when asked (None: the
+        # tables' balanced answers, as every comparison without a cost was made).
+        kwargs["tile_cost_us"] = tile_cost_us
     est = tables.estimate_batch(tokens, tp=1, dp=dp, policy=policy, cluster=cluster, **kwargs)
     if est.errors:
         raise ValidationDataError(f"the estimate refused steps: {est.errors}")

@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, render
 
 from moetables.comm import ClusterError
 from moetables.errors import BundleError, CoverageError, QueryError
-from moetables.estimate import MODES
+from moetables.estimate import MODES, TILE_COST_WORDS
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.routing import POLICIES
 from registry.bundles.models import Bundle
@@ -136,16 +136,17 @@ def _whole(text: str, what: str) -> int:
 
 
 def tile_cost_field(text: str) -> float | str:
-    """The form's ``tile_cost_us`` (issue 18) as the API takes it: ``"table"`` or a number;
-    whether the number may be used is the request parser's to say."""
+    """The form's ``tile_cost_us`` (issue 18) as the API takes it: ``"auto"``, ``"table"``,
+    ``"none"`` or a number; whether the number may be used is the request parser's to say."""
     text = text.strip()
-    if text == "table":
+    if text in TILE_COST_WORDS:
         return text
     try:
         return float(text)
     except ValueError:
         raise QueryError(
-            f"tile_cost_us: {text!r} is neither a number (us per row tile) nor 'table'"
+            f"tile_cost_us: {text!r} is neither a number (us per row tile) nor one of "
+            f"{list(TILE_COST_WORDS)}"
         ) from None
 
 

@@ -16,6 +16,7 @@ from moetables.bundle.model import WaveModel
 from moetables.comm import ClusterError, load_cluster
 from moetables.describe import contracts_vllm_version, kernel_segments, tile_costs
 from moetables.errors import BundleError, CoverageError, QueryError
+from moetables.estimate import TILE_COST_WORDS
 from moetables.estimate_query import answer_estimate, parse_estimate_request
 from moetables.lookup import ComponentTables
 from moetables.profiles import read_profile
@@ -266,8 +267,8 @@ def _estimate_request(args: argparse.Namespace, tokens: Any, counts: Any) -> dic
 
 
 def _tile_cost(text: str) -> float | str:
-    """``--tile-cost-us``: a number, or ``table`` (each rank's fitted cost)."""
-    return text if text == "table" else float(text)
+    """``--tile-cost-us``: a number, or ``auto``, ``table`` or ``none``."""
+    return text if text in TILE_COST_WORDS else float(text)
 
 
 def _json_arg(text: str | None, what: str) -> Any:
@@ -496,9 +497,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     p.add_argument(
         "--tile-cost-us",
         type=_tile_cost,
-        help="issue 18: us per expert-kernel row tile beyond the table's balanced "
-        "tiles (counting policies; docs/estimate.md), or 'table': each rank's table's own "
-        "fitted cost (bundle format 3; format 4: the cost of the block vLLM picks at N)",
+        help="issue 18: the expert kernel's row tiles beyond the table's balanced ones: "
+        "'auto' (the default: each rank's table's own model where the policy gives per-expert "
+        "counts and every table records one, else nothing), 'table' (that model, refused "
+        "without one), 'none' (balanced loads), or us per tile (counting policies; "
+        "docs/estimate.md)",
     )
     p = sub.add_parser("export", help="write the bundle for another simulator")
     p.add_argument("bundle")

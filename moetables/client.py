@@ -48,6 +48,7 @@ from moetables.bundle import EXPERTS, open_bundle
 from moetables.comm import Cluster
 from moetables.errors import BundleError, CoverageError, QueryError
 from moetables.estimate import (
+    NO_TILE_COST,
     BatchEstimate,
     LayerEstimate,
     check_estimate_options,
@@ -959,6 +960,8 @@ class RemoteTables:
             body["cluster"] = cluster
         for key, value in options.items():
             if value is None:
+                if key == "tile_cost_us":
+                    body[key] = NO_TILE_COST  # None charges nothing in process too
                 continue
             if key == "captured_expectation":
                 if value:

@@ -136,6 +136,12 @@ __all__ = [
 MODES = ("eager", "graph")
 # Issue 18: ``tile_cost_us="table"`` charges each rank at its own table's fitted tile cost.
 TABLE_TILE_COST = "table"
+# The default: a step whose policy gives per-expert counts is answered for the loads it had
+# (charged as "table") where every rank's table records a tile model; elsewhere, and for the
+# policies without counts, nothing is charged. "none" (or None) charges nothing.
+AUTO_TILE_COST = "auto"
+NO_TILE_COST = "none"
+TILE_COST_WORDS = (AUTO_TILE_COST, TABLE_TILE_COST, NO_TILE_COST)
 # Batches of at most this many steps look components up one by one (scalar, cached).
 _FEW = 4
 FloatArray = npt.NDArray[np.float64]
@@ -830,7 +836,7 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
-        tile_cost_us: float | str | None = None,
+        tile_cost_us: float | str | None = AUTO_TILE_COST,
         first_step: int = 0,
     ) -> LayerEstimate:
         """One step's layer estimate; a refusal raises naming the rank and component."""
@@ -871,19 +877,22 @@ class LayerEstimator:
         profile: RoutingProfile | None = None,
         layer: int | None = None,
         captured_expectation: bool = False,
-        tile_cost_us: float | str | None = None,
+        tile_cost_us: float | str | None = AUTO_TILE_COST,
         first_step: int = 0,
     ) -> BatchEstimate:
         """Many steps: ``tokens_per_rank`` of shape (steps, dp); ``expert_counts`` (steps, E)
         for the histogram policy. Input errors raise; lookups outside measured support are
         per-step refusals (``code``, ``errors``).
 
-        ``tile_cost_us`` (issue 18; None: today's answer bit for bit) charges every rank's expert
-        kernel that many microseconds per row tile its per-expert counts run beyond the balanced
-        tiles its table embodies (`moetables.tiles`), where vLLM's block is at least the rank's
-        ``tile_block_m`` rows (its tile model's ``block_m``, else 128); it needs a
-        counting policy (histogram, round_robin, random, captured). ``"table"``: each rank at
-        its own table's fitted cost (bundle format 3's tile model; refused for a rank without).
+        ``tile_cost_us`` (issue 18) charges every rank's expert kernel for the row tiles its
+        per-expert counts run beyond the balanced tiles its table embodies (`moetables.tiles`):
+        a number, that many microseconds per tile where vLLM's block is at least the rank's
+        ``tile_block_m`` rows (its tile model's ``block_m``, else 128); ``"table"``, each rank at
+        its own table's recorded model (refused for a rank without one); both need a counting
+        policy (histogram, round_robin, random, captured draws). ``"auto"`` (the default):
+        ``"table"`` where the policy gives per-expert counts and every rank's table records a
+        model, nothing elsewhere (a note says which); ``"none"`` or None: nothing, the
+        balanced-load answer of the tables at each rank's (N, A, M).
 
         ``first_step``: the seeded policies draw step i of this call from the stream
         (seed, first_step + i), so a run asked a chunk or a step at a time gets the same draws
@@ -959,8 +968,9 @@ class LayerEstimator:
                     )
             components[component] = times
         per_step: tuple[int, list[str]] | None = None
-        if tile_cost_us is not None:
-            per_step = self._charge_tiles(routing, components, tile_cost_us, table_mode, notes)
+        cost = self._tile_cost(tile_cost_us, routing, notes)
+        if cost is not None:
+            per_step = self._charge_tiles(routing, components, cost, table_mode, notes)
         return self._time(
             routing,
             components,
@@ -975,6 +985,30 @@ class LayerEstimator:
             graph,
             per_step,
         )
+
+    def _tile_cost(
+        self, given: float | str | None, routing: BatchRouting, notes: list[str]
+    ) -> float | str | None:
+        """What ``tile_cost_us`` charges for this routing: a number, ``"table"`` or nothing."""
+        if given is None or given == NO_TILE_COST:
+            return None
+        if given != AUTO_TILE_COST:
+            return given
+        if routing.expert_counts is None:
+            return None
+        missing = [r for r, t in enumerate(self.ranks) if t.fitted_tile_cost_us is None]
+        if missing:
+            notes.append(
+                f"load spread not charged: the tables of ranks {missing} record no tile model; "
+                "the experts are answered for balanced loads at each rank's (N, A, M) "
+                "(give tile_cost_us a number to charge one)"
+            )
+            return None
+        notes.append(
+            "load spread charged by default (tile_cost_us='auto': each rank's table's model for "
+            "the step's per-expert counts); tile_cost_us='none' answers for balanced loads"
+        )
+        return TABLE_TILE_COST
 
     def _charge_tiles(
         self,
@@ -1004,7 +1038,7 @@ class LayerEstimator:
         elif not valid_tile_cost(cost_us):
             raise QueryError(
                 f"tile_cost_us must be a finite number >= 0 (at most {MAX_TILE_COST_US:,.0f} us) "
-                f"or 'table', got {cost_us!r}"
+                f"or one of {list(TILE_COST_WORDS)}, got {cost_us!r}"
             )
         else:
             given = float(cost_us)

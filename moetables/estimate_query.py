@@ -16,7 +16,14 @@ import numpy as np
 
 from moetables.comm import Cluster
 from moetables.errors import QueryError
-from moetables.estimate import MODES, TABLE_TILE_COST, estimator_for
+from moetables.estimate import (
+    AUTO_TILE_COST,
+    MODES,
+    NO_TILE_COST,
+    TABLE_TILE_COST,
+    TILE_COST_WORDS,
+    estimator_for,
+)
 from moetables.profiles import ProfileError, RoutingProfile, profile_from_json
 from moetables.routing import POLICIES, ActiveCurve
 from moetables.tiles import MAX_TILE_COST_US, valid_tile_cost
@@ -85,9 +92,9 @@ class EstimateRequest:
     profile: RoutingProfile | None = None  # the captured policy's routing profile
     layer: int | None = None  # its layer (None: every layer)
     captured_expectation: bool = False  # the mean (A, M) rather than a seeded draw
-    # Issue 18: microseconds per expert-kernel row tile beyond the table's balanced tiles
-    # (counting policies only; None: the tables' balanced answer).
-    tile_cost_us: float | str | None = None
+    # Issue 18: the charge for row tiles beyond the table's balanced ones: a number (us per
+    # tile), "table", "auto" (the default) or "none" (`ComponentTables.estimate_batch`).
+    tile_cost_us: float | str | None = AUTO_TILE_COST
     # The seeded policies draw step i from the stream (seed, first_step + i).
     first_step: int = 0
 
@@ -249,12 +256,16 @@ def parse_estimate_request(
             "rank_expert_counts: the captured policy's expectation gives no per-expert counts; "
             "its draws do"
         )
+    # Absent (or null): the default, "auto" (each rank's table's model where the policy gives
+    # per-expert counts and every table records one; nothing elsewhere).
     tile_cost = raw.get("tile_cost_us")
-    if tile_cost is not None:
+    if tile_cost is None:
+        tile_cost = AUTO_TILE_COST
+    if tile_cost not in (AUTO_TILE_COST, NO_TILE_COST):
         if tile_cost != TABLE_TILE_COST and not valid_tile_cost(tile_cost):  # 1e309 reads inf
             problems.append(
                 f"tile_cost_us: must be a finite number >= 0 (at most {MAX_TILE_COST_US:,.0f} us) "
-                f"or {TABLE_TILE_COST!r}, got {tile_cost!r}"
+                f"or one of {list(TILE_COST_WORDS)}, got {tile_cost!r}"
             )
         elif policy in POLICIES and policy not in COUNTING_POLICIES:
             problems.append(
@@ -286,13 +297,7 @@ def parse_estimate_request(
         profile=profile,
         layer=layer,
         captured_expectation=draw == "expectation",
-        tile_cost_us=(
-            None
-            if tile_cost is None
-            else tile_cost
-            if tile_cost == TABLE_TILE_COST
-            else float(tile_cost)
-        ),
+        tile_cost_us=tile_cost if isinstance(tile_cost, str) else float(tile_cost),
     )
 
 

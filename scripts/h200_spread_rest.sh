@@ -65,6 +65,20 @@ finish() { # PART STATUS START
   pack
 }
 
+spread() { # PART NAME LIMIT DEPLOYMENT TOKENS [fp8]: one load-spread run under its timeout
+  local part=$1 name=$2 limit=$3 cmd=(python3 scripts/h200_load_spread.py "$ROOT/$2.json")
+  [ "${6:-}" = fp8 ] && cmd+=(--dtype fp8)
+  cmd+=(--deployments "$4" --tokens "$5")
+  if [ "${6:-}" = fp8 ]; then # FP8 as the shipped FP8 tables were measured: DeepGEMM off
+    log "$part: VLLM_USE_DEEP_GEMM=0 timeout $limit ${cmd[*]}"
+    VLLM_USE_DEEP_GEMM=0 timeout "$limit" "${cmd[@]}" >"$ROOT/$name.log" 2>&1
+  else
+    log "$part: timeout $limit ${cmd[*]}"
+    timeout "$limit" "${cmd[@]}" >"$ROOT/$name.log" 2>&1
+  fi
+  finish "$part" $? "$t0"
+}
+
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,clocks.max.sm --format=csv \
   >"$ROOT/gpus.csv" 2>&1 || true
 log "versions: $(python3 -c 'import torch, vllm; print(torch.__version__, vllm.__version__)' 2>&1 | tail -n 1)"
@@ -76,12 +90,7 @@ parts=("$@")
 for part in "${parts[@]}"; do
   t0=$(date +%s)
   case $part in
-    fp8-spread)
-      cmd=(python3 scripts/h200_load_spread.py "$ROOT/load_spread_fp8.json" --dtype fp8
-        --deployments tp1 --tokens "$FP8_TOKENS")
-      log "fp8-spread: VLLM_USE_DEEP_GEMM=0 timeout ${FP8_SPREAD_S:-80} ${cmd[*]}"
-      VLLM_USE_DEEP_GEMM=0 timeout "${FP8_SPREAD_S:-80}" "${cmd[@]}" >"$ROOT/load_spread_fp8.log" 2>&1
-      finish fp8-spread $? "$t0" ;;
+    fp8-spread) spread fp8-spread load_spread_fp8 "${FP8_SPREAD_S:-80}" tp1 "$FP8_TOKENS" fp8 ;;
     tp1-native)
       log "tp1-native: DP=1 REPS=3 VAL_TIMEOUT=${NATIVE_S:-120} bash scripts/h200x2_estimate_run.sh native"
       OUT="$ROOT/tp1-native" DP=1 REPS=3 VAL_TIMEOUT="${NATIVE_S:-120}" \
@@ -90,30 +99,11 @@ for part in "${parts[@]}"; do
       # the run script reports the validation's own exit code in its log
       log "tp1-native: $(grep -E '^native: rc=' "$ROOT/tp1-native.log" | tail -n 1)"
       finish tp1-native "$status" "$t0" ;;
-    bf16-small)
-      cmd=(python3 scripts/h200_load_spread.py "$ROOT/load_spread_bf16_small.json"
-        --deployments tp1 --tokens "$SMALL_TOKENS")
-      log "bf16-small: timeout ${BF16_SMALL_S:-40} ${cmd[*]}"
-      timeout "${BF16_SMALL_S:-40}" "${cmd[@]}" >"$ROOT/load_spread_bf16_small.log" 2>&1
-      finish bf16-small $? "$t0" ;;
-    fp8-ep2)
-      cmd=(python3 scripts/h200_load_spread.py "$ROOT/load_spread_fp8_ep2.json" --dtype fp8
-        --deployments ep2 --tokens "$FP8_EP2_TOKENS")
-      log "fp8-ep2: VLLM_USE_DEEP_GEMM=0 timeout ${FP8_EP2_S:-90} ${cmd[*]}"
-      VLLM_USE_DEEP_GEMM=0 timeout "${FP8_EP2_S:-90}" "${cmd[@]}" >"$ROOT/load_spread_fp8_ep2.log" 2>&1
-      finish fp8-ep2 $? "$t0" ;;
-    ep2-small | ep4 | ep8)
-      case $part in
-        ep2-small) dep=ep2 tokens=$EP2_SMALL_TOKENS limit=${EP2_SMALL_S:-60} ;;
-        ep4) dep=ep4 tokens=$EP4_TOKENS limit=${EP4_S:-90} ;;
-        ep8) dep=ep8 tokens=$EP8_TOKENS limit=${EP8_S:-90} ;;
-      esac
-      name=load_spread_bf16_${part//-/_}
-      cmd=(python3 scripts/h200_load_spread.py "$ROOT/$name.json" --deployments "$dep"
-        --tokens "$tokens")
-      log "$part: timeout $limit ${cmd[*]}"
-      timeout "$limit" "${cmd[@]}" >"$ROOT/$name.log" 2>&1
-      finish "$part" $? "$t0" ;;
+    bf16-small) spread bf16-small load_spread_bf16_small "${BF16_SMALL_S:-40}" tp1 "$SMALL_TOKENS" ;;
+    fp8-ep2) spread fp8-ep2 load_spread_fp8_ep2 "${FP8_EP2_S:-90}" ep2 "$FP8_EP2_TOKENS" fp8 ;;
+    ep2-small) spread ep2-small load_spread_bf16_ep2_small "${EP2_SMALL_S:-60}" ep2 "$EP2_SMALL_TOKENS" ;;
+    ep4) spread ep4 load_spread_bf16_ep4 "${EP4_S:-90}" ep4 "$EP4_TOKENS" ;;
+    ep8) spread ep8 load_spread_bf16_ep8 "${EP8_S:-90}" ep8 "$EP8_TOKENS" ;;
     *) log "unknown part $part" ;;
   esac
 done
