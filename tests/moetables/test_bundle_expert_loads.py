@@ -170,7 +170,7 @@ def test_the_estimate_charges_each_rank_at_its_tables_cost_when_asked(
     kwargs = {"tp": 1, "dp": 2, "policy": "histogram", "expert_counts": counts.tolist()}
     table = new.estimate([2048, 2048], tile_cost_us="table", **kwargs)
     explicit = old.estimate([2048, 2048], tile_cost_us=1.764, **kwargs)
-    plain = new.estimate([2048, 2048], **kwargs)
+    plain = new.estimate([2048, 2048], tile_cost_us="none", **kwargs)
     assert [r.compute_us for r in table.ranks] == [r.compute_us for r in explicit.ranks]
     assert all(a.compute_us > b.compute_us for a, b in zip(table.ranks, plain.ranks, strict=True))
     assert any("table's fitted cost" in n for n in table.notes)
