@@ -148,7 +148,9 @@ def test_the_estimate_charges_each_rank_at_its_own_block() -> None:
         ]
     )
     steps = np.array([[2048]])
-    base = tables.estimate_batch(steps, tp=1, dp=1, policy="histogram", expert_counts=counts)
+    base = tables.estimate_batch(
+        steps, tp=1, dp=1, policy="histogram", expert_counts=counts, tile_cost_us="none"
+    )
     charged = tables.estimate_batch(
         steps, tp=1, dp=1, policy="histogram", expert_counts=counts, tile_cost_us="table"
     )

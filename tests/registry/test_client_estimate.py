@@ -291,3 +291,17 @@ def test_a_remote_rank_told_another_deployment_refuses_as_in_process(
             rank.estimate_batch([[5, 300]], tp=2)
     same = remote.deployment(1, 2, 1).estimate([5, 300], tp=1, dp=2)
     assert same == local.deployment(1, 2, 1).estimate([5, 300])
+
+
+def test_the_load_spread_charge_choices_answer_as_in_process(
+    remote: RemoteTables, local: ComponentTables
+) -> None:
+    """Issue 18, session 11: the default ("auto"), None (sent as "none") and "table" over REST
+    equal their in-process answers."""
+    steps = _steps(8)
+    for extra in ({}, {"tile_cost_us": None}, {"tile_cost_us": "table"}):
+        kw = {"tp": 1, "dp": 2, "policy": "random", "seed": 2, **extra}
+        got = remote.estimate_batch(steps, **kw)
+        want = local.estimate_batch(steps, **kw)
+        assert np.array_equal(got.compute_us, want.compute_us, equal_nan=True), extra
+        assert got.notes == want.notes

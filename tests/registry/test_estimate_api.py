@@ -208,7 +208,7 @@ def test_it_charges_row_tiles_over_rest_as_the_cli_does(api: APIClient, h200: An
         "1.6",
         "--no-events",
     )
-    plain = post(api, {**body, "tile_cost_us": None}).json()
+    plain = post(api, {**body, "tile_cost_us": "none"}).json()
     assert answer["ranks"][0]["components"]["experts"] > plain["ranks"][0]["components"]["experts"]
     refused = post(api, {**body, "policy": "balanced"})
     assert refused.status_code == 400 and "tile_cost_us" in refused.content.decode()
@@ -231,3 +231,24 @@ def test_a_seeded_run_asked_in_parts_gets_the_draws_of_one_request(
     bad = post(api, {**body, "steps": steps, "first_step": -1})
     assert bad.status_code == 400
     assert "first_step: must be at least 0, got -1" in " ".join(bad.json()["problems"])
+
+
+def test_the_default_load_spread_charge_is_the_in_process_one(api: APIClient, h200: Any) -> None:
+    """Issue 18 part 2, session 11: an absent (or null) ``tile_cost_us`` is ``"auto"`` as in
+    process, ``"none"`` the balanced-load answer as in process; each differs from the other."""
+    from moetables import ComponentTables
+
+    tables = ComponentTables(H200)
+    body = {"bundle": h200.pk, "tp": 1, "dp": 2, "tokens": [1024, 1024], "policy": "random",
+            "seed": 4, "events": False}  # fmt: skip
+    got = {}
+    for name, extra in (("absent", {}), ("null", {"tile_cost_us": None}),
+                        ("auto", {"tile_cost_us": "auto"}), ("none", {"tile_cost_us": "none"})):  # fmt: skip
+        response = post(api, {**body, **extra})
+        assert response.status_code == 200, response.content
+        got[name] = [r["compute_us"] for r in response.json()["ranks"]]
+    default = tables.estimate([1024, 1024], tp=1, dp=2, policy="random", seed=4)
+    plain = tables.estimate([1024, 1024], tp=1, dp=2, policy="random", seed=4, tile_cost_us="none")
+    assert got["absent"] == got["null"] == got["auto"] == [r.compute_us for r in default.ranks]
+    assert got["none"] == [r.compute_us for r in plain.ranks] != got["auto"]
+    assert any("charged by default" in n for n in default.notes)

@@ -281,7 +281,8 @@ def test_an_infinite_tile_cost_is_refused_by_the_estimate_as_by_the_lookup(
     )
     assert response.status_code == 400, response.content
     assert response.json()["problems"] == [
-        "tile_cost_us: must be a finite number >= 0 (at most 1,000,000 us) or 'table', got inf"
+        "tile_cost_us: must be a finite number >= 0 (at most 1,000,000 us) or one of "
+        "['auto', 'table', 'none'], got inf"
     ]
 
 
