@@ -103,10 +103,10 @@ class EstimateRequestSerializer(serializers.Serializer[Any]):
     tile_cost_us = serializers.JSONField(
         required=False,
         help_text="issue 18: the charge for the expert-kernel row tiles the step's per-expert "
-        "counts run beyond the table's balanced tiles: \"auto\" (the default, also for null: "
+        'counts run beyond the table\'s balanced tiles: "auto" (the default, also for null: '
         "each rank's table's own tile model where the policy gives per-expert counts and every "
-        "rank's table records one, else nothing, with a note), \"table\" (that model; refused "
-        "for a rank without), \"none\" (the balanced-load answer), or microseconds per tile "
+        'rank\'s table records one, else nothing, with a note), "table" (that model; refused '
+        'for a rank without), "none" (the balanced-load answer), or microseconds per tile '
         "(a number >= 0; counting policies; docs/estimate.md)",
     )
     cluster = serializers.JSONField(
