@@ -146,52 +146,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
         top_k = int(info[0]["moe"][0]["top_k"])
         profile = read_profile(evidence / f"{router}.routing.npz")
         layer = profile.layers[0]
-        runs: dict[str, list[dict[str, Any]]] = {
-            "balanced": estimate_rows(
-                forwards, info, tables, cluster, "balanced", policy="balanced"
-            ),
-            "captured": estimate_rows(
-                forwards,
-                info,
-                tables,
-                cluster,
-                "captured",
-                policy="captured",
-                profile=profile,
-                layer=layer,
-                seed=0,
-            ),
-            "captured-expectation": estimate_rows(
-                forwards,
-                info,
-                tables,
-                cluster,
-                "captured-expectation",
-                policy="captured",
-                profile=profile,
-                layer=layer,
-                captured_expectation=True,
-            ),
-            "captured-same-run": estimate_rows(
-                forwards,
-                info,
-                tables,
-                cluster,
-                "captured-same-run",
-                policy="captured",
-                profile=same_run_profile(forwards, top_k),
-                layer=0,
-                seed=0,
-            ),
-            "histogram": estimate_rows(
-                forwards,
-                info,
-                tables,
-                cluster,
-                "histogram",
-                policy="histogram",
-                expert_counts=np.array([f.global_counts for f in forwards], dtype=np.int64),
-            ),
+        counts = np.array([f.global_counts for f in forwards], dtype=np.int64)
+        arms: dict[str, dict[str, Any]] = {
+            "balanced": {"policy": "balanced"},
+            "captured": {"policy": "captured", "profile": profile, "layer": layer, "seed": 0},
+            "captured-expectation": {
+                "policy": "captured", "profile": profile, "layer": layer,
+                "captured_expectation": True,
+            },
+            "captured-same-run": {
+                "policy": "captured", "profile": same_run_profile(forwards, top_k), "layer": 0,
+                "seed": 0,
+            },
+            "histogram": {"policy": "histogram", "expert_counts": counts},
+        }  # fmt: skip
+        # The counting arms are charged for their counts by default (tile_cost_us="auto": each
+        # rank table's load-spread model); the same arms for balanced loads beside them.
+        for name in ("captured", "captured-same-run", "histogram"):
+            arms[f"{name}-uncharged"] = {**arms[name], "tile_cost_us": "none"}
+        runs = {
+            name: estimate_rows(forwards, info, tables, cluster, name, **options)
+            for name, options in arms.items()
         }
         result["routers"][router] = {
             "profile": {"file": f"{router}.routing.npz", **profile.summary()},
