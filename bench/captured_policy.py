@@ -64,8 +64,14 @@ def main() -> None:
     steps = rng.integers(1, 1024, size=(args.steps, 2))
     for name, options in (
         ("balanced", {"policy": "balanced"}),
-        ("captured", {"policy": "captured", "profile": profile, "layer": 7}),
-        ("captured, all layers", {"policy": "captured", "profile": profile}),
+        (
+            "captured",
+            {"policy": "captured", "profile": profile, "layer": 7, "tile_cost_us": "none"},
+        ),
+        (
+            "captured, all layers",
+            {"policy": "captured", "profile": profile, "tile_cost_us": "none"},
+        ),
         (
             "captured expectation",
             {"policy": "captured", "profile": profile, "layer": 7, "captured_expectation": True},
