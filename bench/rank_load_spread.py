@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT / "docs/evidence/h200-rank-load-spread"
 Q = "Qwen/Qwen3-30B-A3B-Instruct-2507"
 # (evidence file, bundle, (tp, dp)): each run against the tables its kernel is.
-# The second file of each run is call 2's smaller N (another H200 unit).
+# The second file of a run is a later call's smaller N (another H200 unit).
 RUNS = (
     (
         ("load_spread_fp8_ep2.json", "load_spread_fp8_ep2_small.json"),
@@ -48,6 +48,12 @@ RUNS = (
         (1, 2),
     ),
     (("load_spread_bf16_ep2_small.json",), f"bundles/H200-vllm-modular-f2k4/{Q}/bf16", (1, 2)),
+    # FP8 TP1/DP1: session 5's run and call 3's 16-row N (whether a 16-row cost holds there).
+    (
+        ("../h200-fp8-load-spread/load_spread_fp8.json", "load_spread_fp8_tp1_small.json"),
+        f"bundles/H200-vllm-modular-fp8-f2/{Q}-FP8/fp8",
+        (1, 1),
+    ),
     (
         ("load_spread_bf16_ep4.json", "load_spread_bf16_ep4_small.json"),
         f"bundles/H200-vllm-modular-dp4-f4/{Q}/bf16",
@@ -148,8 +154,10 @@ def figure(runs: Sequence[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharey=True)
-    for ax, run in zip(axes.flat, runs, strict=True):
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8), sharey=True)
+    for ax in axes.flat[len(runs) :]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.flat, runs, strict=False):
         pts = run["answers"]
         n = np.array([p["N"] for p in pts], dtype=float)
         jitter = np.exp(np.linspace(-0.06, 0.06, len(pts)))

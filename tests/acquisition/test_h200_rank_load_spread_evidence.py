@@ -30,7 +30,7 @@ BUNDLES = {
     "dp4": ROOT / f"bundles/H200-vllm-modular-dp4-f4/{Q}/bf16",
     "dp8": ROOT / f"bundles/H200-vllm-modular-dp8-f4/{Q}/bf16",
 }
-LOCAL = {"ep2": 64, "ep4": 32, "ep8": 16}
+LOCAL = {"tp1": 128, "ep2": 64, "ep4": 32, "ep8": 16}
 # The documented commands (docs/benchmarks.md and bundles/README.md), argument for argument.
 COMMANDS = {
     "fp8": [
@@ -111,8 +111,8 @@ def test_the_lookup_report_is_reproduced_and_the_recorded_charges_help() -> None
     runs = [bench.report_run([EVIDENCE / f for f in e], ROOT / b, d) for e, b, d in bench.RUNS]
     committed = json.loads((EVIDENCE / "lookup_report.json").read_text())["runs"]
     assert json_close(runs, committed)
-    recorded = {(1, 2, "fp8"): {64, 16}, (1, 2, "bf16"): {64, 32}, (1, 4, "bf16"): {128},
-                (1, 8, "bf16"): {128, 64}}  # fmt: skip
+    recorded = {(1, 2, "fp8"): {64, 16}, (1, 2, "bf16"): {64, 32}, (1, 1, "fp8"): {64},
+                (1, 4, "bf16"): {128}, (1, 8, "bf16"): {128, 64}}  # fmt: skip
     for run in runs:
         assert run["skipped_outside_support"] == []
         t = run["target"]
@@ -126,27 +126,38 @@ def test_the_lookup_report_is_reproduced_and_the_recorded_charges_help() -> None
                 assert after == before
     # The 128-row charges, where most of the spread's time is: medians 5.7 % -> 1.1 % at EP4,
     # 2.7 % -> 0.6 % at EP8.
-    ep4, ep8 = (runs[2]["errors_pct_by_block"]["128"], runs[3]["errors_pct_by_block"]["128"])
+    ep4, ep8 = (runs[3]["errors_pct_by_block"]["128"], runs[4]["errors_pct_by_block"]["128"])
     assert ep4["balanced_unit"]["median_abs"] > 5 > 1.5 > ep4["charged_unit"]["median_abs"]
     assert ep8["balanced_unit"]["median_abs"] > 2.5 > 1 > ep8["charged_unit"]["median_abs"]
 
 
+FP8_TP1 = ["../h200-fp8-load-spread/load_spread_fp8.json", "load_spread_fp8_tp1_small.json"]
+
+
 @pytest.mark.parametrize(
-    ("name", "blocks", "block"),
-    [("dp4", "128,64", "64"), ("dp4", "128,64,32", "32"), ("dp8", "128,64,32", "32")],
+    ("name", "files", "args", "tp_dp", "block"),
+    [
+        ("dp4", COMMANDS["dp4"][:2], ["--blocks", "128,64"], (1, 4), "64"),
+        ("dp4", COMMANDS["dp4"][:2], ["--blocks", "128,64,32"], (1, 4), "32"),
+        ("dp8", COMMANDS["dp8"][:2], ["--blocks", "128,64,32"], (1, 8), "32"),
+        ("fp8", FP8_TP1, ["--deployments", "tp1", "--blocks", "64,16"], (1, 1), "16"),
+    ],
 )
 def test_the_blocks_left_unrecorded_would_not_have_helped(
-    name: str, blocks: str, block: str, tmp_path: Path
+    name: str,
+    files: list[str],
+    args: list[str],
+    tp_dp: tuple[int, int],
+    block: str,
+    tmp_path: Path,
 ) -> None:
-    """Why DP4's 64- and 32-row blocks and DP8's 32-row blocks record nothing: charged through
-    the lookup, their answers' median (DP4 64-row: 0.86 -> 1.16 %) or largest error (DP8 32-row:
-    3.0 -> 9.1 %) grows."""
+    """Why DP4's 64- and 32-row blocks, DP8's 32-row blocks and FP8 TP1's 16-row blocks record
+    nothing: charged through the lookup, their answers' median (DP4 64-row: 0.86 -> 1.16 %) or
+    largest error (DP8 32-row: 3.0 -> 9.1 %; FP8 TP1 16-row: 12.4 -> 15.1 %) grows."""
     copy = tmp_path / name
     shutil.copytree(BUNDLES[name], copy)
-    files = COMMANDS[name][:2]
-    assert record([str(copy), *(str(EVIDENCE / f) for f in files), "--blocks", blocks]) == 0
-    dp = {"dp4": 4, "dp8": 8}[name]
-    run = bench.report_run([EVIDENCE / f for f in files], copy, (1, dp))
+    assert record([str(copy), *(str(EVIDENCE / f) for f in files), *args]) == 0
+    run = bench.report_run([EVIDENCE / f for f in files], copy, tp_dp)
     e = run["errors_pct_by_block"][block]
     before, after = e["balanced_unit"], e["charged_unit"]
     assert after["median_abs"] > before["median_abs"] + 0.1 or after["max_abs"] > before["max_abs"]
