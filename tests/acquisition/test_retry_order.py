@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from retry_fakes import SLOWER_2B, fail_controls
+from retry_fakes import fail_controls
 
 from acquisition.cli import build_parser, main, prepare
 from moetables.bundle import validate_bundle
@@ -99,7 +99,10 @@ def test_a_failed_control_is_retried_after_the_other_points_and_publishes(
     # The verdict rules: attempt 0 failed (2B injected x4), attempt 1 passed and is published.
     assert controls(recs, chosen) == [(0, False), (1, True)]
     failed = next(r for r in recs if r["type"] == "control" and r["point"] == chosen)
-    assert failed["relative_change"] > SLOWER_2B - 1 - 0.9
+    # Failed by the injected change, past the tolerance (--quality-tolerance 0.9). Not x4 - 1
+    # exactly: B is one CPU forward here, and on a loaded machine one slow B forward was seen
+    # to bring 3.0 down to 1.2 (CI, session 11).
+    assert failed["relative_change"] > 0.9
     assert verdicts(recs)[chosen] == ("measured", 1)
     assert all(v == ("measured", 0) for k, v in verdicts(recs).items() if k != chosen)
     bundle = out / "CPU/test/tiny-moe/fp32"
