@@ -986,6 +986,9 @@ class LayerEstimator:
             per_step,
         )
 
+    def _ranks_without_tile_model(self) -> list[int]:
+        return [r for r, t in enumerate(self.ranks) if t.fitted_tile_cost_us is None]
+
     def _tile_cost(
         self, given: float | str | None, routing: BatchRouting, notes: list[str]
     ) -> float | str | None:
@@ -996,7 +999,7 @@ class LayerEstimator:
             return given
         if routing.expert_counts is None:
             return None
-        missing = [r for r, t in enumerate(self.ranks) if t.fitted_tile_cost_us is None]
+        missing = self._ranks_without_tile_model()
         if missing:
             notes.append(
                 f"load spread not charged: the tables of ranks {missing} record no tile model; "
@@ -1027,7 +1030,7 @@ class LayerEstimator:
         blocks that step ran), so that a step's answer names only its own charges."""
         table = cost_us == TABLE_TILE_COST
         if table:
-            missing = [r for r, t in enumerate(self.ranks) if t.fitted_tile_cost_us is None]
+            missing = self._ranks_without_tile_model()
             if missing:
                 raise QueryError(
                     f"tile_cost_us='table': the tables of ranks {missing} record no fitted tile "
