@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.bundle_evidence import save_figure
 from moetables.errors import CoverageError
 from moetables.lookup.tables import ComponentTables
 
@@ -180,9 +181,8 @@ def figure(runs: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("N (token rows into the rank's expert kernel)")
         ax.set_ylabel("lookup / measured - 1 (%), unit-matched per N")
         ax.legend(fontsize=7)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(plt, fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ BUNDLES = {
     "f2k4": ROOT / f"bundles/H200-vllm-modular-f2k4/{Q}/bf16",
     "dp4": ROOT / f"bundles/H200-vllm-modular-dp4-f4/{Q}/bf16",
     "dp8": ROOT / f"bundles/H200-vllm-modular-dp8-f4/{Q}/bf16",
+    "fp8-live": ROOT / f"bundles/H200-vllm-live-fp8-f2/{Q}-FP8/fp8",
 }
 LOCAL = {"tp1": 128, "ep2": 64, "ep4": 32, "ep8": 16}
 # The documented commands (docs/benchmarks.md and bundles/README.md), argument for argument.
@@ -42,6 +43,9 @@ COMMANDS = {
         "--deployments", "ep2", "--blocks", "128,64,32",
     ],
     "dp4": ["load_spread_bf16_ep4.json", "load_spread_bf16_ep4_small.json"],
+    "fp8-live": [
+        "../h200-fp8-load-spread/load_spread_fp8.json", "--deployments", "tp1", "--block-m", "64",
+    ],
     "dp8": [
         "load_spread_bf16_ep8.json", "load_spread_bf16_ep8_small.json", "--blocks", "128,64",
     ],
@@ -95,6 +99,7 @@ def test_the_recorded_costs_per_rank_table() -> None:
         ("f2k4", 2): {128: 1.764, 64: 1.449, 32: 1.72},
         ("dp4", 4): {128: 1.972},
         ("dp8", 8): {128: 2.014, 64: 0.349},
+        ("fp8-live", 1): {128: 0.85, 64: 0.85},
     }
     for (name, dp), costs in expected.items():
         tables = ComponentTables(BUNDLES[name])

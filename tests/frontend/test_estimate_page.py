@@ -251,3 +251,22 @@ def test_the_tile_cost_goes_through_the_apis_request_parser(client: Any, h200_bu
         assert 'id="e-tile-cost" name="tile_cost_us"' in text and 'aria-invalid="true"' in text
     balanced = client.get(url, {**base, "policy": "balanced", "tile_cost_us": "1"})
     assert "balanced policy gives no per-expert counts" in balanced.content.decode()
+    # Session 11: empty is the API's default ("auto"); "auto", "table" and "none" as it takes them.
+    # At 1,024 rows a rank, where vLLM's 128-row blocks carry the DP2 ranks' recorded cost.
+    answers = {}
+    for word in ("", "auto", "table", "none"):
+        page = client.get(url, {**base, "tokens": "1024,1024", "tile_cost_us": word})
+        assert page.context["error"] is None, (word, page.context["error"])
+        answers[word] = page.context["answer"]["layer_compute_us"]
+    api = {
+        word: answer_estimate(
+            tables,
+            parse_estimate_request({**raw, "tokens": [1024, 1024], "tile_cost_us": word}),
+            None,
+        )
+        for word in ("auto", "none")
+    }
+    auto, none = api["auto"], api["none"]
+    assert isinstance(auto, dict) and isinstance(none, dict)
+    assert answers[""] == answers["auto"] == answers["table"] == auto["layer_compute_us"]
+    assert answers["none"] == none["layer_compute_us"] != answers["auto"]
