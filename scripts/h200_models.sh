@@ -20,6 +20,13 @@
 #   mixtral-live        49 points (13 + 36)          ~90 s    limit MIXTRAL_LIVE_S=170
 # so `qwen15` fits one 550 s call and `mixtral` another.
 #
+# `more` (session 12): the catalog's other models at TP1/DP1 with the default plan (kernel
+# steps v4), `q235-modular dsv2-modular olmoe-modular olmoe-live`:
+#   Qwen/Qwen3-235B-A22B          (128 experts, top-8, hidden 4096, width 1536)   538 points
+#   deepseek-ai/DeepSeek-V2-Lite  (64 experts, top-6, width 1408, grouped router) 731 points
+#   allenai/OLMoE-1B-7B-0924      (64 experts, top-8, width 1024; bf16 named)     442 points
+# limits Q235_MODULAR_S=200 DSV2_MODULAR_S=150 OLMOE_MODULAR_S=110 OLMOE_LIVE_S=120.
+#
 # Environment: ROOT (default /tmp/models; each part writes $ROOT/<part>/), FACTOR (default 2;
 # 4 if device time is short: the plan changes, so use a fresh ROOT), CAPTURES (default
 # 1,2,4,8,16,32,64,128,256, the shipped Qwen3 bundles' description), KERNEL_STEPS (default off:
@@ -57,17 +64,18 @@ published() { # the deployments a part's bundle holds (one components.csv each)
     sed -E 's#.*/(tp[0-9]+/moe_components/[^/]+)/components.csv#\1#' | sort | tr '\n' ' '
 }
 
-part() { # LABEL MODEL BACKEND DPS LIMIT_S
-  local label=$1 model=$2 backend=$3 dps=$4 limit=$5
+part() { # LABEL MODEL BACKEND DPS LIMIT_S [KERNEL_STEPS [EXTRA ARG...]]
+  local label=$1 model=$2 backend=$3 dps=$4 limit=$5 steps=${6:-$KERNEL_STEPS}
+  shift $(($# < 6 ? $# : 6))
   local run=$ROOT/$label
   mkdir -p "$run"
-  local extra=()
+  local extra=("$@")
   # The kit has no flash-attention: the live component engine runs Triton attention
   # (it never touches the MoE layer).
-  [ "$backend" = vllm-live ] && extra=(--engine-attention-backend TRITON_ATTN)
+  [ "$backend" = vllm-live ] && extra+=(--engine-attention-backend TRITON_ATTN)
   local cmd=(python3 -m acquisition slice "$model" --hardware H200 --tp 1 --tp-refresh 1
     --group moe --max-num-batched-tokens 2048 --max-num-seqs 128 --moe-rounds 3
-    --measurement-iterations 3 --moe-grid-factor "$FACTOR" --moe-kernel-steps "$KERNEL_STEPS"
+    --measurement-iterations 3 --moe-grid-factor "$FACTOR" --moe-kernel-steps "$steps"
     --cudagraph-capture-sizes "$CAPTURES"
     --no-progress-bar --dp "$dps" --backend "$backend" --out-root "$run/out"
     --progress-json "$run/progress.jsonl" --phase-log "$run/phases.jsonl" "${extra[@]}")
@@ -89,14 +97,21 @@ part() { # LABEL MODEL BACKEND DPS LIMIT_S
 
 QWEN15=Qwen/Qwen1.5-MoE-A2.7B
 MIXTRAL=mistralai/Mixtral-8x7B-Instruct-v0.1
+Q235=Qwen/Qwen3-235B-A22B
+DSV2=deepseek-ai/DeepSeek-V2-Lite
+OLMOE=allenai/OLMoE-1B-7B-0924
+KNOWN="qwen15-modular qwen15-live mixtral-modular mixtral-live q235-modular dsv2-modular"
+KNOWN="$KNOWN olmoe-modular olmoe-live qwen15 mixtral more all"
 parts=()
 for arg in "$@"; do
   case $arg in
     all) parts+=(qwen15-modular qwen15-live mixtral-modular mixtral-live) ;;
     qwen15) parts+=(qwen15-modular qwen15-live) ;;
     mixtral) parts+=(mixtral-modular mixtral-live) ;;
-    qwen15-modular | qwen15-live | mixtral-modular | mixtral-live) parts+=("$arg") ;;
-    *) log "unknown part $arg (qwen15-modular qwen15-live mixtral-modular mixtral-live qwen15 mixtral all)" ;;
+    more) parts+=(q235-modular dsv2-modular olmoe-modular olmoe-live) ;;
+    qwen15-modular | qwen15-live | mixtral-modular | mixtral-live | q235-modular | \
+      dsv2-modular | olmoe-modular | olmoe-live) parts+=("$arg") ;;
+    *) log "unknown part $arg ($KNOWN)" ;;
   esac
 done
 [ ${#parts[@]} -gt 0 ] || { log "nothing to run"; exit 2; }
@@ -110,6 +125,13 @@ for p in "${parts[@]}"; do
     qwen15-live) part "$p" "$QWEN15" vllm-live 1 "${QWEN15_LIVE_S:-150}" ;;
     mixtral-modular) part "$p" "$MIXTRAL" vllm-modular 1,2 "${MIXTRAL_MODULAR_S:-310}" ;;
     mixtral-live) part "$p" "$MIXTRAL" vllm-live 1 "${MIXTRAL_LIVE_S:-170}" ;;
+    # The catalog's other models, TP1/DP1, with the default plan (kernel steps v4).
+    q235-modular) part "$p" "$Q235" vllm-modular 1 "${Q235_MODULAR_S:-200}" auto ;;
+    dsv2-modular) part "$p" "$DSV2" vllm-modular 1 "${DSV2_MODULAR_S:-150}" auto ;;
+    # OLMoE's config names no dtype (acquisition/catalog/README.md): bf16, as it is served.
+    olmoe-modular) part "$p" "$OLMOE" vllm-modular 1 "${OLMOE_MODULAR_S:-110}" auto \
+      --dtype bfloat16 ;;
+    olmoe-live) part "$p" "$OLMOE" vllm-live 1 "${OLMOE_LIVE_S:-120}" auto --dtype bfloat16 ;;
   esac
 done
 log "summary:"

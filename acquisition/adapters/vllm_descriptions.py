@@ -139,8 +139,7 @@ def describe_modular(session: Any) -> dict[str, Any]:
         "activation": str(getattr(choice.activation, "value", choice.activation)),
         "activation_layout": "standard",
         "routing": {
-            "scoring": session.model.scoring,
-            "renormalize": session.model.renormalize,
+            **session.model.routing,
             "routing_method": str(getattr(session.router, "routing_method_type", None)),
         },
         "dtypes": {

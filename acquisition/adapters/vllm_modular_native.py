@@ -37,6 +37,7 @@ __all__ = [
     "class_reasons",
     "kernel_reasons",
     "resolve_native",
+    "router_grouping",
     "torch_dtype",
     "vllm_context",
 ]
@@ -106,6 +107,32 @@ def _parallel_config(surface: ApiSurface, target: MoeTarget, all2all_backend: st
     return cls(**values)
 
 
+def router_grouping(model: MoeModel, device: Any) -> dict[str, Any]:
+    """The grouped top-k arguments the model's vLLM wrapper gives its router (none: plain).
+
+    DeepseekV2MoE passes ``use_grouped_topk=True`` with the config's groups, scale and, for
+    ``noaux_tc``, a float32 score-correction bias per expert; the factory then builds
+    GroupedTopKRouter, whose kernels are what gate_routing must time. The bias is synthetic
+    (zeros), like every other weight here: it moves which experts win, not what runs.
+    """
+    if model.grouped_topk is None:
+        return {}
+    groups, topk_group = model.grouped_topk
+    arguments: dict[str, Any] = {
+        "use_grouped_topk": True,
+        "num_expert_group": groups,
+        "topk_group": topk_group,
+        "routed_scaling_factor": model.routed_scaling_factor,
+    }
+    if model.score_correction_bias:
+        import torch
+
+        arguments["e_score_correction_bias"] = torch.zeros(
+            model.global_experts, dtype=torch.float32, device=device
+        )
+    return arguments
+
+
 def resolve_native(
     surface: ApiSurface,
     model: MoeModel,
@@ -142,6 +169,7 @@ def resolve_native(
         global_num_experts=model.global_experts,
         renormalize=model.renormalize,
         scoring_func=model.scoring,
+        **router_grouping(model, device),
     )
     if not callable(getattr(router, "select_experts", None)):
         raise CapabilityError(

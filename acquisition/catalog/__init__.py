@@ -46,6 +46,11 @@ _ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     # vLLM's Qwen2MoeSparseMoeBlock scales its shared expert by sigmoid(shared_expert_gate(x)).
     "qwen2_moe": {"shared_expert_gate": "sigmoid"},
+    # vLLM's DeepseekV2MoE always builds its router with use_grouped_topk=True (n_group and
+    # topk_group from the config, 1 where absent): GroupedTopKRouter, not FusedTopKRouter,
+    # even for one group, so the gate_routing kernels differ from a plain top-k's.
+    "deepseek_v2": {"routing": {"grouped_topk": True}},
+    "deepseek_v3": {"routing": {"grouped_topk": True}},
 }
 
 
@@ -89,6 +94,25 @@ class MoeModel:
     weight_block_size: tuple[int, int] | None = None
     quant_format: str | None = None
     activation_scheme: str | None = None
+    # Grouped top-k routing (DeepSeek): (num_expert_group, topk_group), None for a plain top-k;
+    # the scale applied to the routed weights; whether the router adds a per-expert score
+    # correction bias before choosing (``topk_method: noaux_tc``).
+    grouped_topk: tuple[int, int] | None = None
+    routed_scaling_factor: float = 1.0
+    score_correction_bias: bool = False
+
+    @property
+    def routing(self) -> dict[str, Any]:
+        """The router as the contract records it; plain top-k models keep the two older keys."""
+        described: dict[str, Any] = {"scoring": self.scoring, "renormalize": self.renormalize}
+        if self.grouped_topk is not None:
+            described["grouped_topk"] = {
+                "num_expert_group": self.grouped_topk[0],
+                "topk_group": self.grouped_topk[1],
+            }
+            described["routed_scaling_factor"] = self.routed_scaling_factor
+            described["score_correction_bias"] = self.score_correction_bias
+        return described
 
     @property
     def block_fp8(self) -> bool:
@@ -131,7 +155,7 @@ class MoeModel:
             "shared_experts": self.shared_experts,
             **shared,
             "activation": self.activation,
-            "routing": {"scoring": self.scoring, "renormalize": self.renormalize},
+            "routing": self.routing,
             "expert_bias": self.expert_bias,
             "router_bias": self.router_bias,
             "quantization": self.quantization,
@@ -242,8 +266,10 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
     if (folder / "catalog.json").is_file():
         declared, _ = _read_json(folder / "catalog.json")
     model_type = str(text.get("model_type") or config.get("model_type") or "unknown")
-    merged = {**_ARCHITECTURE_DEFAULTS.get(model_type, {}), **declared}
-    routing = merged.get("routing") or {}
+    defaults = _ARCHITECTURE_DEFAULTS.get(model_type, {})
+    merged = {**defaults, **declared}
+    # A catalog.json that names the scoring keeps what the architecture says of grouping.
+    routing = {**(defaults.get("routing") or {}), **(declared.get("routing") or {})}
     renormalize = routing.get("renormalize", text.get("norm_topk_prob", False))
     scoring = routing.get("scoring", text.get("scoring_func", "softmax"))
     quant = text.get("quantization_config") or config.get("quantization_config")
@@ -255,6 +281,7 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
     dtype = text.get("torch_dtype") or text.get("dtype")
     shared_count, shared_width = _shared_experts(text)
     shared_gate = merged.get("shared_expert_gate") if shared_count else None
+    grouped, scale, bias = _grouped_routing(routing, text, config_path)
     return MoeModel(
         name=str(merged.get("name") or default_name),
         model_type=model_type,
@@ -283,7 +310,45 @@ def _load(folder: Path, *, source: str, default_name: str) -> MoeModel:
             if isinstance(quant, dict) and quant.get("activation_scheme")
             else None
         ),
+        grouped_topk=grouped,
+        routed_scaling_factor=scale,
+        score_correction_bias=bias,
     )
+
+
+def _grouped_routing(
+    routing: dict[str, Any], text: dict[str, Any], path: Path
+) -> tuple[tuple[int, int] | None, float, bool]:
+    """(num_expert_group, topk_group), the routed scale and the score bias of a grouped router.
+
+    Only models whose vLLM wrapper asks for grouped top-k (``routing.grouped_topk``, from the
+    architecture or catalog.json) get them; vLLM reads the config's fields with these defaults.
+    """
+    flag = routing.get("grouped_topk", False)
+    if not isinstance(flag, bool):
+        raise CatalogError(
+            f"{path.parent}/catalog.json: routing.grouped_topk must be true or false"
+        )
+    if not flag:
+        return None, 1.0, False
+    groups = []
+    for key in ("n_group", "topk_group"):
+        value = text.get(key, 1)
+        if value is None:
+            value = 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise CatalogError(f"{path}: {key} must be a positive integer, not {value!r}")
+        groups.append(value)
+    if groups[1] > groups[0]:
+        raise CatalogError(
+            f"{path}: topk_group {groups[1]} is more than the {groups[0]} expert groups"
+        )
+    scale = text.get("routed_scaling_factor", 1.0)
+    if scale is None:
+        scale = 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise CatalogError(f"{path}: routed_scaling_factor must be a positive number")
+    return (groups[0], groups[1]), float(scale), text.get("topk_method") == "noaux_tc"
 
 
 def _block_size(quant: dict[str, Any], path: Path) -> tuple[int, int] | None:

@@ -118,6 +118,7 @@ def _reference(model: MoeModel, target: MoeTarget) -> list[str]:
         )
     if model.scoring != "softmax":
         reasons.append(f"router scoring {model.scoring!r}: the reference routes by softmax only")
+    reasons.extend(_grouping_reasons(model))
     if model.expert_bias:
         reasons.append("biased experts: the reference MLP has no expert biases (R28)")
     if model.router_bias:
@@ -127,6 +128,31 @@ def _reference(model: MoeModel, target: MoeTarget) -> list[str]:
             f"quantized checkpoint ({model.quantization}): the reference runs unquantized "
             "experts and never stands in for a quantized kernel"
         )
+    return reasons
+
+
+def _grouping_reasons(model: MoeModel) -> list[str]:
+    """Grouped routing the reference's plain softmax top-k would not reproduce.
+
+    Keeping every group (topk_group == groups, one group included) chooses as a plain top-k
+    does; fewer groups, a routed scale or a score bias change the choice or the weights.
+    """
+    if model.grouped_topk is None:
+        return []
+    groups, kept = model.grouped_topk
+    reasons = []
+    if kept < groups:
+        reasons.append(
+            f"grouped routing keeps {kept} of {groups} expert groups: the reference routes by "
+            "a plain top-k over all experts"
+        )
+    if model.routed_scaling_factor != 1.0:
+        reasons.append(
+            f"routed_scaling_factor {model.routed_scaling_factor}: the reference does not scale "
+            "the routed weights"
+        )
+    if model.score_correction_bias:
+        reasons.append("score correction bias (noaux_tc): the reference router has none")
     return reasons
 
 

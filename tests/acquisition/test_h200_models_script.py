@@ -83,3 +83,38 @@ def test_a_later_call_resumes_from_the_packed_state(stubs: Path, tmp_path: Path)
 
 def test_nothing_to_run_is_an_error(stubs: Path, tmp_path: Path) -> None:
     assert run(stubs, tmp_path).returncode == 2
+
+
+def test_more_measures_the_catalogs_other_models_with_the_default_plan(
+    stubs: Path, tmp_path: Path
+) -> None:
+    result = run(stubs, tmp_path, "more")
+    assert result.returncode == 0, result.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == [
+        "q235-modular",
+        "dsv2-modular",
+        "olmoe-modular",
+        "olmoe-live",
+    ]
+    assert all(": exit 0 " in line for line in summary)
+    argv = {
+        part: (tmp_path / "root" / part / "argv.txt").read_text()
+        for part in ("q235-modular", "dsv2-modular", "olmoe-modular", "olmoe-live")
+    }
+    assert "slice Qwen/Qwen3-235B-A22B " in argv["q235-modular"]
+    assert "slice deepseek-ai/DeepSeek-V2-Lite " in argv["dsv2-modular"]
+    for part, text in argv.items():
+        # New tables take the default plan; the older parts keep theirs (off) to resume.
+        assert "--moe-kernel-steps auto" in text and "--dp 1 " in text, part
+    # OLMoE's config names no dtype; the live part keeps its attention backend too.
+    assert "--dtype bfloat16" in argv["olmoe-modular"]
+    assert "--dtype bfloat16" in argv["olmoe-live"]
+    assert "--engine-attention-backend TRITON_ATTN" in argv["olmoe-live"]
+    assert "--dtype" not in argv["q235-modular"]
+    old = run(stubs, tmp_path / "old", "qwen15-live")
+    assert old.returncode == 0
+    assert (
+        "--moe-kernel-steps off"
+        in (tmp_path / "old" / "root" / "qwen15-live" / "argv.txt").read_text()
+    )

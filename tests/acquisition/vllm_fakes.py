@@ -588,9 +588,84 @@ class FusedTopKRouter:
         return weights, ids.to(topk_indices_dtype or torch.int32)
 
 
+class GroupedTopKRouter(FusedTopKRouter):
+    """vLLM's grouped router: group scores, the kept groups masked in, then a top-k; the
+    unfused path launches several small kernels where the fused top-k launches one."""
+
+    def __init__(
+        self,
+        top_k: int,
+        global_num_experts: int,
+        renormalize: bool,
+        num_expert_group: int,
+        topk_group: int,
+        routed_scaling_factor: float,
+        e_score_correction_bias: Any,
+    ) -> None:
+        super().__init__(top_k, global_num_experts, renormalize)
+        self.num_expert_group = num_expert_group
+        self.topk_group = topk_group
+        self.routed_scaling_factor = routed_scaling_factor
+        self.e_score_correction_bias = e_score_correction_bias
+        self.routing_method_type = "DeepSeekV3"
+
+    def select_experts(
+        self,
+        hidden_states: Any,
+        router_logits: Any,
+        topk_indices_dtype: Any = None,
+        *,
+        input_ids: Any = None,
+    ) -> tuple[Any, Any]:
+        for kernel in ("softmax", "group_max", "group_topk", "masked_fill", "topk"):
+            launch(kernel)
+        scores = torch.softmax(router_logits.float(), dim=-1)
+        groups = scores.view(scores.shape[0], self.num_expert_group, -1)
+        kept = torch.topk(groups.amax(dim=-1), self.topk_group, dim=-1).indices
+        mask = torch.zeros_like(groups[..., 0]).scatter_(1, kept, 1.0)
+        scores = (groups * mask.unsqueeze(-1)).view_as(scores)
+        weights, ids = torch.topk(scores, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.routed_scaling_factor, ids.to(topk_indices_dtype or torch.int32)
+
+
+ROUTER_CALLS: list[dict[str, Any]] = []
+
+
 def create_fused_moe_router(
-    top_k: int, global_num_experts: int, renormalize: bool = True, scoring_func: str = "softmax"
+    top_k: int,
+    global_num_experts: int,
+    renormalize: bool = True,
+    use_grouped_topk: bool = False,
+    num_expert_group: int | None = None,
+    topk_group: int | None = None,
+    scoring_func: str = "softmax",
+    routed_scaling_factor: float = 1.0,
+    e_score_correction_bias: Any = None,
 ) -> Any:
+    ROUTER_CALLS.append(
+        {
+            "use_grouped_topk": use_grouped_topk,
+            "num_expert_group": num_expert_group,
+            "topk_group": topk_group,
+            "routed_scaling_factor": routed_scaling_factor,
+            "e_score_correction_bias": e_score_correction_bias,
+        }
+    )
+    if use_grouped_topk:
+        # vLLM's factory raises the same where the groups are missing.
+        if num_expert_group is None or topk_group is None:
+            raise ValueError("num_expert_group and topk_group must be provided")
+        return GroupedTopKRouter(
+            top_k,
+            global_num_experts,
+            renormalize,
+            num_expert_group,
+            topk_group,
+            routed_scaling_factor,
+            e_score_correction_bias,
+        )
     return FusedTopKRouter(top_k, global_num_experts, renormalize)
 
 
