@@ -151,5 +151,5 @@ def test_a_catalog_json_grouping_flag_must_be_a_boolean(tmp_path: Path) -> None:
     catalog = json.loads((folder / "catalog.json").read_text())
     catalog["routing"] = {"grouped_topk": "yes"}
     (folder / "catalog.json").write_text(json.dumps(catalog))
-    with pytest.raises(CatalogError, match="routing.grouped_topk must be true or false"):
+    with pytest.raises(CatalogError, match=r"routing\.grouped_topk must be true or false"):
         resolve_model(str(folder))
