@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moetables.bounds import ExpertBounds, entry_bounds
-from moetables.bundle import Bundle, ComponentTable, TableEntry, load_table
+from moetables.bundle import Bundle, ComponentTable, TableEntry, load_quality, load_table
 from moetables.bundle.quality import StabilityRow
 
 # (component, N tokens, A activated experts, M local token-expert pairs)
 Key = tuple[str, int, int, int]
+# (bundle folder, model id, bundle, one of its tables)
+ModelTable = tuple[str, str, Bundle, TableEntry]
 
 
 def eager_rows(table: ComponentTable) -> dict[Key, float]:
@@ -124,6 +127,59 @@ def print_bounds_table(title: str, bundles: Iterable[tuple[str, Bundle]]) -> Non
             row = bounds_at_largest_n(b, entry)
             if row is not None:
                 print(f"| {name} | {entry.target.deployment} | {row.cells()} |")
+    print()
+
+
+def print_points_and_checks(tables: Iterable[ModelTable]) -> None:
+    """Per table: rows by component and its B/2B controls (``stability.csv``)."""
+    print("### Points and B/2B checks per table\n")
+    print(
+        "| bundle | model | target | rows (components) | expert points | checked | passed | "
+        "passed at a later attempt | failed attempts kept | largest published change |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for folder, model, b, entry in tables:
+        table = load_table(b.root, entry)
+        parts: dict[str, int] = defaultdict(int)
+        for c in table.component:
+            parts[str(c)] += 1
+        counts = ", ".join(f"{c} {n}" for c, n in sorted(parts.items()))
+        quality = load_quality(b.root, entry, table)
+        assert quality.stability is not None, f"{folder} {model}: no stability.csv"
+        checks = Checks.of(quality.stability)
+        print(
+            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+            f"{len(table)} ({counts}) | {parts['experts']} | {checks.published} | "
+            f"{checks.passed} | {checks.later} | {checks.failed_attempts} | "
+            f"{checks.largest_change:.1%} |"
+        )
+    print()
+
+
+def print_bounds_at_largest_n(tables: Iterable[ModelTable]) -> None:
+    """Per table: its heaviest expert row at the largest N against the two physical bounds."""
+    print("### Expert time at the largest N against the two physical bounds\n")
+    print(
+        "| bundle | model | target | N | A | M | measured us | memory bound us | "
+        "compute bound us | memory/measured | compute/measured | tightest row anywhere |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for folder, model, b, entry in tables:
+        row = bounds_at_largest_n(b, entry)
+        assert row is not None, f"{folder} {model}: no expert rows"
+        bounds = row.bounds
+        # bound / measured of every row: how close to a peak the closest row runs
+        closeness = {
+            k: max(float(bounds.memory_us(k[2])), float(bounds.compute_us(k[3]))) / t_k
+            for k, t_k in row.measured.items()
+            if k[2] > 0
+        }
+        tight = max(closeness, key=lambda k: closeness[k])
+        print(
+            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
+            f"{row.cells()} | "
+            f"N={tight[1]} A={tight[2]} M={tight[3]}: {closeness[tight]:.2f} |"
+        )
     print()
 
 

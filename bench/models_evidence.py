@@ -28,16 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bundle_evidence import (
-    Checks,
     eager_rows,
+    print_bounds_at_largest_n,
+    print_points_and_checks,
     pyplot,
     ratios,
     run_with_figures,
     save_figure,
     spread_cells,
 )
-from bench.bundle_evidence import bounds_at_largest_n as largest_n_row
-from moetables.bundle import Bundle, TableEntry, load_quality, load_table, open_bundle
+from moetables.bundle import Bundle, TableEntry, load_table, open_bundle
 
 MODELS = ("Qwen/Qwen1.5-MoE-A2.7B", "mistralai/Mixtral-8x7B-Instruct-v0.1")
 BACKENDS = ("H200-vllm-modular-f2", "H200-vllm-live-f2")
@@ -57,54 +57,11 @@ def tables() -> Iterator[tuple[str, str, Bundle, TableEntry]]:
 
 
 def points_and_checks() -> None:
-    print("### Points and B/2B checks per table\n")
-    print(
-        "| bundle | model | target | rows (components) | expert points | checked | passed | "
-        "passed at a later attempt | failed attempts kept | largest published change |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for folder, model, b, entry in tables():
-        table = load_table(b.root, entry)
-        parts: dict[str, int] = defaultdict(int)
-        for c in table.component:
-            parts[str(c)] += 1
-        counts = ", ".join(f"{c} {n}" for c, n in sorted(parts.items()))
-        quality = load_quality(b.root, entry, table)
-        assert quality.stability is not None, f"{folder} {model}: no stability.csv"
-        checks = Checks.of(quality.stability)
-        print(
-            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
-            f"{len(table)} ({counts}) | {parts['experts']} | {checks.published} | "
-            f"{checks.passed} | {checks.later} | {checks.failed_attempts} | "
-            f"{checks.largest_change:.1%} |"
-        )
-    print()
+    print_points_and_checks(tables())
 
 
 def bounds_at_largest_n() -> None:
-    print("### Expert time at the largest N against the two physical bounds\n")
-    print(
-        "| bundle | model | target | N | A | M | measured us | memory bound us | "
-        "compute bound us | memory/measured | compute/measured | tightest row anywhere |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for folder, model, b, entry in tables():
-        row = largest_n_row(b, entry)
-        assert row is not None, f"{folder} {model}: no expert rows"
-        bounds = row.bounds
-        # bound / measured of every row: how close to a peak the closest row runs
-        closeness = {
-            k: max(float(bounds.memory_us(k[2])), float(bounds.compute_us(k[3]))) / t_k
-            for k, t_k in row.measured.items()
-            if k[2] > 0
-        }
-        tight = max(closeness, key=lambda k: closeness[k])
-        print(
-            f"| {folder} | {model.split('/')[1]} | {entry.target.deployment} | "
-            f"{row.cells()} | "
-            f"N={tight[1]} A={tight[2]} M={tight[3]}: {closeness[tight]:.2f} |"
-        )
-    print()
+    print_bounds_at_largest_n(tables())
 
 
 def live_against_modular() -> None:

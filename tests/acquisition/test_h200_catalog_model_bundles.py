@@ -1,0 +1,146 @@
+"""The shipped H200 bundles of Qwen3-235B-A22B, DeepSeek-V2-Lite and OLMoE (session 12).
+
+Measured on one H200 (GPU-2f3da545) by `scripts/h200_models.sh more` and two direct
+`python -m acquisition slice` calls (docs/h200-runs.md, "Session 12"); evidence in
+docs/benchmarks.md, "Three more catalog models", from `bench/catalog_models_evidence.py`.
+These checks fail if a bundle is edited, truncated or mislabelled, if DeepSeek-V2-Lite's
+gate_routing stops being vLLM's grouped router (what DeepseekV2MoE builds), or if a lookup
+answers outside what was measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bench.bundle_evidence import eager_rows, ratios
+from moetables import ComponentTables, CoverageError
+from moetables.bundle import load_quality, load_table, open_bundle, validate_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+Q235 = "Qwen/Qwen3-235B-A22B"
+DSV2 = "deepseek-ai/DeepSeek-V2-Lite"
+OLMOE = "allenai/OLMoE-1B-7B-0924"
+GPU = "2f3da545-cae5-7261-ea4c-f1716cc46c34"
+DP8 = {f"dp8_ep8_rank{r}_sp0": 328 for r in range(8)}
+# (bundle folder, model): deployment -> rows, as the calls published them
+SHIPPED = {
+    ("H200-vllm-modular-f2k4", Q235): {"dp1_ep1_rank0_sp0": 386},
+    ("H200-vllm-modular-dp8-f4", Q235): DP8,
+    ("H200-vllm-modular-f2k4", DSV2): {"dp1_ep1_rank0_sp0": 586},
+    ("H200-vllm-modular-dp2-f4", DSV2): {"dp2_ep2_rank0_sp0": 339, "dp2_ep2_rank1_sp0": 339},
+    ("H200-vllm-modular-f2k4", OLMOE): {"dp1_ep1_rank0_sp0": 315},
+    ("H200-vllm-live-f2k4", OLMOE): {"dp1_ep1_rank0_sp0": 315},
+}
+# The plan flags each bundle's command line carries.
+PLANS = {
+    "H200-vllm-modular-f2k4": "--moe-grid-factor 2 --moe-kernel-steps auto",
+    "H200-vllm-live-f2k4": "--moe-grid-factor 2 --moe-kernel-steps auto",
+    "H200-vllm-modular-dp8-f4": "--moe-grid-factor 4 --moe-kernel-steps off",
+    "H200-vllm-modular-dp2-f4": "--moe-grid-factor 4 --moe-kernel-steps off",
+}
+IDS = [f"{folder}-{model.split('/')[1]}" for folder, model in SHIPPED]
+
+
+def _root(folder: str, model: str) -> Path:
+    return ROOT / "bundles" / folder / model / "bf16"
+
+
+@pytest.mark.parametrize("key", list(SHIPPED), ids=IDS)
+def test_each_bundle_validates_and_names_what_measured_it(key: tuple[str, str]) -> None:
+    """R38 checksums; R18 every published expert point passed B/2B at 3 %; the contract names
+    the GPU, software and the exact command (the project's standard for shipped timings)."""
+    folder, model = key
+    report = validate_bundle(_root(folder, model))
+    assert report.ok, report.problems
+    bundle = open_bundle(_root(folder, model))
+    assert (bundle.hardware, bundle.model) == ("H200", model)
+    found = {}
+    for entry in bundle.entries:
+        table = load_table(bundle.root, entry)
+        found[entry.target.deployment] = len(table)
+        quality = load_quality(bundle.root, entry, table)
+        assert quality.stability is not None
+        published = [r for r in quality.stability if r.published]
+        assert published and all(r.passed for r in published)
+        assert max(r.relative_change for r in published) <= 0.03
+        assert len(published) == int((table.component == "experts").sum())
+        provenance = entry.contract["provenance"]
+        assert provenance["uuid"] == GPU and provenance["device_name"] == "NVIDIA H200"
+        assert provenance["torch_version"] == "2.11.0+cu130"
+        assert provenance["started_at"].startswith("2026-12-02T08:")
+        command = provenance["command_line"]
+        assert command.startswith(f"python -m acquisition slice {model} --hardware H200 ")
+        assert PLANS[folder] in command
+        assert entry.contract["backend"]["vllm_version"] == "0.26.0"
+    assert found == SHIPPED[key]
+
+
+@pytest.mark.parametrize("key", list(SHIPPED), ids=IDS)
+def test_the_samples_archive_beside_each_bundle_holds_every_target(key: tuple[str, str]) -> None:
+    folder, model = key
+    with tarfile.open(ROOT / "bundles" / folder / model / "bf16.acquisition-samples.tar.gz") as tar:
+        names = tar.getnames()
+    assert {"progress.jsonl", "run.log", "phases.jsonl"} <= set(names)
+    assert not [n for n in names if n.endswith(".lock")]
+    samples = {n.split("/")[-2] for n in names if n.endswith("samples.jsonl")}
+    assert set(SHIPPED[key]) == samples
+
+
+def test_deepseek_v2_lite_was_routed_by_vllms_grouped_router() -> None:
+    """DeepseekV2MoE asks for use_grouped_topk=True; the contracts record the router that ran
+    and the routing the catalog read, and the routed path only (two shared experts)."""
+    for folder in ("H200-vllm-modular-f2k4", "H200-vllm-modular-dp2-f4"):
+        bundle = open_bundle(_root(folder, DSV2))
+        for entry in bundle.entries:
+            backend = entry.contract["backend"]
+            assert backend["router_class"].endswith("grouped_topk_router.GroupedTopKRouter")
+            assert backend["routing"]["grouped_topk"] == {"num_expert_group": 1, "topk_group": 1}
+            assert backend["shared_experts"]["measured"] is False
+            assert backend["shared_experts"]["intermediate_size"] == 2816
+    for model in (Q235, OLMOE):
+        entry = open_bundle(_root("H200-vllm-modular-f2k4", model)).entries[0]
+        assert entry.contract["backend"]["router_class"].endswith("FusedTopKRouter")
+        assert "grouped_topk" not in entry.contract["backend"]["routing"]
+
+
+def test_the_grouped_router_costs_more_than_twice_the_fused_top_k() -> None:
+    """The same gate GEMM (2,048 -> 64 logits) in both models: the router is the difference,
+    so a table timed with the plain router would have been about half DeepSeek's real time."""
+
+    def gate(model: str) -> dict[int, float]:
+        bundle = open_bundle(_root("H200-vllm-modular-f2k4", model))
+        rows = eager_rows(load_table(bundle.root, bundle.entries[0]))
+        return {k[1]: t for k, t in rows.items() if k[0] == "gate_routing"}
+
+    grouped, plain = gate(DSV2), gate(OLMOE)
+    assert sorted(grouped) == sorted(plain)
+    assert all(grouped[n] > 2.0 * plain[n] for n in grouped)
+
+
+def test_olmoe_live_and_modular_agree_at_the_points_both_measured() -> None:
+    def rows(folder: str) -> dict[tuple[str, int, int, int], float]:
+        bundle = open_bundle(_root(folder, OLMOE))
+        return eager_rows(load_table(bundle.root, bundle.entries[0]))
+
+    live, modular = rows("H200-vllm-live-f2k4"), rows("H200-vllm-modular-f2k4")
+    for component in ("gate_routing", "experts"):
+        values = ratios(live, modular, component)
+        assert len(values) > 10
+        assert abs(statistics.median(values) - 1) < 0.015
+        assert max(abs(v - 1) for v in values) < 0.06
+
+
+def test_lookups_answer_inside_support_and_refuse_outside() -> None:
+    rank3 = ComponentTables(_root("H200-vllm-modular-dp8-f4", Q235)).deployment(tp=1, dp=8, rank=3)
+    # a rank's expert rows reach N = 16,384 (2,048 rows from each of the 8 DP ranks)
+    assert rank3.time_us("experts", 6000, 16, 6000) > 0
+    with pytest.raises(CoverageError):
+        rank3.time_us("experts", 20000, 16, 20000)
+    dp1 = ComponentTables(_root("H200-vllm-modular-f2k4", DSV2)).deployment(tp=1, dp=1, rank=0)
+    assert dp1.time_us("gate_routing", 700) > 0
+    with pytest.raises(CoverageError):
+        dp1.time_us("gate_routing", 4096)
