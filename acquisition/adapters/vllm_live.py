@@ -201,9 +201,10 @@ class VllmLiveSession(LiveScopes, ScaledExpertBanks):
         config = json.loads((folder / "config.json").read_text())
         prefix = smallest_moe_prefix(config)
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-        max_model_len = self.limits.max_model_len or int(
-            text.get("max_position_embeddings") or 4096
-        )
+        # The checkpoint's context, never reduced. A config that states none (the catalog
+        # keeps only confirmed fields) leaves it to vLLM, which derives its own default: a
+        # length of ours could exceed it and be refused.
+        max_model_len = self.limits.max_model_len or text.get("max_position_embeddings")
         # The engine must run in this process for its layer to be called directly.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         arguments: dict[str, Any] = {
@@ -211,7 +212,6 @@ class VllmLiveSession(LiveScopes, ScaledExpertBanks):
             "load_format": "dummy",
             "hf_overrides": {"num_hidden_layers": prefix},
             "enforce_eager": True,
-            "max_model_len": max_model_len,
             "max_num_batched_tokens": self.limits.max_num_batched_tokens,
             "max_num_seqs": self.limits.max_num_seqs,
             "kv_cache_memory_bytes": self.limits.kv_cache_memory_bytes or DEFAULT_KV_CACHE_BYTES,
@@ -222,6 +222,8 @@ class VllmLiveSession(LiveScopes, ScaledExpertBanks):
             "tensor_parallel_size": 1,
             "data_parallel_size": 1,
         }
+        if max_model_len:
+            arguments["max_model_len"] = int(max_model_len)
         if self.limits.attention_backend:
             arguments["attention_backend"] = self.limits.attention_backend
         factory = engine_factory or self.surface["llm"]

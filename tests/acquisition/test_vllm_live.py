@@ -109,6 +109,19 @@ def test_the_component_engine_is_the_smallest_moe_prefix(
 # -- the engine and its layer ------------------------------------------------------------------
 
 
+def test_a_config_without_a_context_leaves_max_model_len_to_vllm(tmp_path: Path) -> None:
+    """DeepSeek-V2-Lite's catalog config states no max_position_embeddings: the engine was
+    given 4,096 and vLLM refused it (its derived default is 2,048; H200 session 12). Now the
+    argument is left out and vLLM derives it, unless the user names one."""
+    folder = write_model(tmp_path / "no-context", architectures=["Qwen3MoeForCausalLM"])
+    live = session(resolve_model(str(folder)))
+    try:
+        assert "max_model_len" not in fv.FakeLLM.created[-1]
+        assert live.describe()["engine"]["actual"]["max_model_len"] == 2048
+    finally:
+        live.close()
+
+
 def test_it_starts_the_engine_with_the_requested_limits(model: MoeModel) -> None:
     live = session(model)
     try:

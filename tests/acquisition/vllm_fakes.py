@@ -1033,7 +1033,8 @@ class _EngineConfig:
             "M",
             (),
             {
-                "max_model_len": kwargs["max_model_len"],
+                # vLLM derives 2,048 where neither the arguments nor the config say
+                "max_model_len": kwargs.get("max_model_len", 2048),
                 "enforce_eager": True,
                 "dtype": torch.float32,
             },
