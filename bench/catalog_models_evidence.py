@@ -47,6 +47,8 @@ SHIPPED = (
     ("H200-vllm-modular-dp2-f4", DSV2),
     ("H200-vllm-modular-f2k4", OLMOE),
     ("H200-vllm-live-f2k4", OLMOE),
+    ("H200-vllm-modular-dp2-f4", OLMOE),
+    ("H200-vllm-modular-dp4-f4", Q235),
 )
 
 

@@ -24,8 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 Q235 = "Qwen/Qwen3-235B-A22B"
 DSV2 = "deepseek-ai/DeepSeek-V2-Lite"
 OLMOE = "allenai/OLMoE-1B-7B-0924"
-GPU = "2f3da545-cae5-7261-ea4c-f1716cc46c34"
+# The two lent H200s: calls 12-15 on the first, 42-43 on the second (docs/h200-runs.md).
+FIRST = "2f3da545-cae5-7261-ea4c-f1716cc46c34"
+SECOND = "3efb49b2-4bf5-f57f-e525-662a8ef61068"
 DP8 = {f"dp8_ep8_rank{r}_sp0": 328 for r in range(8)}
+DP4 = {f"dp4_ep4_rank{r}_sp0": 357 for r in range(4)}
 # (bundle folder, model): deployment -> rows, as the calls published them
 SHIPPED = {
     ("H200-vllm-modular-f2k4", Q235): {"dp1_ep1_rank0_sp0": 386},
@@ -34,13 +37,18 @@ SHIPPED = {
     ("H200-vllm-modular-dp2-f4", DSV2): {"dp2_ep2_rank0_sp0": 339, "dp2_ep2_rank1_sp0": 339},
     ("H200-vllm-modular-f2k4", OLMOE): {"dp1_ep1_rank0_sp0": 315},
     ("H200-vllm-live-f2k4", OLMOE): {"dp1_ep1_rank0_sp0": 315},
+    ("H200-vllm-modular-dp2-f4", OLMOE): {"dp2_ep2_rank0_sp0": 314, "dp2_ep2_rank1_sp0": 314},
+    ("H200-vllm-modular-dp4-f4", Q235): DP4,
 }
+ON_SECOND = {("H200-vllm-modular-dp2-f4", OLMOE), ("H200-vllm-modular-dp4-f4", Q235)}
+MEASURED_ON = {key: SECOND if key in ON_SECOND else FIRST for key in SHIPPED}
 # The plan flags each bundle's command line carries.
 PLANS = {
     "H200-vllm-modular-f2k4": "--moe-grid-factor 2 --moe-kernel-steps auto",
     "H200-vllm-live-f2k4": "--moe-grid-factor 2 --moe-kernel-steps auto",
     "H200-vllm-modular-dp8-f4": "--moe-grid-factor 4 --moe-kernel-steps off",
     "H200-vllm-modular-dp2-f4": "--moe-grid-factor 4 --moe-kernel-steps off",
+    "H200-vllm-modular-dp4-f4": "--moe-grid-factor 4 --moe-kernel-steps off",
 }
 IDS = [f"{folder}-{model.split('/')[1]}" for folder, model in SHIPPED]
 
@@ -69,14 +77,25 @@ def test_each_bundle_validates_and_names_what_measured_it(key: tuple[str, str]) 
         assert max(r.relative_change for r in published) <= 0.03
         assert len(published) == int((table.component == "experts").sum())
         provenance = entry.contract["provenance"]
-        assert provenance["uuid"] == GPU and provenance["device_name"] == "NVIDIA H200"
+        assert provenance["uuid"] == MEASURED_ON[key]
+        assert provenance["device_name"] == "NVIDIA H200"
         assert provenance["torch_version"] == "2.11.0+cu130"
-        assert provenance["started_at"].startswith("2026-12-02T08:")
+        assert provenance["started_at"].startswith("2026-12-02T08:")  # session 12
         command = provenance["command_line"]
         assert command.startswith(f"python -m acquisition slice {model} --hardware H200 ")
         assert PLANS[folder] in command
         assert entry.contract["backend"]["vllm_version"] == "0.26.0"
     assert found == SHIPPED[key]
+
+
+def test_the_dp4_rank_that_failed_its_control_six_times_was_resumed_and_passed() -> None:
+    """Call 42 left Qwen3-235B's DP4 rank 1 unpublished (experts:8192:8:65536 failed six
+    B/2B attempts); call 43 ran the same command, which measured only that point."""
+    bundle = open_bundle(_root("H200-vllm-modular-dp4-f4", Q235))
+    contexts = {
+        e.target.rank: len(e.contract["provenance"]["acquisition_contexts"]) for e in bundle.entries
+    }
+    assert contexts == {0: 1, 1: 2, 2: 1, 3: 1}
 
 
 @pytest.mark.parametrize("key", list(SHIPPED), ids=IDS)
