@@ -13,13 +13,20 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from moetables.bounds import ExpertBounds, entry_bounds
-from moetables.bundle import Bundle, ComponentTable, TableEntry, load_quality, load_table
+from moetables.bundle import (
+    Bundle,
+    ComponentTable,
+    TableEntry,
+    load_quality,
+    load_table,
+    open_bundle,
+)
 from moetables.bundle.quality import StabilityRow
 
 # (component, N tokens, A activated experts, M local token-expert pairs)
@@ -128,6 +135,19 @@ def print_bounds_table(title: str, bundles: Iterable[tuple[str, Bundle]]) -> Non
             if row is not None:
                 print(f"| {name} | {entry.target.deployment} | {row.cells()} |")
     print()
+
+
+def open_model_bundle(folder: str, model: str, variant: str = "bf16") -> Bundle:
+    """A shipped bundle by its folder under ``bundles/`` and its model id."""
+    return open_bundle(Path(__file__).resolve().parents[1] / "bundles" / folder / model / variant)
+
+
+def model_tables(pairs: Iterable[tuple[str, str]]) -> Iterator[ModelTable]:
+    """Every table of the shipped bundles ``(folder, model)``, in order."""
+    for folder, model in pairs:
+        b = open_model_bundle(folder, model)
+        for entry in b.entries:
+            yield folder, model, b, entry
 
 
 def print_points_and_checks(tables: Iterable[ModelTable]) -> None:

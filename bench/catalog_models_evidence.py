@@ -26,6 +26,8 @@ from bench.bundle_evidence import (
     Key,
     ModelTable,
     eager_rows,
+    model_tables,
+    open_model_bundle,
     print_bounds_at_largest_n,
     print_points_and_checks,
     pyplot,
@@ -34,7 +36,7 @@ from bench.bundle_evidence import (
     save_figure,
     spread_cells,
 )
-from moetables.bundle import Bundle, load_table, open_bundle
+from moetables.bundle import Bundle, load_table
 
 Q235 = "Qwen/Qwen3-235B-A22B"
 DSV2 = "deepseek-ai/DeepSeek-V2-Lite"
@@ -53,14 +55,11 @@ SHIPPED = (
 
 
 def bundle(folder: str, model: str) -> Bundle:
-    return open_bundle(ROOT / "bundles" / folder / model / "bf16")
+    return open_model_bundle(folder, model)
 
 
 def tables() -> Iterator[ModelTable]:
-    for folder, model in SHIPPED:
-        b = bundle(folder, model)
-        for entry in b.entries:
-            yield folder, model, b, entry
+    return model_tables(SHIPPED)
 
 
 def dp1_rows(folder: str, model: str) -> dict[Key, float]:

@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bundle_evidence import (
+    ModelTable,
     eager_rows,
+    model_tables,
+    open_model_bundle,
     print_bounds_at_largest_n,
     print_points_and_checks,
     pyplot,
@@ -37,23 +40,19 @@ from bench.bundle_evidence import (
     save_figure,
     spread_cells,
 )
-from moetables.bundle import Bundle, TableEntry, load_table, open_bundle
+from moetables.bundle import Bundle, load_table
 
 MODELS = ("Qwen/Qwen1.5-MoE-A2.7B", "mistralai/Mixtral-8x7B-Instruct-v0.1")
 BACKENDS = ("H200-vllm-modular-f2", "H200-vllm-live-f2")
 
 
 def bundle(folder: str, model: str) -> Bundle:
-    return open_bundle(ROOT / "bundles" / folder / model / "bf16")
+    return open_model_bundle(folder, model)
 
 
-def tables() -> Iterator[tuple[str, str, Bundle, TableEntry]]:
+def tables() -> Iterator[ModelTable]:
     """Every table of the two models' bundles: (bundle folder, model, bundle, entry)."""
-    for model in MODELS:
-        for folder in BACKENDS:
-            b = bundle(folder, model)
-            for entry in b.entries:
-                yield folder, model, b, entry
+    return model_tables((folder, model) for model in MODELS for folder in BACKENDS)
 
 
 def points_and_checks() -> None:

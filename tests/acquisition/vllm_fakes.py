@@ -570,6 +570,7 @@ class FusedTopKRouter:
         self.top_k = top_k
         self.global_num_experts = global_num_experts
         self.renormalize = renormalize
+        self.routed_scaling_factor = 1.0
         self.routing_method_type = "Renormalize"
 
     def select_experts(
@@ -580,12 +581,14 @@ class FusedTopKRouter:
         *,
         input_ids: Any = None,
     ) -> tuple[Any, Any]:
-        launch("topk_softmax")
-        probs = torch.softmax(router_logits.float(), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        weights, ids = self._choose(torch.softmax(router_logits.float(), dim=-1))
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, ids.to(topk_indices_dtype or torch.int32)
+        return weights * self.routed_scaling_factor, ids.to(topk_indices_dtype or torch.int32)
+
+    def _choose(self, scores: Any) -> tuple[Any, Any]:
+        launch("topk_softmax")
+        return tuple(torch.topk(scores, self.top_k, dim=-1))
 
 
 class GroupedTopKRouter(FusedTopKRouter):
@@ -609,25 +612,13 @@ class GroupedTopKRouter(FusedTopKRouter):
         self.e_score_correction_bias = e_score_correction_bias
         self.routing_method_type = "DeepSeekV3"
 
-    def select_experts(
-        self,
-        hidden_states: Any,
-        router_logits: Any,
-        topk_indices_dtype: Any = None,
-        *,
-        input_ids: Any = None,
-    ) -> tuple[Any, Any]:
+    def _choose(self, scores: Any) -> tuple[Any, Any]:
         for kernel in ("softmax", "group_max", "group_topk", "masked_fill", "topk"):
             launch(kernel)
-        scores = torch.softmax(router_logits.float(), dim=-1)
         groups = scores.view(scores.shape[0], self.num_expert_group, -1)
         kept = torch.topk(groups.amax(dim=-1), self.topk_group, dim=-1).indices
         mask = torch.zeros_like(groups[..., 0]).scatter_(1, kept, 1.0)
-        scores = (groups * mask.unsqueeze(-1)).view_as(scores)
-        weights, ids = torch.topk(scores, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * self.routed_scaling_factor, ids.to(topk_indices_dtype or torch.int32)
+        return tuple(torch.topk((groups * mask.unsqueeze(-1)).view_as(scores), self.top_k, dim=-1))
 
 
 ROUTER_CALLS: list[dict[str, Any]] = []
