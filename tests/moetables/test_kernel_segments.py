@@ -38,6 +38,11 @@ KERNEL_STEP_ROOTS = {
     *F2K.values(),
     REPO / "bundles/H200-vllm-modular-f2k4" / QWEN,
     REPO / "bundles/H200-vllm-live-f2k4" / QWEN,
+    # session 12: the catalog models' DP1 tables on rule v4 (their rank tables have no steps)
+    REPO / "bundles/H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16",
+    REPO / "bundles/H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16",
+    REPO / "bundles/H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16",
+    REPO / "bundles/H200-vllm-live-f2k4/allenai/OLMoE-1B-7B-0924/bf16",
 }
 PLAIN = REPO / "bundles/H200-vllm-modular-f2" / QWEN  # factor 2, no kernel-step record
 VALUES = Path(__file__).parent / "data" / "lookup_sample_values.json"
@@ -110,7 +115,8 @@ def test_every_table_answers_the_committed_sample() -> None:  # R40, R42
     gives the committed answers: the same refusals and codes, the same times up to the last
     bits of a float. Every table but the kernel-step ones answered these values before
     kernel segments existed (checked bit for bit against commit 704c221 when they were added);
-    the rule-v4 tables' values were added when they were shipped (session 6)."""
+    the rule-v4 tables' values were added when they were shipped (session 6), and the
+    session-12 models' tables (Qwen3-235B-A22B, DeepSeek-V2-Lite, OLMoE) when they were."""
     committed = json.loads(VALUES.read_text())
     now = lookup_sample.answers()
     assert set(now) == set(committed)
