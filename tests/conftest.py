@@ -23,16 +23,6 @@ def pytest_configure(config: object) -> None:
     config.addinivalue_line(  # type: ignore[attr-defined]
         "filterwarnings", "ignore:No directory at:UserWarning"
     )
-    # A live server's request thread serves a browser's keep-alive connection until the client
-    # hangs up, and with persistent database connections (the product's 60 s) it kept its
-    # PostgreSQL session past the test: the test database could not be dropped at the end
-    # ("being accessed by other users"). Closing at each request's end (Django's
-    # request_finished) leaves such a thread nothing open. Mutated in place: the connection
-    # handler shares this dict.
-    from django.conf import settings as django_settings
-
-    for database in django_settings.DATABASES.values():
-        database["CONN_MAX_AGE"] = 0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
