@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-SLOWER_2B = 4.0
+# Far past any tolerance the tests use even when one B forward runs slow on a loaded CI host
+# (x4 was seen to read as a change of 0.8 there, so the control passed and no retry ran).
+SLOWER_2B = 20.0
 
 
 def fail_controls(

@@ -96,10 +96,10 @@ def test_a_failed_control_is_retried_after_the_other_points_and_publishes(
     # It was measured early (the first expert point), so a retry at the head would have run
     # before most of the others: the assertion above can fail.
     assert order.index((chosen, 0)) < len(order) // 2
-    # The verdict rules: attempt 0 failed (2B injected x4), attempt 1 passed and is published.
+    # The verdict rules: attempt 0 failed (2B injected x20), attempt 1 passed and is published.
     assert controls(recs, chosen) == [(0, False), (1, True)]
     failed = next(r for r in recs if r["type"] == "control" and r["point"] == chosen)
-    # Failed by the injected change, past the tolerance (--quality-tolerance 0.9). Not x4 - 1
+    # Failed by the injected change, past the tolerance (--quality-tolerance 0.9). Not x20 - 1
     # exactly: B is one CPU forward here, and on a loaded machine one slow B forward was seen
     # to bring 3.0 down to 1.2 (CI, session 11).
     assert failed["relative_change"] > 0.9
