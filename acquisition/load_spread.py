@@ -65,8 +65,22 @@ from moetables.bundle.writer import attach_tile_models
 from moetables.geometry import MoeTarget
 from moetables.tiles import MODEL_BLOCK_M, TileError, fit_tile_cost
 
-# The measured deployment -> the table targets (tp, dp) whose kernel it is.
-DEPLOYMENT_TABLES = {"tp1": (1, 1), "ep2": (1, 2), "ep4": (1, 4), "ep8": (1, 8)}
+# Raw files written before `scripts/h200_load_spread.py` took ``--model`` name no model: they all
+# timed Qwen3-30B-A3B's kernel (bf16 and its FP8 checkpoint share the geometry).
+LEGACY_MODEL = {
+    "name": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "global_experts": 128,
+    "top_k": 8,
+    "hidden_size": 2048,
+    "expert_intermediate_size": 768,
+}
+# The evidence's geometry key -> the contract geometry's.
+_GEOMETRY_KEYS = {
+    "global_experts": "global_experts",
+    "top_k": "global_top_k",
+    "hidden_size": "expert_hidden_size",
+    "expert_intermediate_size": "expert_intermediate_size",
+}
 
 
 class LoadSpreadError(ValueError):
@@ -99,25 +113,86 @@ def rows_of(raw: Mapping[str, Any], deployment: str) -> list[LoadSpreadRow]:
     return out
 
 
+def table_dp(deployment: str) -> int:
+    """The DP (= EP) size of the tables whose kernel a measured deployment timed: ``tp1`` is
+    the TP1/DP1 table, ``epX`` (EP rank 0 of X) every TP1/DPX/EPX rank's."""
+    if deployment == "tp1":
+        return 1
+    size = deployment[2:]
+    if deployment.startswith("ep") and size.isdigit() and int(size) > 1:
+        return int(size)
+    raise LoadSpreadError(f"unknown deployment {deployment!r}: tp1 or epX (X ranks, X > 1)")
+
+
 def measured_deployments(raw: Mapping[str, Any]) -> list[str]:
-    """The known deployments the evidence times, in `DEPLOYMENT_TABLES` order."""
-    timed = {r.get("deployment") for r in raw.get("results", [])}
-    return [d for d in DEPLOYMENT_TABLES if d in timed]
+    """The deployments the evidence times, tp1 first, then by EP size."""
+    timed = {str(r.get("deployment")) for r in raw.get("results", [])}
+    return sorted(timed, key=table_dp)
 
 
 def targets_for(bundle: Path, deployment: str) -> list[MoeTarget]:
-    tp, dp = DEPLOYMENT_TABLES[deployment]
+    dp = table_dp(deployment)
     return [
         e.target
         for e in open_bundle(bundle).entries
-        if (e.target.tp, e.target.dp) == (tp, dp) and not e.target.sequence_parallel
+        if (e.target.tp, e.target.dp) == (1, dp) and not e.target.sequence_parallel
     ]
+
+
+def evidence_model(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The model whose kernel the evidence timed (``meta.model``; older files: Qwen3-30B-A3B)."""
+    meta = raw.get("meta")
+    model = meta.get("model") if isinstance(meta, Mapping) else None
+    return model if isinstance(model, Mapping) else LEGACY_MODEL
 
 
 def merged(raws: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Several raw files as one (their results concatenated): a deployment's records from
-    different device calls, at different N."""
-    return {"results": [r for raw in raws for r in raw.get("results", [])]}
+    different device calls, at different N. They must have timed one geometry."""
+    models = [evidence_model(raw) for raw in raws]
+    shapes = {tuple(int(m[k]) for k in _GEOMETRY_KEYS) for m in models}
+    if len(shapes) > 1:
+        names = sorted({str(m.get("name")) for m in models})
+        raise LoadSpreadError(f"the evidence files time different MoE geometries ({names})")
+    return {
+        "meta": {"model": dict(models[0]) if models else LEGACY_MODEL},
+        "results": [r for raw in raws for r in raw.get("results", [])],
+    }
+
+
+def check_geometry(bundle: Path, raw: Mapping[str, Any], deployment: str) -> None:
+    """Refuse evidence timed on another kernel shape than the deployment's tables run: a cost
+    fitted on Qwen3-30B-A3B's 768-wide experts says nothing of OLMoE's."""
+    model = evidence_model(raw)
+    experts = int(model["global_experts"])
+    local = experts if deployment == "tp1" else experts // table_dp(deployment)
+    timed = {
+        int(r["local_experts"])
+        for r in raw.get("results", [])
+        if r.get("deployment") == deployment and "local_experts" in r
+    }
+    if timed - {local}:
+        raise LoadSpreadError(
+            f"{deployment} records time {sorted(timed)} local experts; "
+            f"{experts} experts over {table_dp(deployment)} ranks are {local}"
+        )
+    for entry in open_bundle(bundle).entries:
+        if entry.target not in targets_for(bundle, deployment):
+            continue
+        geometry = entry.contract.get("geometry")
+        geometry = geometry if isinstance(geometry, Mapping) else {}
+        wrong = [
+            f"{key} {model[key]} (table: {geometry.get(theirs)})"
+            for key, theirs in _GEOMETRY_KEYS.items()
+            if geometry.get(theirs) is not None and int(geometry[theirs]) != int(model[key])
+        ]
+        if entry.geometry.local_experts != local:
+            wrong.append(f"local experts {local} (table: {entry.geometry.local_experts})")
+        if wrong:
+            raise LoadSpreadError(
+                f"{bundle} {entry.target}: the evidence timed {model.get('name')}'s kernel, "
+                f"another shape: {', '.join(wrong)}"
+            )
 
 
 def attach(
@@ -151,6 +226,7 @@ def attach(
         targets = targets_for(bundle, deployment)
         if not targets:
             continue
+        check_geometry(bundle, raw, deployment)
         if blocks is None:
             costs[deployment] = fit_tile_cost(rows, block_m=block_m).tile_cost_us
         else:
@@ -319,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         "--deployments",
         default="",
         help="comma-separated measured deployments to record "
-        f"({', '.join(DEPLOYMENT_TABLES)}; default: every one the evidence times)",
+        "(tp1, ep2, ep4, ...; default: every one the evidence times)",
     )
     p.add_argument(
         "--held-out",
@@ -328,9 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     wanted: list[str] | None = [d for d in args.deployments.split(",") if d] or None
-    unknown = set(wanted or ()) - set(DEPLOYMENT_TABLES)
-    if unknown:
-        p.error(f"unknown deployments {sorted(unknown)}; known: {sorted(DEPLOYMENT_TABLES)}")
+    for deployment in wanted or ():
+        try:
+            table_dp(deployment)
+        except LoadSpreadError as exc:
+            p.error(str(exc))
     blocks = None
     if args.blocks:
         try:
@@ -346,7 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             p.error(f"--waves takes block:programs_per_sm:sms, got {spec!r}")
         wave_specs.append((b, r, sms))
-    raw = merged([json.loads(e.read_text()) for e in args.evidence])
+    try:
+        raw = merged([json.loads(e.read_text()) for e in args.evidence])
+    except LoadSpreadError as exc:
+        p.error(str(exc))
     if args.held_out:
         for deployment in wanted or measured_deployments(raw):
             try:

@@ -39,6 +39,12 @@ blocks from 200 rows on: never the bf16 path's 128). Run it with ``VLLM_USE_DEEP
 the shipped FP8 tables were (docs/h200-runs.md, "FP8 on one H200"). ``--deployments`` and
 ``--tokens`` pick a subset (scripts/h200_spread_rest.sh).
 
+Any catalog model (``--model``, default Qwen3-30B-A3B-Instruct-2507): its global experts, top-k,
+hidden size and expert width come from `acquisition.catalog`, and ``epX`` is EP rank 0 of X
+for any X dividing the experts (so ``--model allenai/OLMoE-1B-7B-0924 --deployments tp1,ep2``
+times OLMoE's 64-expert kernel and its DP2/EP2 rank's 32). The raw file's ``meta.model``
+records the model and its geometry, which `acquisition.load_spread` checks against the bundle.
+
 Then, here (CPU): the time against tiles and against spread (bench/load_spread.py reads the
 engine evidence; extend it with this file's records: fit c = d(time)/d(tiles) at fixed (N, A, M)
 per deployment, leave one distribution out).
@@ -58,9 +64,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, expert width 768.
-E, K, H, INTER = 128, 8, 2048, 768
-DEPLOYMENTS = {"tp1": 128, "ep2": 64, "ep4": 32, "ep8": 16}
+DEFAULT_MODEL = "Qwen/Qwen3-30B-A3B-Instruct-2507"
 DEFAULT_DEPLOYMENTS = ("tp1", "ep2")
 TOKENS = (256, 1024, 1536, 2048, 3072, 4096)
 QUICK_TOKENS = (2048, 4096)
@@ -81,11 +85,20 @@ def main(argv: list[str] | None = None) -> int:
         "--deployments", default=",".join(DEFAULT_DEPLOYMENTS), help="e.g. tp1, tp1,ep2 or ep4,ep8"
     )
     ap.add_argument("--tokens", default=None, help="comma-separated N (default: TOKENS)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="a catalog model (its MoE geometry)")
     args = ap.parse_args(argv)
-    unknown = sorted(set(args.deployments.split(",")) - set(DEPLOYMENTS))
-    if unknown:
-        ap.error(f"unknown deployments {unknown}: choose from {sorted(DEPLOYMENTS)}")
-    deployments = {d: DEPLOYMENTS[d] for d in args.deployments.split(",")}
+    from acquisition.catalog import resolve_model
+
+    model = resolve_model(args.model)
+    experts, top_k = model.global_experts, model.top_k
+    hidden, width = model.hidden_size, model.expert_intermediate_size
+    if model.activation != "silu":
+        # fused_experts below runs vLLM's default gated SiLU; another activation is another kernel.
+        ap.error(f"{model.name}: activation {model.activation!r}, this script times silu only")
+    try:
+        deployments = {d: local_experts(d, experts) for d in args.deployments.split(",")}
+    except ValueError as exc:
+        ap.error(str(exc))
 
     import numpy as np
     import torch
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(7)
-    tokens = QUICK_TOKENS if args.quick else TOKENS
+    tokens: tuple[int, ...] = QUICK_TOKENS if args.quick else TOKENS
     if args.tokens:
         tokens = tuple(int(t) for t in args.tokens.split(","))
     fp8 = args.dtype == "fp8"
@@ -138,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     def spread_ids(n: int, dist: str, seed: int) -> torch.Tensor:
         g = torch.Generator(device=dev).manual_seed(seed)
         if dist == "uniform":
-            weights = torch.ones(E, device=dev)
+            weights = torch.ones(experts, device=dev)
         else:
             alpha = float(dist.split("(")[1].rstrip(")"))
-            ranks = torch.randperm(E, generator=g, device=dev).to(torch.float64) + 1.0
+            ranks = torch.randperm(experts, generator=g, device=dev).to(torch.float64) + 1.0
             weights = ranks ** (-alpha)
-        probs = weights.float().expand(n, E).contiguous()
-        return torch.multinomial(probs, K, replacement=False, generator=g)
+        probs = weights.float().expand(n, experts).contiguous()
+        return torch.multinomial(probs, top_k, replacement=False, generator=g)
 
     results: list[dict[str, Any]] = []
     meta = {
@@ -154,6 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_tiles_model": "moetables.tiles (vLLM 0.26.0)",
         "dtype": args.dtype,
         "vllm_use_deep_gemm": os.environ.get("VLLM_USE_DEEP_GEMM"),
+        "model": {
+            "name": model.name,
+            "config_sha256": model.config_sha256,
+            "global_experts": experts,
+            "top_k": top_k,
+            "hidden_size": hidden,
+            "expert_intermediate_size": width,
+        },
     }
 
     def save() -> None:
@@ -161,13 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
     for name, local in deployments.items():
-        emap_list = list(range(local)) + [-1] * (E - local)
-        emap = torch.tensor(emap_list, dtype=torch.int32, device=dev) if local < E else None
-        geometry = ExpertGeometry(global_experts=E, top_k=K, local_experts=local)
-        w13 = (torch.randn((local, 2 * INTER, H), generator=gen, device=dev) * H**-0.5).to(
-            torch.bfloat16
-        )
-        w2 = (torch.randn((local, H, INTER), generator=gen, device=dev) * INTER**-0.5).to(
+        emap_list = list(range(local)) + [-1] * (experts - local)
+        emap = torch.tensor(emap_list, dtype=torch.int32, device=dev) if local < experts else None
+        geometry = ExpertGeometry(global_experts=experts, top_k=top_k, local_experts=local)
+        w13 = (
+            torch.randn((local, 2 * width, hidden), generator=gen, device=dev) * hidden**-0.5
+        ).to(torch.bfloat16)
+        w2 = (torch.randn((local, hidden, width), generator=gen, device=dev) * width**-0.5).to(
             torch.bfloat16
         )
         quant: dict[str, Any] = {}
@@ -182,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                 w1_scale=s13, w2_scale=s2, block_shape=list(FP8_BLOCK)
             )
         for n in tokens:
-            x = torch.randn((n, H), generator=gen, device=dev).to(torch.bfloat16)
-            bm = block_size_m(n, local, INTER, dtype=kernel_dtype, block_shape=fp8_block)
+            x = torch.randn((n, hidden), generator=gen, device=dev).to(torch.bfloat16)
+            bm = block_size_m(n, local, width, dtype=kernel_dtype, block_shape=fp8_block)
             arms = [("balanced", 0)] + [
                 (d, s)
                 for d in ("uniform", *(f"power_law({a})" for a in ALPHAS))
@@ -201,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 try:
                     if dist == "balanced":
-                        pairs = -(-n * K * local // E)
+                        pairs = -(-n * top_k * local // experts)
                         s = routing_stimulus(
                             geometry, emap_list, n, min(local, pairs), pairs, seed=3
                         )
@@ -209,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                         tw = torch.tensor(s.topk_weights, device=dev).to(torch.float32)
                     else:
                         ids = spread_ids(n, dist, 1000 + seed)
-                        tw = torch.full((n, K), 1.0 / K, device=dev)
+                        tw = torch.full((n, top_k), 1.0 / top_k, device=dev)
                     flat = ids.flatten().cpu().numpy()
                     counts = np.bincount(flat[flat < local], minlength=local)
                     active = counts[counts > 0]
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                         tiles=row_tiles(counts, bm),
                         counts=counts.tolist(),
                     )
-                    kw: dict[str, Any] = {"global_num_experts": E, **quant}
+                    kw: dict[str, Any] = {"global_num_experts": experts, **quant}
                     if emap is not None:
                         kw["expert_map"] = emap
                     call = functools.partial(fused_experts, x, w13, w2, tw, ids, **kw)
@@ -240,6 +261,18 @@ def main(argv: list[str] | None = None) -> int:
             save()
     save()
     return 0
+
+
+def local_experts(deployment: str, experts: int) -> int:
+    """``tp1``: every expert local; ``epX``: EP rank 0 of X, experts / X of them."""
+    if deployment == "tp1":
+        return experts
+    size = deployment[2:]
+    if deployment.startswith("ep") and size.isdigit() and int(size) > 1:
+        if experts % int(size) == 0:
+            return experts // int(size)
+        raise ValueError(f"{deployment}: {experts} experts do not divide over {size} ranks")
+    raise ValueError(f"unknown deployment {deployment!r}: tp1 or epX (X ranks, X > 1)")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,20 @@
 #   ep8          --deployments ep8 at N in EP8_TOKENS: the DP8/EP8 ranks (16 local experts).
 #                limit EP8_S=90
 #
+# Session 13's parts (the catalog models of session 12, whose tables carry no tile model yet;
+# "models" runs the seven). The same arms at each model's own geometry (`--model`), N covering
+# vLLM's 32-, 64- and 128-row blocks (default config: 64 rows from N = 97, 128 from 513) up to
+# the tables' largest N (2,048 per DP rank, gathered):
+#   q235-tp1     Qwen/Qwen3-235B-A22B tp1 (128 experts, width 1536) at DP1_TOKENS. limit Q235_TP1_S=120
+#   q235-ep4     its DP4/EP4 rank 0 (32 local) at EP4_MODEL_TOKENS. limit Q235_EP4_S=90
+#   q235-ep8     its DP8/EP8 rank 0 (16 local) at EP8_MODEL_TOKENS. limit Q235_EP8_S=90
+#   olmoe-tp1    allenai/OLMoE-1B-7B-0924 tp1 (64 experts, width 1024) at DP1_TOKENS. limit OLMOE_TP1_S=80
+#   olmoe-ep2    its DP2/EP2 rank 0 (32 local) at EP2_MODEL_TOKENS. limit OLMOE_EP2_S=70
+#   dsv2-tp1     deepseek-ai/DeepSeek-V2-Lite tp1 (64 routed experts, top-6, width 1408): the
+#                routed experts' kernel, the loads given as ids (the grouped router is not in
+#                it). At DP1_TOKENS. limit DSV2_TP1_S=80
+#   dsv2-ep2     its DP2/EP2 rank 0 (32 local) at EP2_MODEL_TOKENS. limit DSV2_EP2_S=70
+#
 # Run on the GPU machine with the kit staged and env.sh sourced, from the repository root:
 #   bash scripts/h200_spread_rest.sh [PART...]
 # Environment: ROOT (default /tmp/spread-rest; the parts write there), OUT, the limits,
@@ -48,6 +62,11 @@ FP8_EP2_TOKENS=${FP8_EP2_TOKENS:-64,128,256,512,1024,2048,3072,4096}
 EP2_SMALL_TOKENS=${EP2_SMALL_TOKENS:-24,64,96,128,200,384,512}
 EP4_TOKENS=${EP4_TOKENS:-64,256,512,1024,2048,4096,6144,8192}
 EP8_TOKENS=${EP8_TOKENS:-128,512,1024,2048,4096,8192,12288,16384}
+DP1_TOKENS=${DP1_TOKENS:-64,96,128,256,384,512,640,1024,1536,2048}
+EP2_MODEL_TOKENS=${EP2_MODEL_TOKENS:-64,128,256,512,1024,2048,3072,4096}
+EP4_MODEL_TOKENS=${EP4_MODEL_TOKENS:-128,256,512,1024,2048,4096,8192}
+EP8_MODEL_TOKENS=${EP8_MODEL_TOKENS:-256,512,1024,2048,4096,8192,16384}
+Q235=Qwen/Qwen3-235B-A22B OLMOE=allenai/OLMoE-1B-7B-0924 DSV2=deepseek-ai/DeepSeek-V2-Lite
 mkdir -p "$OUT_DIR" "$ROOT"
 export PYTHONUNBUFFERED=1
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT_DIR/spread-rest.log"; }
@@ -65,9 +84,10 @@ finish() { # PART STATUS START
   pack
 }
 
-spread() { # PART NAME LIMIT DEPLOYMENT TOKENS [fp8]: one load-spread run under its timeout
+spread() { # PART NAME LIMIT DEPLOYMENT TOKENS [fp8|-] [MODEL]: one load-spread run under its timeout
   local part=$1 name=$2 limit=$3 cmd=(python3 scripts/h200_load_spread.py "$ROOT/$2.json")
   [ "${6:-}" = fp8 ] && cmd+=(--dtype fp8)
+  [ -n "${7:-}" ] && cmd+=(--model "$7")
   cmd+=(--deployments "$4" --tokens "$5")
   if [ "${6:-}" = fp8 ]; then # FP8 as the shipped FP8 tables were measured: DeepGEMM off
     log "$part: VLLM_USE_DEEP_GEMM=0 timeout $limit ${cmd[*]}"
@@ -87,6 +107,7 @@ parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(all)
 [ "${parts[*]}" = all ] && parts=(fp8-spread tp1-native bf16-small)
 [ "${parts[*]}" = ranks ] && parts=(fp8-ep2 ep2-small ep4 ep8)
+[ "${parts[*]}" = models ] && parts=(olmoe-tp1 olmoe-ep2 dsv2-tp1 dsv2-ep2 q235-tp1 q235-ep4 q235-ep8)
 for part in "${parts[@]}"; do
   t0=$(date +%s)
   case $part in
@@ -104,6 +125,13 @@ for part in "${parts[@]}"; do
     ep2-small) spread ep2-small load_spread_bf16_ep2_small "${EP2_SMALL_S:-60}" ep2 "$EP2_SMALL_TOKENS" ;;
     ep4) spread ep4 load_spread_bf16_ep4 "${EP4_S:-90}" ep4 "$EP4_TOKENS" ;;
     ep8) spread ep8 load_spread_bf16_ep8 "${EP8_S:-90}" ep8 "$EP8_TOKENS" ;;
+    q235-tp1) spread q235-tp1 load_spread_q235_tp1 "${Q235_TP1_S:-120}" tp1 "$DP1_TOKENS" - "$Q235" ;;
+    q235-ep4) spread q235-ep4 load_spread_q235_ep4 "${Q235_EP4_S:-90}" ep4 "$EP4_MODEL_TOKENS" - "$Q235" ;;
+    q235-ep8) spread q235-ep8 load_spread_q235_ep8 "${Q235_EP8_S:-90}" ep8 "$EP8_MODEL_TOKENS" - "$Q235" ;;
+    olmoe-tp1) spread olmoe-tp1 load_spread_olmoe_tp1 "${OLMOE_TP1_S:-80}" tp1 "$DP1_TOKENS" - "$OLMOE" ;;
+    olmoe-ep2) spread olmoe-ep2 load_spread_olmoe_ep2 "${OLMOE_EP2_S:-70}" ep2 "$EP2_MODEL_TOKENS" - "$OLMOE" ;;
+    dsv2-tp1) spread dsv2-tp1 load_spread_dsv2_tp1 "${DSV2_TP1_S:-80}" tp1 "$DP1_TOKENS" - "$DSV2" ;;
+    dsv2-ep2) spread dsv2-ep2 load_spread_dsv2_ep2 "${DSV2_EP2_S:-70}" ep2 "$EP2_MODEL_TOKENS" - "$DSV2" ;;
     *) log "unknown part $part" ;;
   esac
 done
