@@ -40,6 +40,26 @@ FloatArray = npt.NDArray[np.float64]
 
 # Relative size below which a singular value marks a dependent direction of the point cloud.
 _RANK_TOL = 1e-9
+# Components of a reduced basis vector below this are rounding left by the SVD, set to zero.
+_BASIS_ZERO = 1e-12
+
+
+def canonical_basis(vt: FloatArray) -> FloatArray:
+    """The SVD's right singular vectors made the same on every CPU.
+
+    LAPACK returns each vector up to its sign, and which sign (and the last bits of components
+    that should be zero) depends on the BLAS kernel the CPU selects: measured on one table, an
+    AVX-512 kernel returned (-0.124, 2e-16, -0.992) where an AVX2 one returned (0.124, 0, 0.992).
+    Mirroring the reduced points moves them against the triangulation's fixed perturbation, so
+    Delaunay broke the grid's ties differently (13 simplices against 15) and lookups moved by up
+    to 0.5 %. Zeroing the rounding and making each vector's largest component positive (the
+    first of equal ones) gives one basis, so one triangulation and one answer, on any machine."""
+    out = np.where(np.abs(vt) < _BASIS_ZERO, 0.0, vt)
+    for row in out:
+        lead = int(np.argmax(np.abs(row)))
+        if row[lead] < 0:
+            row *= -1.0
+    return out
 
 
 # Batches at least this large are split over a thread per core.
@@ -147,8 +167,8 @@ class ExpertSurface:
         if len(points) > 1:
             _, sv, vt = np.linalg.svd(centred, full_matrices=False)
             rank = int(np.sum(sv > _RANK_TOL * max(sv[0], 1e-300)))
-            if rank == 3:
-                vt = np.eye(3)  # nothing to remove: keep the measured axes as they are
+            # Full rank: nothing to remove, keep the measured axes as they are.
+            vt = np.eye(3) if rank == 3 else canonical_basis(vt)
         else:
             vt, rank = np.eye(3), 0
         self._basis: FloatArray = vt[:rank]
