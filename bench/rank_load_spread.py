@@ -147,18 +147,19 @@ def report_run(evidence: Sequence[Path], bundle: Path, tp_dp: tuple[int, int]) -
     }
 
 
-def figure(runs: Sequence[dict[str, Any]], path: Path) -> None:
+def figure(runs: Sequence[dict[str, Any]], path: Path, names: Sequence[str] | None = None) -> None:
     """Per run, each spread record's lookup error (unit-matched) against its N: the balanced
-    answer and the answer charged for the record's counts."""
+    answer and the answer charged for the record's counts. ``names`` prefix the panel titles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(16, 8), sharey=True)
+    rows = max(2, -(-len(runs) // 3))
+    fig, axes = plt.subplots(rows, 3, figsize=(16, 4 * rows), sharey=True)
     for ax in axes.flat[len(runs) :]:
         ax.set_visible(False)
-    for ax, run in zip(axes.flat, runs, strict=False):
+    for i, (ax, run) in enumerate(zip(axes.flat, runs, strict=False)):
         pts = run["answers"]
         n = np.array([p["N"] for p in pts], dtype=float)
         jitter = np.exp(np.linspace(-0.06, 0.06, len(pts)))
@@ -171,6 +172,7 @@ def figure(runs: Sequence[dict[str, Any]], path: Path) -> None:
         t = run["target"]
         e = run["errors_pct"]
         ax.set_title(
+            f"{names[i] + chr(10) if names else ''}"
             f"{run['dtype']} DP{t['dp']}/EP{t['ep']} rank 0: median |err| "
             f"{e['balanced_unit']['median_abs']} -> {e['charged_unit']['median_abs']} %, "
             f"max {e['balanced_unit']['max_abs']} -> {e['charged_unit']['max_abs']} %",

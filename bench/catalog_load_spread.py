@@ -1,0 +1,126 @@
+"""Tile costs for the catalog models' tables (issue 18, session 13): which vLLM block sizes to
+record, judged through the lookup as the rank tables' were (docs/benchmarks.md, "Load spread on
+the rank tables").
+
+`docs/evidence/h200-catalog-load-spread/` times vLLM 0.26.0's expert kernel at the geometry of
+Qwen3-235B-A22B (TP1/DP1, EP rank 0 of DP4/EP4 and DP8/EP8), DeepSeek-V2-Lite's routed experts
+and OLMoE-1B-7B-0924 (TP1/DP1, EP rank 0 of DP2/EP2) under the balanced stimulus and 4 draws
+each of uniform, power_law(0.6) and power_law(1.2) loads (`scripts/h200_spread_rest.sh models`).
+
+``--choose``: per table, every block size the evidence times is fitted and recorded into a
+temporary copy of the bundle (`acquisition.load_spread.attach`, the writer's own path); each
+spread record is answered from that copy at its own (N, A, M), plain and charged for its exact
+counts, against its measured time, unit-matched per N (`bench.rank_load_spread.report_run`).
+A block size is chosen when its charge lowers the largest error and raises the median by at
+most 0.1 point (the rank tables' rule). It prints the choice and the command that records it.
+
+Without ``--choose``: the report of the bundles as shipped (their recorded costs), as JSON and
+a figure:
+
+    PYTHONPATH=. .venv/bin/python bench/catalog_load_spread.py --choose
+    PYTHONPATH=. .venv/bin/python bench/catalog_load_spread.py \
+        --out docs/evidence/h200-catalog-load-spread/lookup_report.json \
+        --figure docs/figures/catalog_load_spread.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from acquisition.load_spread import attach, rows_of
+from bench.rank_load_spread import figure, report_run
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIDENCE = ROOT / "docs/evidence/h200-catalog-load-spread"
+# The rank tables' rule: the charge must lower the worst error, and may raise the median by
+# at most this many percentage points.
+MEDIAN_SLACK = 0.1
+# (evidence file, bundle, deployment, (tp, dp)): each run against the tables its kernel is.
+RUNS = (
+    ("olmoe_tp1", "H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16", "tp1", (1, 1)),
+    ("olmoe_ep2", "H200-vllm-modular-dp2-f4/allenai/OLMoE-1B-7B-0924/bf16", "ep2", (1, 2)),
+    ("dsv2_tp1", "H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16", "tp1", (1, 1)),
+    ("dsv2_ep2", "H200-vllm-modular-dp2-f4/deepseek-ai/DeepSeek-V2-Lite/bf16", "ep2", (1, 2)),
+    ("q235_tp1", "H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16", "tp1", (1, 1)),
+    ("q235_ep4", "H200-vllm-modular-dp4-f4/Qwen/Qwen3-235B-A22B/bf16", "ep4", (1, 4)),
+    ("q235_ep8", "H200-vllm-modular-dp8-f4/Qwen/Qwen3-235B-A22B/bf16", "ep8", (1, 8)),
+)
+
+
+def evidence_of(name: str) -> Path:
+    return EVIDENCE / f"load_spread_{name}.json"
+
+
+def choose(name: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> dict[str, Any]:
+    """Every timed block size recorded into a copy, then judged block by block."""
+    raw = json.loads(evidence_of(name).read_text())
+    blocks = sorted({r.block_m for r in rows_of(raw, deployment)}, reverse=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "bf16"
+        shutil.copytree(ROOT / "bundles" / bundle, copy)
+        costs = attach(copy, raw, [deployment], blocks=blocks)[deployment]
+        run = report_run([evidence_of(name)], copy, tp_dp)
+    chosen, verdicts = [], {}
+    for block in blocks:
+        v = run["errors_pct_by_block"].get(str(block))
+        if v is None:
+            verdicts[block] = "no spread record answered"
+            continue
+        plain, charged = v["balanced_unit"], v["charged_unit"]
+        ok = (
+            charged["max_abs"] < plain["max_abs"]
+            and charged["median_abs"] <= plain["median_abs"] + MEDIAN_SLACK
+        )
+        assert isinstance(costs, dict)
+        verdicts[block] = (
+            f"{'chosen' if ok else 'left out'}: {v['records']} records, unit-matched "
+            f"{plain['median_abs']} / {plain['max_abs']} % -> "
+            f"{charged['median_abs']} / {charged['max_abs']} %, cost {costs[block]:.3f} us"
+        )
+        if ok:
+            chosen.append(block)
+    return {"name": name, "bundle": bundle, "chosen": chosen, "verdicts": verdicts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--choose", action="store_true")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--figure", type=Path)
+    args = ap.parse_args(argv)
+    if args.choose:
+        for name, bundle, deployment, tp_dp in RUNS:
+            c = choose(name, bundle, deployment, tp_dp)
+            print(f"{name} ({bundle}):")
+            for block, verdict in c["verdicts"].items():
+                print(f"  {block}-row {verdict}")
+            if c["chosen"]:
+                print(
+                    "  record: PYTHONPATH=. .venv/bin/python -m acquisition.load_spread "
+                    f"bundles/{bundle} {evidence_of(name).relative_to(ROOT)} "
+                    f"--deployments {deployment} --blocks {','.join(map(str, c['chosen']))}"
+                )
+        return 0
+    runs = [report_run([evidence_of(n)], ROOT / "bundles" / b, d) for n, b, _, d in RUNS]
+    for (name, *_), run in zip(RUNS, runs, strict=True):
+        e = run["errors_pct"]
+        print(
+            f"{name} ({run['records']} spread records, "
+            f"{len(run['skipped_outside_support'])} outside support): unit-matched "
+            f"{e['balanced_unit']['median_abs']} / {e['balanced_unit']['max_abs']} % -> "
+            f"{e['charged_unit']['median_abs']} / {e['charged_unit']['max_abs']} %"
+        )
+    if args.figure:
+        figure(runs, args.figure, [b.split("/")[2] for _, b, _, _ in RUNS])
+    if args.out:
+        args.out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
