@@ -142,4 +142,12 @@ def test_the_load_spread_script_refuses_an_unknown_deployment_by_name() -> None:
         check=False,
     )
     assert result.returncode == 2
-    assert "unknown deployments ['ep3']" in result.stderr
+    assert "ep3: 128 experts do not divide over 3 ranks" in result.stderr
+    named = subprocess.run(
+        ["python3", str(script), "/tmp/never.json", "--deployments", "tp1,dp2"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert named.returncode == 2
+    assert "unknown deployment 'dp2'" in named.stderr
