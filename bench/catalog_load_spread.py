@@ -46,6 +46,9 @@ RUNS = (
     ("olmoe_ep2", "H200-vllm-modular-dp2-f4/allenai/OLMoE-1B-7B-0924/bf16", "ep2", (1, 2)),
     ("dsv2_tp1", "H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16", "tp1", (1, 1)),
     ("dsv2_ep2", "H200-vllm-modular-dp2-f4/deepseek-ai/DeepSeek-V2-Lite/bf16", "ep2", (1, 2)),
+    # The same ranks measured again at factor 2 with rule v4 (session 13, after these runs).
+    ("olmoe_ep2", "H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16", "ep2", (1, 2)),
+    ("dsv2_ep2", "H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16", "ep2", (1, 2)),
     ("q235_tp1", "H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16", "tp1", (1, 1)),
     ("q235_ep4", "H200-vllm-modular-dp4-f4/Qwen/Qwen3-235B-A22B/bf16", "ep4", (1, 4)),
     ("q235_ep8", "H200-vllm-modular-dp8-f4/Qwen/Qwen3-235B-A22B/bf16", "ep8", (1, 8)),
@@ -116,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{e['charged_unit']['median_abs']} / {e['charged_unit']['max_abs']} %"
         )
     if args.figure:
-        figure(runs, args.figure, [b.split("/")[2] for _, b, _, _ in RUNS])
+        names = [
+            f"{b.split('/')[2]} ({b.split('/')[0].removeprefix('H200-vllm-')})"
+            for _, b, _, _ in RUNS
+        ]
+        figure(runs, args.figure, names)
     if args.out:
         args.out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     return 0

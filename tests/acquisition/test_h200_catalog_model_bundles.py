@@ -1,7 +1,9 @@
-"""The shipped H200 bundles of Qwen3-235B-A22B, DeepSeek-V2-Lite and OLMoE (session 12).
+"""The shipped H200 bundles of Qwen3-235B-A22B, DeepSeek-V2-Lite and OLMoE (sessions 12, 13).
 
 Measured on one H200 (GPU-2f3da545) by `scripts/h200_models.sh more` and two direct
-`python -m acquisition slice` calls (docs/h200-runs.md, "Session 12"); evidence in
+`python -m acquisition slice` calls (docs/h200-runs.md, "Session 12"), and the rule-v4 DP2/EP2
+ranks beside DeepSeek-V2-Lite's and OLMoE's DP1 tables on a third (GPU-fa374c99, "Session 13",
+moved in with `python -m acquisition.transplant`); evidence in
 docs/benchmarks.md, "Three more catalog models", from `bench/catalog_models_evidence.py`.
 These checks fail if a bundle is edited, truncated or mislabelled, if DeepSeek-V2-Lite's
 gate_routing stops being vLLM's grouped router (what DeepseekV2MoE builds), or if a lookup
@@ -28,15 +30,24 @@ OLMOE = "allenai/OLMoE-1B-7B-0924"
 # The two lent H200s: calls 12-15 on the first, 42-43 on the second (docs/h200-runs.md).
 FIRST = "2f3da545-cae5-7261-ea4c-f1716cc46c34"
 SECOND = "3efb49b2-4bf5-f57f-e525-662a8ef61068"
+THIRD = "fa374c99-64ad-fba1-f501-afceafbb3e51"  # session 13's rule-v4 DP2/EP2 ranks
 DP8 = {f"dp8_ep8_rank{r}_sp0": 328 for r in range(8)}
 DP4 = {f"dp4_ep4_rank{r}_sp0": 357 for r in range(4)}
 # (bundle folder, model): deployment -> rows, as the calls published them
 SHIPPED = {
     ("H200-vllm-modular-f2k4", Q235): {"dp1_ep1_rank0_sp0": 386},
     ("H200-vllm-modular-dp8-f4", Q235): DP8,
-    ("H200-vllm-modular-f2k4", DSV2): {"dp1_ep1_rank0_sp0": 586},
+    ("H200-vllm-modular-f2k4", DSV2): {
+        "dp1_ep1_rank0_sp0": 586,
+        "dp2_ep2_rank0_sp0": 1616,
+        "dp2_ep2_rank1_sp0": 1616,
+    },
     ("H200-vllm-modular-dp2-f4", DSV2): {"dp2_ep2_rank0_sp0": 339, "dp2_ep2_rank1_sp0": 339},
-    ("H200-vllm-modular-f2k4", OLMOE): {"dp1_ep1_rank0_sp0": 315},
+    ("H200-vllm-modular-f2k4", OLMOE): {
+        "dp1_ep1_rank0_sp0": 315,
+        "dp2_ep2_rank0_sp0": 1314,
+        "dp2_ep2_rank1_sp0": 1314,
+    },
     ("H200-vllm-live-f2k4", OLMOE): {"dp1_ep1_rank0_sp0": 315},
     ("H200-vllm-modular-dp2-f4", OLMOE): {"dp2_ep2_rank0_sp0": 314, "dp2_ep2_rank1_sp0": 314},
     ("H200-vllm-modular-dp4-f4", Q235): DP4,
@@ -70,12 +81,17 @@ def test_each_bundle_validates_and_names_what_measured_it(key: tuple[str, str]) 
     assert checked_rows(bundle) == SHIPPED[key]
     for entry in bundle.entries:
         provenance = entry.contract["provenance"]
-        assert provenance["uuid"] == MEASURED_ON[key]
+        session13 = folder == "H200-vllm-modular-f2k4" and entry.target.dp == 2
+        assert provenance["uuid"] == (THIRD if session13 else MEASURED_ON[key])
         assert provenance["device_name"] == "NVIDIA H200"
         assert provenance["torch_version"] == "2.11.0+cu130"
-        assert provenance["started_at"].startswith("2026-12-02T08:")  # session 12
+        # session 12's calls ran 08:23-08:47 UTC, session 13's 14:08-14:18
+        assert provenance["started_at"].startswith(
+            "2026-12-02T14:" if session13 else "2026-12-02T08:"
+        )
         command = provenance["command_line"]
-        assert command.startswith(f"python -m acquisition slice {model} --hardware H200 ")
+        assert command.startswith(f"python -m acquisition slice {model} ")
+        assert " --hardware H200 " in command
         assert PLANS[folder] in command
         assert entry.contract["backend"]["vllm_version"] == "0.26.0"
 

@@ -38,7 +38,8 @@ KERNEL_STEP_ROOTS = {
     *F2K.values(),
     REPO / "bundles/H200-vllm-modular-f2k4" / QWEN,
     REPO / "bundles/H200-vllm-live-f2k4" / QWEN,
-    # session 12: the catalog models' DP1 tables on rule v4 (their rank tables have no steps)
+    # session 12: the catalog models' DP1 tables on rule v4 (their -dp2-f4/-dp4-f4/-dp8-f4 rank
+    # tables have no steps); session 13 added rule-v4 DP2/EP2 ranks to the OLMoE and DeepSeek ones
     REPO / "bundles/H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16",
     REPO / "bundles/H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16",
     REPO / "bundles/H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16",
