@@ -135,19 +135,16 @@ def test_ranks_times_the_fp8_dp2_kernel_then_bf16_ep2_small_blocks_ep4_and_ep8(
 
 def test_the_load_spread_script_refuses_an_unknown_deployment_by_name() -> None:
     script = SCRIPT.parent / "h200_load_spread.py"
-    result = subprocess.run(
-        ["python3", str(script), "/tmp/never.json", "--deployments", "tp1,ep3"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert "ep3: 128 experts do not divide over 3 ranks" in result.stderr
-    named = subprocess.run(
-        ["python3", str(script), "/tmp/never.json", "--deployments", "tp1,dp2"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert named.returncode == 2
-    assert "unknown deployment 'dp2'" in named.stderr
+
+    def refused(deployments: str) -> str:
+        result = subprocess.run(
+            ["python3", str(script), "/tmp/never.json", "--deployments", deployments],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 2
+        return result.stderr
+
+    assert "ep3: 128 experts do not divide over 3 ranks" in refused("tp1,ep3")
+    assert "unknown deployment 'dp2'" in refused("tp1,dp2")
