@@ -176,8 +176,9 @@ def check_geometry(bundle: Path, raw: Mapping[str, Any], deployment: str) -> Non
             f"{deployment} records time {sorted(timed)} local experts; "
             f"{experts} experts over {table_dp(deployment)} ranks are {local}"
         )
+    targets = set(targets_for(bundle, deployment))
     for entry in open_bundle(bundle).entries:
-        if entry.target not in targets_for(bundle, deployment):
+        if entry.target not in targets:
             continue
         geometry = entry.contract.get("geometry")
         geometry = geometry if isinstance(geometry, Mapping) else {}

@@ -68,6 +68,7 @@ def choose(name: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> d
         shutil.copytree(ROOT / "bundles" / bundle, copy)
         costs = attach(copy, raw, [deployment], blocks=blocks)[deployment]
         run = report_run([evidence_of(name)], copy, tp_dp)
+    assert isinstance(costs, dict)  # one cost per block size (blocks= was given)
     chosen, verdicts = [], {}
     for block in blocks:
         v = run["errors_pct_by_block"].get(str(block))
@@ -79,7 +80,6 @@ def choose(name: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> d
             charged["max_abs"] < plain["max_abs"]
             and charged["median_abs"] <= plain["median_abs"] + MEDIAN_SLACK
         )
-        assert isinstance(costs, dict)
         verdicts[block] = (
             f"{'chosen' if ok else 'left out'}: {v['records']} records, unit-matched "
             f"{plain['median_abs']} / {plain['max_abs']} % -> "
