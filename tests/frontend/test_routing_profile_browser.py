@@ -47,6 +47,15 @@ def page() -> Iterator[Any]:
         )
         yield page
         browser.close()
+        # The fixtures and the test ran the ORM while sync_playwright was open, and Django's
+        # connection handler (an asgiref Local, kept per contextvars context) stored that
+        # connection where pytest-django's teardown, after this block, does not see it: the
+        # test database could not be dropped ("being accessed by other users"; traced in
+        # session 13: the leftover session's wrapper sat in another context's storage). Close
+        # it from here, where it is visible.
+        from django.db import connections
+
+        connections.close_all()
         assert blocked == [], blocked
 
 
