@@ -14,23 +14,8 @@ from typing import Any
 
 import pytest
 
-# Playwright's sync API runs an event loop in this thread; Django's ORM calls made by the
-# fixtures here are still plain synchronous code.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+from tests.frontend.chromium import CHROMIUM, launched
 
-playwright_sync = pytest.importorskip("playwright.sync_api")
-
-# CHROMIUM names another Debian chromium build (e.g. one unpacked with dpkg -x).
-CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS", "")
 
 pytestmark = [
@@ -42,10 +27,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+    with launched() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture

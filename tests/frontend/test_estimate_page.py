@@ -13,20 +13,10 @@ from typing import Any
 import pytest
 
 from frontend.estimate import timeline_figure
-
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+from tests.frontend.chromium import launched
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests/moetables/data/cluster-fixture.yaml"
-# CHROMIUM names another Debian chromium build (e.g. one unpacked with dpkg -x).
-CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--no-first-run",
-]
 
 
 @pytest.fixture
@@ -168,13 +158,8 @@ def test_it_answers_the_page_within_the_dashboards_200_ms(client: Any, h200_bund
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    playwright_sync = pytest.importorskip("playwright.sync_api")
-    if not CHROMIUM.exists():
-        pytest.skip("apt-get install -y chromium")
-    with playwright_sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+    with launched() as browser:
         yield browser
-        browser.close()
 
 
 def test_it_draws_the_per_rank_timeline_in_a_browser(

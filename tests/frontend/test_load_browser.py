@@ -3,18 +3,13 @@ and kernel-segment cards, and the playground's load fields over htmx, refused fi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.frontend.chromium import CHROMIUM, launched
 from tests.frontend.test_load_pages import F2K, _publish
-
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-playwright_sync = pytest.importorskip("playwright.sync_api")
-
-from tests.frontend.test_browser import ARGS, CHROMIUM  # noqa: E402
 
 pytestmark = [
     pytest.mark.browser,
@@ -25,12 +20,10 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def page() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+    with launched() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.set_default_timeout(15_000)
         yield page
-        browser.close()
 
 
 def test_the_playground_charges_a_load_description_and_marks_a_refused_field(

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.frontend.chromium import CHROMIUM
 from tests.frontend.test_browser import (  # noqa: F401 - fixtures
-    CHROMIUM,
     _shot,
     _traces,
     browser,

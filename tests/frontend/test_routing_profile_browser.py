@@ -11,19 +11,8 @@ from typing import Any
 
 import pytest
 
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-playwright_sync = pytest.importorskip("playwright.sync_api")
+from tests.frontend.chromium import CHROMIUM, launched
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS", "")
 
 pytestmark = [
@@ -35,8 +24,7 @@ pytestmark = [
 
 @pytest.fixture
 def page() -> Iterator[Any]:
-    with playwright_sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+    with launched() as browser:
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         page = context.new_page()
         page.set_default_timeout(15_000)
@@ -46,17 +34,7 @@ def page() -> Iterator[Any]:
             lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None,
         )
         yield page
-        browser.close()
-        # The fixtures and the test ran the ORM while sync_playwright was open, and Django's
-        # connection handler (an asgiref Local, kept per contextvars context) stored that
-        # connection where pytest-django's teardown, after this block, does not see it: the
-        # test database could not be dropped ("being accessed by other users"; traced in
-        # session 13: the leftover session's wrapper sat in another context's storage). Close
-        # it from here, where it is visible.
-        from django.db import connections
-
-        connections.close_all()
-        assert blocked == [], blocked
+    assert blocked == [], blocked
 
 
 @pytest.fixture
