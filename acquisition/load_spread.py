@@ -139,6 +139,18 @@ def targets_for(bundle: Path, deployment: str) -> list[MoeTarget]:
     ]
 
 
+def geometry_record(model: Any) -> dict[str, Any]:
+    """What a raw file's ``meta.model`` records of the catalog model (`MoeModel`) it timed."""
+    return {
+        "name": model.name,
+        "config_sha256": model.config_sha256,
+        "global_experts": model.global_experts,
+        "top_k": model.top_k,
+        "hidden_size": model.hidden_size,
+        "expert_intermediate_size": model.expert_intermediate_size,
+    }
+
+
 def evidence_model(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     """The model whose kernel the evidence timed (``meta.model``; older files: Qwen3-30B-A3B)."""
     meta = raw.get("meta")
@@ -165,7 +177,7 @@ def check_geometry(bundle: Path, raw: Mapping[str, Any], deployment: str) -> Non
     fitted on Qwen3-30B-A3B's 768-wide experts says nothing of OLMoE's."""
     model = evidence_model(raw)
     experts = int(model["global_experts"])
-    local = experts if deployment == "tp1" else experts // table_dp(deployment)
+    local = experts // table_dp(deployment)
     timed = {
         int(r["local_experts"])
         for r in raw.get("results", [])

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a catalog model (its MoE geometry)")
     args = ap.parse_args(argv)
     from acquisition.catalog import resolve_model
+    from acquisition.load_spread import geometry_record
 
     model = resolve_model(args.model)
     experts, top_k = model.global_experts, model.top_k
@@ -167,14 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_tiles_model": "moetables.tiles (vLLM 0.26.0)",
         "dtype": args.dtype,
         "vllm_use_deep_gemm": os.environ.get("VLLM_USE_DEEP_GEMM"),
-        "model": {
-            "name": model.name,
-            "config_sha256": model.config_sha256,
-            "global_experts": experts,
-            "top_k": top_k,
-            "hidden_size": hidden,
-            "expert_intermediate_size": width,
-        },
+        "model": geometry_record(model),
     }
 
     def save() -> None:
@@ -264,15 +258,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def local_experts(deployment: str, experts: int) -> int:
-    """``tp1``: every expert local; ``epX``: EP rank 0 of X, experts / X of them."""
-    if deployment == "tp1":
-        return experts
-    size = deployment[2:]
-    if deployment.startswith("ep") and size.isdigit() and int(size) > 1:
-        if experts % int(size) == 0:
-            return experts // int(size)
-        raise ValueError(f"{deployment}: {experts} experts do not divide over {size} ranks")
-    raise ValueError(f"unknown deployment {deployment!r}: tp1 or epX (X ranks, X > 1)")
+    """``tp1``: every expert local; ``epX``: EP rank 0 of X, experts / X of them (the names
+    `acquisition.load_spread.table_dp` reads back)."""
+    from acquisition.load_spread import table_dp
+
+    ranks = table_dp(deployment)
+    if experts % ranks:
+        raise ValueError(f"{deployment}: {experts} experts do not divide over {ranks} ranks")
+    return experts // ranks
 
 
 if __name__ == "__main__":

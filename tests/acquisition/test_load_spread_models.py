@@ -20,6 +20,7 @@ from acquisition.load_spread import (
     LoadSpreadError,
     attach,
     evidence_model,
+    geometry_record,
     main,
     measured_deployments,
     merged,
@@ -46,14 +47,7 @@ def _as_model(raw: dict[str, Any], name: str, deployment_map: dict[str, str]) ->
     """The legacy records relabelled as another model's timing (its geometry in ``meta``)."""
     m = resolve_model(name)
     out = copy.deepcopy(raw)
-    out["meta"]["model"] = {
-        "name": m.name,
-        "config_sha256": m.config_sha256,
-        "global_experts": m.global_experts,
-        "top_k": m.top_k,
-        "hidden_size": m.hidden_size,
-        "expert_intermediate_size": m.expert_intermediate_size,
-    }
+    out["meta"]["model"] = geometry_record(m)
     out["results"] = [
         {**r, "deployment": deployment_map[r["deployment"]]}
         for r in out["results"]
