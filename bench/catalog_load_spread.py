@@ -29,11 +29,13 @@ import argparse
 import json
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from acquisition.load_spread import attach, rows_of
+from acquisition.load_spread import attach, merged, rows_of
 from bench.rank_load_spread import figure, report_run
+from moetables.tiles import fit_tile_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = ROOT / "docs/evidence/h200-catalog-load-spread"
@@ -52,6 +54,31 @@ RUNS = (
     ("q235_tp1", "H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16", "tp1", (1, 1)),
     ("q235_ep4", "H200-vllm-modular-dp4-f4/Qwen/Qwen3-235B-A22B/bf16", "ep4", (1, 4)),
     ("q235_ep8", "H200-vllm-modular-dp8-f4/Qwen/Qwen3-235B-A22B/bf16", "ep8", (1, 8)),
+    # Qwen3-235B's DP4/EP4 ranks measured again at factor 2 with rule v4 (session 15).
+    ("q235_ep4", "H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16", "ep4", (1, 4)),
+)
+
+
+# The FP8 tables on the rule-v4 plan (session 15) against the FP8 kernel's own spread runs:
+# session 5's TP1 run (with session 11's 16-row N) and session 11's DP2/EP2 rank-0 runs.
+_FP8 = "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
+_RANK = ROOT / "docs/evidence/h200-rank-load-spread"
+FP8_RUNS: tuple[tuple[tuple[Path, ...], str, str, tuple[int, int]], ...] = (
+    (
+        (
+            ROOT / "docs/evidence/h200-fp8-load-spread/load_spread_fp8.json",
+            _RANK / "load_spread_fp8_tp1_small.json",
+        ),
+        f"H200-vllm-modular-f2k4/{_FP8}",
+        "tp1",
+        (1, 1),
+    ),
+    (
+        (_RANK / "load_spread_fp8_ep2.json", _RANK / "load_spread_fp8_ep2_small.json"),
+        f"H200-vllm-modular-f2k4/{_FP8}",
+        "ep2",
+        (1, 2),
+    ),
 )
 
 
@@ -59,17 +86,28 @@ def evidence_of(name: str) -> Path:
     return EVIDENCE / f"load_spread_{name}.json"
 
 
-def choose(name: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> dict[str, Any]:
+def choose(
+    evidence: Sequence[Path], bundle: str, deployment: str, tp_dp: tuple[int, int]
+) -> dict[str, Any]:
     """Every timed block size recorded into a copy, then judged block by block."""
-    raw = json.loads(evidence_of(name).read_text())
-    blocks = sorted({r.block_m for r in rows_of(raw, deployment)}, reverse=True)
+    raw = merged([json.loads(e.read_text()) for e in evidence])
+    rows = rows_of(raw, deployment)
+    timed = sorted({r.block_m for r in rows}, reverse=True)
+    # A block whose time does not grow with its tiles has no cost to record (the reader
+    # refuses a negative one): it is left out before the others are recorded and judged.
+    fitted = {b: fit_tile_cost(rows, block_m=b, exact=True).tile_cost_us for b in timed}
+    blocks = [b for b in timed if fitted[b] >= 0]
+    chosen, verdicts = [], {}
+    for block in sorted(set(timed) - set(blocks), reverse=True):
+        verdicts[block] = f"left out: the fitted cost is negative ({fitted[block]:.3f} us)"
+    if not blocks:
+        return {"bundle": bundle, "chosen": chosen, "verdicts": verdicts}
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "bf16"
+        copy = Path(tmp) / Path(bundle).name
         shutil.copytree(ROOT / "bundles" / bundle, copy)
         costs = attach(copy, raw, [deployment], blocks=blocks)[deployment]
-        run = report_run([evidence_of(name)], copy, tp_dp)
+        run = report_run(list(evidence), copy, tp_dp)
     assert isinstance(costs, dict)  # one cost per block size (blocks= was given)
-    chosen, verdicts = [], {}
     for block in blocks:
         v = run["errors_pct_by_block"].get(str(block))
         if v is None:
@@ -87,7 +125,7 @@ def choose(name: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> d
         )
         if ok:
             chosen.append(block)
-    return {"name": name, "bundle": bundle, "chosen": chosen, "verdicts": verdicts}
+    return {"bundle": bundle, "chosen": chosen, "verdicts": verdicts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,15 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--figure", type=Path)
     args = ap.parse_args(argv)
     if args.choose:
-        for name, bundle, deployment, tp_dp in RUNS:
-            c = choose(name, bundle, deployment, tp_dp)
-            print(f"{name} ({bundle}):")
+        runs = [((evidence_of(n),), b, dep, d) for n, b, dep, d in RUNS] + list(FP8_RUNS)
+        for evidence, bundle, deployment, tp_dp in runs:
+            c = choose(evidence, bundle, deployment, tp_dp)
+            print(f"{evidence[0].stem.removeprefix('load_spread_')} ({bundle}):")
             for block, verdict in c["verdicts"].items():
                 print(f"  {block}-row {verdict}")
             if c["chosen"]:
+                files = " ".join(str(e.relative_to(ROOT)) for e in evidence)
                 print(
                     "  record: PYTHONPATH=. .venv/bin/python -m acquisition.load_spread "
-                    f"bundles/{bundle} {evidence_of(name).relative_to(ROOT)} "
+                    f"bundles/{bundle} {files} "
                     f"--deployments {deployment} --blocks {','.join(map(str, c['chosen']))}"
                 )
         return 0

@@ -1,9 +1,10 @@
-"""The shipped H200 bundles of Qwen3-235B-A22B, DeepSeek-V2-Lite and OLMoE (sessions 12, 13).
+"""The shipped H200 bundles of Qwen3-235B-A22B, DeepSeek-V2-Lite and OLMoE (sessions 12, 13, 15).
 
 Measured on one H200 (GPU-2f3da545) by `scripts/h200_models.sh more` and two direct
 `python -m acquisition slice` calls (docs/h200-runs.md, "Session 12"), and the rule-v4 DP2/EP2
-ranks beside DeepSeek-V2-Lite's and OLMoE's DP1 tables on a third (GPU-fa374c99, "Session 13",
-moved in with `python -m acquisition.transplant`); evidence in
+ranks beside DeepSeek-V2-Lite's and OLMoE's DP1 tables on a third (GPU-fa374c99, "Session 13"),
+and Qwen3-235B's rule-v4 DP4/EP4 ranks beside its DP1 table on a fourth (GPU-0d46a40f,
+"Session 15"), both moved in with `python -m acquisition.transplant`; evidence in
 docs/benchmarks.md, "Three more catalog models", from `bench/catalog_models_evidence.py`.
 These checks fail if a bundle is edited, truncated or mislabelled, if DeepSeek-V2-Lite's
 gate_routing stops being vLLM's grouped router (what DeepseekV2MoE builds), or if a lookup
@@ -31,11 +32,15 @@ OLMOE = "allenai/OLMoE-1B-7B-0924"
 FIRST = "2f3da545-cae5-7261-ea4c-f1716cc46c34"
 SECOND = "3efb49b2-4bf5-f57f-e525-662a8ef61068"
 THIRD = "fa374c99-64ad-fba1-f501-afceafbb3e51"  # session 13's rule-v4 DP2/EP2 ranks
+FOURTH = "0d46a40f-0576-bc48-cbed-3b6949a86910"  # session 15's rule-v4 DP4/EP4 ranks
 DP8 = {f"dp8_ep8_rank{r}_sp0": 328 for r in range(8)}
 DP4 = {f"dp4_ep4_rank{r}_sp0": 357 for r in range(4)}
 # (bundle folder, model): deployment -> rows, as the calls published them
 SHIPPED = {
-    ("H200-vllm-modular-f2k4", Q235): {"dp1_ep1_rank0_sp0": 386},
+    ("H200-vllm-modular-f2k4", Q235): {
+        "dp1_ep1_rank0_sp0": 386,
+        **{f"dp4_ep4_rank{r}_sp0": 1743 for r in range(4)},
+    },
     ("H200-vllm-modular-dp8-f4", Q235): DP8,
     ("H200-vllm-modular-f2k4", DSV2): {
         "dp1_ep1_rank0_sp0": 586,
@@ -81,14 +86,15 @@ def test_each_bundle_validates_and_names_what_measured_it(key: tuple[str, str]) 
     assert checked_rows(bundle) == SHIPPED[key]
     for entry in bundle.entries:
         provenance = entry.contract["provenance"]
-        session13 = folder == "H200-vllm-modular-f2k4" and entry.target.dp == 2
-        assert provenance["uuid"] == (THIRD if session13 else MEASURED_ON[key])
+        later = folder == "H200-vllm-modular-f2k4" and entry.target.dp > 1
+        uuid, day = {2: (THIRD, "2026-12-02T14:"), 4: (FOURTH, "2026-12-03T14:")}.get(
+            entry.target.dp if later else 0, (MEASURED_ON[key], "2026-12-02T08:")
+        )
+        assert provenance["uuid"] == uuid
         assert provenance["device_name"] == "NVIDIA H200"
         assert provenance["torch_version"] == "2.11.0+cu130"
-        # session 12's calls ran 08:23-08:47 UTC, session 13's 14:08-14:18
-        assert provenance["started_at"].startswith(
-            "2026-12-02T14:" if session13 else "2026-12-02T08:"
-        )
+        # session 12's calls ran 08:23-08:47 UTC, session 13's 14:08-14:18, 15's 14:25-14:34
+        assert provenance["started_at"].startswith(day)
         command = provenance["command_line"]
         assert command.startswith(f"python -m acquisition slice {model} ")
         assert " --hardware H200 " in command
@@ -104,6 +110,21 @@ def test_the_dp4_rank_that_failed_its_control_six_times_was_resumed_and_passed()
         e.target.rank: len(e.contract["provenance"]["acquisition_contexts"]) for e in bundle.entries
     }
     assert contexts == {0: 1, 1: 2, 2: 1, 3: 1}
+
+
+def test_the_rule_v4_dp4_ranks_finished_at_the_resumed_call() -> None:
+    """Session 15's call 9 measured all four ranks; five expert points of ranks 1-3 failed six
+    B/2B attempts; call 10 (the same command) measured only those and published the three."""
+    bundle = open_bundle(_root("H200-vllm-modular-f2k4", Q235))
+    contexts = {
+        e.target.rank: len(e.contract["provenance"]["acquisition_contexts"])
+        for e in bundle.entries
+        if e.target.dp == 4
+    }
+    assert contexts == {0: 1, 1: 2, 2: 2, 3: 2}
+    transplanted = bundle.meta["transplanted"]
+    moved = {m["deployment"] for m in transplanted if m["deployment"].startswith("tp1/dp4")}
+    assert moved == {f"tp1/dp4_ep4_rank{r}_sp0" for r in range(4)}
 
 
 @pytest.mark.parametrize("key", list(SHIPPED), ids=IDS)

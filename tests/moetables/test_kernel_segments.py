@@ -44,6 +44,10 @@ KERNEL_STEP_ROOTS = {
     REPO / "bundles/H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16",
     REPO / "bundles/H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16",
     REPO / "bundles/H200-vllm-live-f2k4/allenai/OLMoE-1B-7B-0924/bf16",
+    # session 15: FP8 on rule v4 (TP1/DP1 and DP2/EP2 ranks, live TP1); Qwen3-235B's DP4/EP4
+    # ranks joined its DP1 table above
+    REPO / "bundles/H200-vllm-modular-f2k4/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8",
+    REPO / "bundles/H200-vllm-live-f2k4/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8",
 }
 PLAIN = REPO / "bundles/H200-vllm-modular-f2" / QWEN  # factor 2, no kernel-step record
 VALUES = Path(__file__).parent / "data" / "lookup_sample_values.json"
