@@ -118,6 +118,15 @@ def test_the_rule_v4_fp8_tables_record_the_blocks_their_kernel_runs_chose(
     _check_recorded(evidence, bundle, deployment, tp_dp)
 
 
+def test_a_block_whose_fitted_cost_is_negative_is_left_out_before_recording() -> None:
+    """Session 5's FP8 run alone times few 16-row loads, and their fitted cost is below zero,
+    which the reader refuses: the chooser names it and judges the other blocks without it."""
+    (session5, _), bundle, deployment, tp_dp = FP8_RUNS[0]
+    c = choose((session5,), bundle, deployment, tp_dp)
+    assert c["verdicts"][16].startswith("left out: the fitted cost is negative (-")
+    assert c["chosen"] == [64]
+
+
 def test_the_live_rule_v4_fp8_table_carries_the_modular_tp1_cost() -> None:
     live = open_bundle(ROOT / f"bundles/H200-vllm-live-f2k4/{FP8}")
     (entry,) = live.entries
