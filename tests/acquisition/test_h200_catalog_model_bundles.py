@@ -138,6 +138,20 @@ def test_the_samples_archive_beside_each_bundle_holds_every_target(key: tuple[st
     assert set(SHIPPED[key]) == samples
 
 
+def test_the_rule_v4_dp4_ranks_hold_the_factor_4_plan_and_agree_there() -> None:
+    """Every row of the factor-4 DP4/EP4 ranks (another H200, session 12) was measured again;
+    the expert rows agree within 0.5 % at the median, each component within 2 %."""
+    new = open_bundle(_root("H200-vllm-modular-f2k4", Q235))
+    old = open_bundle(_root("H200-vllm-modular-dp4-f4", Q235))
+    for entry in (e for e in new.entries if e.target.dp == 4):
+        prior = next(e for e in old.entries if e.target == entry.target)
+        now, then = eager_rows(load_table(new.root, entry)), eager_rows(load_table(old.root, prior))
+        assert set(then) < set(now)
+        for component in {k[0] for k in then}:
+            median = statistics.median(ratios(now, then, component))
+            assert abs(median - 1) < (0.005 if component == "experts" else 0.02), component
+
+
 def test_deepseek_v2_lite_was_routed_by_vllms_grouped_router() -> None:
     """DeepseekV2MoE asks for use_grouped_topk=True; the contracts record the router that ran
     and the routing the catalog read, and the routed path only (two shared experts)."""
