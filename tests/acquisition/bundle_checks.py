@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from bench.bundle_evidence import eager_rows, ratios
 from moetables.bundle import Bundle, load_quality, load_table
+from moetables.geometry import MoeTarget
 
 
 def checked_rows(bundle: Bundle) -> dict[str, int]:
@@ -19,3 +21,12 @@ def checked_rows(bundle: Bundle) -> dict[str, int]:
         assert max(r.relative_change for r in published) <= 0.03
         assert len(published) == int((table.component == "experts").sum())
     return found
+
+
+def shared_row_ratios(new: Bundle, old: Bundle, target: MoeTarget) -> dict[str, list[float]]:
+    """A re-measured target (a denser plan, another GPU): checks that its table holds every
+    eager row the older one measured, and returns per component new / old at those rows."""
+    now = eager_rows(load_table(new.root, next(e for e in new.entries if e.target == target)))
+    then = eager_rows(load_table(old.root, next(e for e in old.entries if e.target == target)))
+    assert set(then) < set(now), target
+    return {c: ratios(now, then, c) for c in sorted({k[0] for k in then})}

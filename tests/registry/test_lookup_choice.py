@@ -131,3 +131,28 @@ def test_a_named_bundle_must_carry_the_name(api: APIClient, h200: dict[str, Bund
     other = {**NAME, "hardware": "RTXPRO6000"}
     response = post(api, {**other, "target": DP1, "bundle": h200["live"].pk})
     assert response.status_code == 404
+
+
+FP8 = "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8"
+
+
+def test_an_fp8_lookup_by_name_goes_to_the_rule_v4_tables(api: APIClient) -> None:
+    """bundles/README.md and the README: with the factor-2 and the rule-v4 FP8 bundles all
+    published (the factor-2 ones last), a lookup by name goes to the rule-v4 tables, the newest
+    measurement: TP1/DP1 to the live one (measured last), the DP2/EP2 ranks to the modular one."""
+    folders = {
+        "modular-f2k4": ROOT / "H200-vllm-modular-f2k4",
+        "live-f2k4": ROOT / "H200-vllm-live-f2k4",
+        "modular-f2": ROOT / "H200-vllm-modular-fp8-f2",
+        "live-f2": ROOT / "H200-vllm-live-fp8-f2",
+    }
+    bundles = {k: publish_bundle(p / FP8 / "fp8").bundle for k, p in folders.items()}
+    name = {"hardware": "H200", "model": FP8, "variant": "fp8"}
+    chosen = {
+        (target["dp"], target["rank"]): post(api, {**name, "target": target, "queries": QUERIES})
+        for target in (DP1, DP2)
+    }
+    assert chosen[(1, 0)].json()["bundle"]["id"] == bundles["live-f2k4"].pk
+    assert chosen[(2, 1)].json()["bundle"]["id"] == bundles["modular-f2k4"].pk
+    here = ComponentTables(folders["modular-f2k4"] / FP8 / "fp8").deployment(1, 2, 1)
+    assert chosen[(2, 1)].json()["answers"] == json.loads(json.dumps(here.answer(QUERIES)))
