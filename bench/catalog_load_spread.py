@@ -6,6 +6,10 @@ the rank tables").
 Qwen3-235B-A22B (TP1/DP1, EP rank 0 of DP4/EP4 and DP8/EP8), DeepSeek-V2-Lite's routed experts
 and OLMoE-1B-7B-0924 (TP1/DP1, EP rank 0 of DP2/EP2) under the balanced stimulus and 4 draws
 each of uniform, power_law(0.6) and power_law(1.2) loads (`scripts/h200_spread_rest.sh models`).
+The tables measured again on the rule-v4 plan (Qwen3-235B's DP4/EP4 and DP8/EP8 ranks, sessions
+15-16; the FP8 model's, session 15) are judged on the same runs, with session 16's smaller N
+(`docs/evidence/h200-session16-load-spread/`) and, for FP8, its kernel's own runs of sessions 5
+and 11: every run names its evidence files.
 
 ``--choose``: per table, every block size the evidence times is fitted and recorded into a
 temporary copy of the bundle (`acquisition.load_spread.attach`, the writer's own path); each
@@ -42,28 +46,54 @@ EVIDENCE = ROOT / "docs/evidence/h200-catalog-load-spread"
 # The rank tables' rule: the charge must lower the worst error, and may raise the median by
 # at most this many percentage points.
 MEDIAN_SLACK = 0.1
-# (evidence file, bundle, deployment, (tp, dp)): each run against the tables its kernel is.
-RUNS = (
-    ("olmoe_tp1", "H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16", "tp1", (1, 1)),
-    ("olmoe_ep2", "H200-vllm-modular-dp2-f4/allenai/OLMoE-1B-7B-0924/bf16", "ep2", (1, 2)),
-    ("dsv2_tp1", "H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16", "tp1", (1, 1)),
-    ("dsv2_ep2", "H200-vllm-modular-dp2-f4/deepseek-ai/DeepSeek-V2-Lite/bf16", "ep2", (1, 2)),
-    # The same ranks measured again at factor 2 with rule v4 (session 13, after these runs).
-    ("olmoe_ep2", "H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16", "ep2", (1, 2)),
-    ("dsv2_ep2", "H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16", "ep2", (1, 2)),
-    ("q235_tp1", "H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16", "tp1", (1, 1)),
-    ("q235_ep4", "H200-vllm-modular-dp4-f4/Qwen/Qwen3-235B-A22B/bf16", "ep4", (1, 4)),
-    ("q235_ep8", "H200-vllm-modular-dp8-f4/Qwen/Qwen3-235B-A22B/bf16", "ep8", (1, 8)),
-    # Qwen3-235B's DP4/EP4 ranks measured again at factor 2 with rule v4 (session 15).
-    ("q235_ep4", "H200-vllm-modular-f2k4/Qwen/Qwen3-235B-A22B/bf16", "ep4", (1, 4)),
-)
-
-
-# The FP8 tables on the rule-v4 plan (session 15) against the FP8 kernel's own spread runs:
-# session 5's TP1 run (with session 11's 16-row N) and session 11's DP2/EP2 rank-0 runs.
-_FP8 = "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
 _RANK = ROOT / "docs/evidence/h200-rank-load-spread"
-FP8_RUNS: tuple[tuple[tuple[Path, ...], str, str, tuple[int, int]], ...] = (
+_S16 = ROOT / "docs/evidence/h200-session16-load-spread"
+_FP8 = "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8/fp8"
+_Q235 = "Qwen/Qwen3-235B-A22B/bf16"
+
+
+def evidence_of(name: str) -> Path:
+    return EVIDENCE / f"load_spread_{name}.json"
+
+
+Run = tuple[tuple[Path, ...], str, str, tuple[int, int]]
+
+
+def _catalog(names: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> Run:
+    return (tuple(evidence_of(n) for n in names.split()), bundle, deployment, tp_dp)
+
+
+# (evidence files, bundle, deployment, (tp, dp)): each run against the tables its kernel is.
+RUNS: tuple[Run, ...] = (
+    _catalog("olmoe_tp1", "H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16", "tp1", (1, 1)),
+    _catalog("olmoe_ep2", "H200-vllm-modular-dp2-f4/allenai/OLMoE-1B-7B-0924/bf16", "ep2", (1, 2)),
+    _catalog("dsv2_tp1", "H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16", "tp1", (1, 1)),
+    _catalog(
+        "dsv2_ep2", "H200-vllm-modular-dp2-f4/deepseek-ai/DeepSeek-V2-Lite/bf16", "ep2", (1, 2)
+    ),
+    # The same ranks measured again at factor 2 with rule v4 (session 13, after these runs).
+    _catalog("olmoe_ep2", "H200-vllm-modular-f2k4/allenai/OLMoE-1B-7B-0924/bf16", "ep2", (1, 2)),
+    _catalog("dsv2_ep2", "H200-vllm-modular-f2k4/deepseek-ai/DeepSeek-V2-Lite/bf16", "ep2", (1, 2)),
+    _catalog("q235_tp1", f"H200-vllm-modular-f2k4/{_Q235}", "tp1", (1, 1)),
+    _catalog("q235_ep4", f"H200-vllm-modular-dp4-f4/{_Q235}", "ep4", (1, 4)),
+    _catalog("q235_ep8", f"H200-vllm-modular-dp8-f4/{_Q235}", "ep8", (1, 8)),
+    # Qwen3-235B's DP4/EP4 (session 15) and DP8/EP8 (session 16) ranks measured again at
+    # factor 2 with rule v4, with session 16's runs at the small N of their 32- and 64-row blocks.
+    (
+        (evidence_of("q235_ep4"), _S16 / "load_spread_q235_ep4_small.json"),
+        f"H200-vllm-modular-f2k4/{_Q235}",
+        "ep4",
+        (1, 4),
+    ),
+    (
+        (evidence_of("q235_ep8"), _S16 / "load_spread_q235_ep8_small.json"),
+        f"H200-vllm-modular-f2k4/{_Q235}",
+        "ep8",
+        (1, 8),
+    ),
+    # The FP8 tables on the rule-v4 plan (session 15) against the FP8 kernel's own runs:
+    # session 5's TP1 run (with session 11's 16-row N); session 11's DP2/EP2 rank-0 runs with
+    # session 16's N = 64-192 between them.
     (
         (
             ROOT / "docs/evidence/h200-fp8-load-spread/load_spread_fp8.json",
@@ -74,16 +104,16 @@ FP8_RUNS: tuple[tuple[tuple[Path, ...], str, str, tuple[int, int]], ...] = (
         (1, 1),
     ),
     (
-        (_RANK / "load_spread_fp8_ep2.json", _RANK / "load_spread_fp8_ep2_small.json"),
+        (
+            _RANK / "load_spread_fp8_ep2.json",
+            _RANK / "load_spread_fp8_ep2_small.json",
+            _S16 / "load_spread_fp8_ep2_mid.json",
+        ),
         f"H200-vllm-modular-f2k4/{_FP8}",
         "ep2",
         (1, 2),
     ),
 )
-
-
-def evidence_of(name: str) -> Path:
-    return EVIDENCE / f"load_spread_{name}.json"
 
 
 def choose(
@@ -128,6 +158,11 @@ def choose(
     return {"bundle": bundle, "chosen": chosen, "verdicts": verdicts}
 
 
+def report_runs() -> list[dict[str, Any]]:
+    """Every run answered from the bundles as shipped (their recorded costs)."""
+    return [report_run(list(e), ROOT / "bundles" / b, d) for e, b, _, d in RUNS]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--choose", action="store_true")
@@ -135,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--figure", type=Path)
     args = ap.parse_args(argv)
     if args.choose:
-        runs = [((evidence_of(n),), b, dep, d) for n, b, dep, d in RUNS] + list(FP8_RUNS)
-        for evidence, bundle, deployment, tp_dp in runs:
+        for evidence, bundle, deployment, tp_dp in RUNS:
             c = choose(evidence, bundle, deployment, tp_dp)
             print(f"{evidence[0].stem.removeprefix('load_spread_')} ({bundle}):")
             for block, verdict in c["verdicts"].items():
@@ -149,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"--deployments {deployment} --blocks {','.join(map(str, c['chosen']))}"
                 )
         return 0
-    runs = [report_run([evidence_of(n)], ROOT / "bundles" / b, d) for n, b, _, d in RUNS]
-    for (name, *_), run in zip(RUNS, runs, strict=True):
+    runs = report_runs()
+    for (evidence, *_), run in zip(RUNS, runs, strict=True):
+        name = evidence[0].stem.removeprefix("load_spread_")
         e = run["errors_pct"]
         print(
             f"{name} ({run['records']} spread records, "

@@ -1,10 +1,11 @@
-"""The shipped H200 bundles of Qwen3-235B-A22B, DeepSeek-V2-Lite and OLMoE (sessions 12, 13, 15).
+"""The shipped H200 bundles of Qwen3-235B-A22B, DeepSeek-V2-Lite and OLMoE (sessions 12-16).
 
 Measured on one H200 (GPU-2f3da545) by `scripts/h200_models.sh more` and two direct
 `python -m acquisition slice` calls (docs/h200-runs.md, "Session 12"), and the rule-v4 DP2/EP2
 ranks beside DeepSeek-V2-Lite's and OLMoE's DP1 tables on a third (GPU-fa374c99, "Session 13"),
 and Qwen3-235B's rule-v4 DP4/EP4 ranks beside its DP1 table on a fourth (GPU-0d46a40f,
-"Session 15"), both moved in with `python -m acquisition.transplant`; evidence in
+"Session 15") and its DP8/EP8 ranks on a fifth (GPU-076d5092, "Session 16"), all moved in with
+`python -m acquisition.transplant`; evidence in
 docs/benchmarks.md, "Three more catalog models", from `bench/catalog_models_evidence.py`.
 These checks fail if a bundle is edited, truncated or mislabelled, if DeepSeek-V2-Lite's
 gate_routing stops being vLLM's grouped router (what DeepseekV2MoE builds), or if a lookup
@@ -33,6 +34,7 @@ FIRST = "2f3da545-cae5-7261-ea4c-f1716cc46c34"
 SECOND = "3efb49b2-4bf5-f57f-e525-662a8ef61068"
 THIRD = "fa374c99-64ad-fba1-f501-afceafbb3e51"  # session 13's rule-v4 DP2/EP2 ranks
 FOURTH = "0d46a40f-0576-bc48-cbed-3b6949a86910"  # session 15's rule-v4 DP4/EP4 ranks
+FIFTH = "076d5092-f3dd-9ee4-0cce-55e207d229f1"  # session 16's rule-v4 DP8/EP8 ranks
 DP8 = {f"dp8_ep8_rank{r}_sp0": 328 for r in range(8)}
 DP4 = {f"dp4_ep4_rank{r}_sp0": 357 for r in range(4)}
 # (bundle folder, model): deployment -> rows, as the calls published them
@@ -40,6 +42,7 @@ SHIPPED = {
     ("H200-vllm-modular-f2k4", Q235): {
         "dp1_ep1_rank0_sp0": 386,
         **{f"dp4_ep4_rank{r}_sp0": 1743 for r in range(4)},
+        **{f"dp8_ep8_rank{r}_sp0": 1635 for r in range(8)},
     },
     ("H200-vllm-modular-dp8-f4", Q235): DP8,
     ("H200-vllm-modular-f2k4", DSV2): {
@@ -87,13 +90,16 @@ def test_each_bundle_validates_and_names_what_measured_it(key: tuple[str, str]) 
     for entry in bundle.entries:
         provenance = entry.contract["provenance"]
         later = folder == "H200-vllm-modular-f2k4" and entry.target.dp > 1
-        uuid, day = {2: (THIRD, "2026-12-02T14:"), 4: (FOURTH, "2026-12-03T14:")}.get(
-            entry.target.dp if later else 0, (MEASURED_ON[key], "2026-12-02T08:")
-        )
+        uuid, day = {
+            2: (THIRD, "2026-12-02T14:"),
+            4: (FOURTH, "2026-12-03T14:"),
+            8: (FIFTH, "2026-12-04T19:"),
+        }.get(entry.target.dp if later else 0, (MEASURED_ON[key], "2026-12-02T08:"))
         assert provenance["uuid"] == uuid
         assert provenance["device_name"] == "NVIDIA H200"
         assert provenance["torch_version"] == "2.11.0+cu130"
-        # session 12's calls ran 08:23-08:47 UTC, session 13's 14:08-14:18, 15's 14:25-14:34
+        # session 12's calls ran 08:23-08:47 UTC, 13's 14:08-14:18, 15's 14:25-14:34, 16's
+        # 19:22-19:40
         assert provenance["started_at"].startswith(day)
         command = provenance["command_line"]
         assert command.startswith(f"python -m acquisition slice {model} ")
@@ -127,6 +133,22 @@ def test_the_rule_v4_dp4_ranks_finished_at_the_resumed_call() -> None:
     assert moved == {f"tp1/dp4_ep4_rank{r}_sp0" for r in range(4)}
 
 
+def test_the_rule_v4_dp8_ranks_were_measured_over_three_resumed_calls() -> None:
+    """Session 16: call 4 measured ranks 0-3 (`--ranks 0,1,2,3`) and published 0 and 2; call 5
+    (all ranks) finished 1 and 3 and measured 4-7, publishing 5 and 7; call 6 (the same
+    command) finished 4 and 6. Each contract lists the calls that measured its points."""
+    bundle = open_bundle(_root("H200-vllm-modular-f2k4", Q235))
+    contexts = {
+        e.target.rank: len(e.contract["provenance"]["acquisition_contexts"])
+        for e in bundle.entries
+        if e.target.dp == 8
+    }
+    assert contexts == {0: 1, 1: 2, 2: 1, 3: 2, 4: 2, 5: 1, 6: 2, 7: 1}
+    transplanted = bundle.meta["transplanted"]
+    moved = {m["deployment"] for m in transplanted if m["deployment"].startswith("tp1/dp8")}
+    assert moved == {f"tp1/dp8_ep8_rank{r}_sp0" for r in range(8)}
+
+
 @pytest.mark.parametrize("key", list(SHIPPED), ids=IDS)
 def test_the_samples_archive_beside_each_bundle_holds_every_target(key: tuple[str, str]) -> None:
     folder, model = key
@@ -138,12 +160,16 @@ def test_the_samples_archive_beside_each_bundle_holds_every_target(key: tuple[st
     assert set(SHIPPED[key]) == samples
 
 
-def test_the_rule_v4_dp4_ranks_hold_the_factor_4_plan_and_agree_there() -> None:
-    """Every row of the factor-4 DP4/EP4 ranks (another H200, session 12) was measured again;
-    the expert rows agree within 0.5 % at the median, each component within 2 %."""
+@pytest.mark.parametrize(("dp", "folder"), [(4, "dp4-f4"), (8, "dp8-f4")])
+def test_the_rule_v4_rank_tables_hold_the_factor_4_plan_and_agree_there(
+    dp: int, folder: str
+) -> None:
+    """Every row of the factor-4 DP4/EP4 and DP8/EP8 ranks (other H200s, session 12) was
+    measured again (sessions 15 and 16); the expert rows agree within 0.5 % at the median,
+    each component within 2 %."""
     new = open_bundle(_root("H200-vllm-modular-f2k4", Q235))
-    old = open_bundle(_root("H200-vllm-modular-dp4-f4", Q235))
-    for entry in (e for e in new.entries if e.target.dp == 4):
+    old = open_bundle(_root(f"H200-vllm-modular-{folder}", Q235))
+    for entry in (e for e in new.entries if e.target.dp == dp):
         for component, values in shared_row_ratios(new, old, entry.target).items():
             median = statistics.median(values)
             assert abs(median - 1) < (0.005 if component == "experts" else 0.02), component
