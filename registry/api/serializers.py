@@ -61,8 +61,8 @@ class QuerySerializer(serializers.Serializer[Any]):
 
 class LookupRequestSerializer(serializers.Serializer[Any]):
     """Which bundle (id or sha256, or the best of hardware + model + variant for the target:
-    covering it, vLLM's own kernels before reference ones, newest vLLM, newest measurement),
-    optional pins, the target and the queries. Unknown keys are refused (400).
+    covering it, vLLM's own kernels before reference ones, newest vLLM, newest measurement of
+    the table), optional pins, the target and the queries. Unknown keys are refused (400).
 
     Documentation only: `moetables.lookup.queries.parse_request` checks requests, and
     each query is checked by moetables, so a bad query gets its own ``invalid`` answer

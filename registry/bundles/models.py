@@ -132,6 +132,9 @@ class DeploymentTable(models.Model):
     kernel = models.CharField(max_length=128, blank=True, help_text="native kernel backend")
     native = models.BooleanField(default=False, help_text="vLLM's own kernels ran")
     vllm_version = models.CharField(max_length=64, blank=True)
+    # When this table's points were measured (describe.table_measured_at): a bundle's tables
+    # may be measured days apart, and a lookup by name ranks each table by its own time.
+    measured_at = models.DateTimeField(null=True, blank=True)
     row_count = models.PositiveIntegerField()
     # Measured support: N over expert rows, A and M over positive-work expert rows, and the
     # local components' own row counts.
@@ -150,6 +153,13 @@ class DeploymentTable(models.Model):
             models.UniqueConstraint(
                 fields=["bundle", "tp", "dp", "rank", "sequence_parallel"],
                 name="registry_one_table_per_deployment",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(measured_at__isnull=True)
+                | models.Q(
+                    measured_at__gte=MEASURED_AT_RANGE[0], measured_at__lt=MEASURED_AT_RANGE[1]
+                ),
+                name="registry_table_measured_at_in_range",
             ),
         )
         indexes = (

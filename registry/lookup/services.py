@@ -150,7 +150,8 @@ def choose_bundle(request: LookupRequest) -> Answerer:
 
     Best: it has a table for the target (and matches the ``backend`` / ``vllm_version``
     pins), then vLLM's own kernels before reference ones, then the newest vLLM, then the
-    newest measurement (then the newest publication). Raises NoSuchBundle or NoCoverage.
+    newest measurement of that table (the bundle's where the table states no time; then the
+    newest publication). Raises NoSuchBundle or NoCoverage.
 
     Where the database tells cheaply that nothing has changed since (``_database_stamp``),
     the thread reuses its choice: a publication or a deletion anywhere changes the stamp.
@@ -234,7 +235,7 @@ def _choose(request: LookupRequest) -> Answerer:
         params.append(request.vllm_version)
     sql = (
         "SELECT b.id, b.sha256, t.backend, t.kernel, t.native, t.vllm_version, "
-        f"b.measured_at, b.published_at FROM {bundles} b JOIN {tables} t "
+        f"COALESCE(t.measured_at, b.measured_at), b.published_at FROM {bundles} b JOIN {tables} t "
         f"ON t.bundle_id = b.id WHERE {' AND '.join(where)}"
     )
     with connection.cursor() as cursor:

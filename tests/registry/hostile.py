@@ -208,9 +208,15 @@ def _structural(rng: random.Random, members: Members) -> tuple[str, bytes]:
         when = rng.choice(
             ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "1900-01-01T00:00:00+00:00"]
         )
-        return "measured_at out of range", tar_gz(
-            _set_meta(members, lambda m: _entry(m)["coverage"].__setitem__("measured_at", when))
-        )
+        # A coverage's time, or a contract's (a table's own measurement time, issue 18).
+        edits = [
+            lambda m: _entry(m)["coverage"].__setitem__("measured_at", when),
+            lambda m: _entry(m)["contract"].__setitem__("provenance", {"started_at": when}),
+            lambda m: _entry(m)["contract"].__setitem__(
+                "provenance", {"acquisition_contexts": [{"started_at": when}]}
+            ),
+        ]
+        return "measured_at out of range", tar_gz(_set_meta(members, rng.choice(edits)))
     if choice == 9:
         number = rng.choice(["7_5", "١", "１", "0x1", "1e", "--1", "²"])
         return "CSV number form", tar_gz(

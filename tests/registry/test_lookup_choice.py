@@ -156,3 +156,24 @@ def test_an_fp8_lookup_by_name_goes_to_the_rule_v4_tables(api: APIClient) -> Non
     assert chosen[(2, 1)].json()["bundle"]["id"] == bundles["modular-f2k4"].pk
     here = ComponentTables(folders["modular-f2k4"] / FP8 / "fp8").deployment(1, 2, 1)
     assert chosen[(2, 1)].json()["answers"] == json.loads(json.dumps(here.answer(QUERIES)))
+
+
+def test_a_qwen3_235b_rank_lookup_by_name_goes_to_the_rule_v4_ranks(api: APIClient) -> None:
+    """bundles/README.md: Qwen3-235B's rule-v4 DP4/EP4 (session 15) and DP8/EP8 (session 16)
+    ranks beside its DP1 table are the newest measurements of those targets, so a lookup by
+    name goes there even with the factor-4 rank bundles published after them."""
+    model = "Qwen/Qwen3-235B-A22B"
+    folders = {
+        "f2k4": ROOT / "H200-vllm-modular-f2k4",
+        "dp4-f4": ROOT / "H200-vllm-modular-dp4-f4",
+        "dp8-f4": ROOT / "H200-vllm-modular-dp8-f4",
+    }
+    bundles = {k: publish_bundle(p / model / "bf16").bundle for k, p in folders.items()}
+    name = {"hardware": "H200", "model": model, "variant": "bf16"}
+    for dp, rank in ((4, 2), (8, 5)):
+        target = {"tp": 1, "dp": dp, "rank": rank}
+        got = post(api, {**name, "target": target, "queries": QUERIES})
+        assert got.status_code == 200, got.json()
+        assert got.json()["bundle"]["id"] == bundles["f2k4"].pk
+        here = ComponentTables(folders["f2k4"] / model / "bf16").deployment(1, dp, rank)
+        assert got.json()["answers"] == json.loads(json.dumps(here.answer(QUERIES)))

@@ -89,6 +89,7 @@ class DeploymentTableSerializer(serializers.ModelSerializer[DeploymentTable]):
             "kernel",
             "native",
             "vllm_version",
+            "measured_at",
             "row_count",
             "support",
             "contract_id",

@@ -29,6 +29,7 @@ __all__ = [
     "measured_at_problems",
     "table_fields",
     "table_identity",
+    "table_measured_at",
     "vllm_version_of",
     "vllm_version_of_meta",
 ]
@@ -188,6 +189,20 @@ def _root_times(meta: Any) -> list[tuple[str, Any]]:
     ]
 
 
+def _table_times(contract: Any, coverage: Any) -> Iterable[tuple[str, Any]]:
+    """(where, raw value) of the times one table's own records state: its coverage's, the
+    start of each acquisition context (a resumed run lists one per call: the last is when its
+    last points were measured) and its provenance's start."""
+    for key in ("measured_at", "completed_at"):
+        yield f"coverage:{key}", _get(coverage, key)
+    contexts = _get(contract, "provenance", "acquisition_contexts")
+    if isinstance(contexts, list):
+        for i, context in enumerate(contexts):
+            where = f"contract:provenance.acquisition_contexts[{i}].started_at"
+            yield where, _get(context, "started_at")
+    yield "contract:provenance.started_at", _get(contract, "provenance", "started_at")
+
+
 def _stated_times(bundle: Bundle) -> Iterable[tuple[str, Any]]:
     """(where, raw value) of every measurement time the bundle states, MoE records first."""
     legacy = _get(bundle.meta, "moe_components", "per_tp")
@@ -195,8 +210,8 @@ def _stated_times(bundle: Bundle) -> Iterable[tuple[str, Any]]:
         for tp, record in legacy.items():
             yield f"meta.yaml:moe_components.per_tp.{tp}.measured_at", _get(record, "measured_at")
     for entry in bundle.entries:
-        for key in ("measured_at", "completed_at"):
-            yield f"{entry.where} coverage:{key}", entry.coverage.get(key)
+        for where, raw in _table_times(entry.contract, entry.coverage):
+            yield f"{entry.where} {where}", raw
 
 
 def measured_at_problems(bundle: Bundle) -> list[str]:
@@ -212,27 +227,45 @@ def measured_at_problems(bundle: Bundle) -> list[str]:
     return problems
 
 
-def measured_at_of_meta(meta: Any, coverages: Iterable[Any]) -> dt.datetime | None:
-    """The latest measurement time any MoE record or coverage states, else the root's, else
-    the MoE category's provenance."""
+def _usable(raw: Any) -> dt.datetime | None:
     from registry.checks import check_datetime
 
-    def usable(raw: Any) -> dt.datetime | None:
-        # Publication refuses unstorable times first; skipping them here keeps max() safe.
-        value = _datetime(raw)
-        return value if value is not None and check_datetime(value) is None else None
+    # Publication refuses unstorable times first; skipping them here keeps max() safe.
+    value = _datetime(raw)
+    return value if value is not None and check_datetime(value) is None else None
 
-    found = [v for _, raw in _stated_times_meta(meta, coverages) if (v := usable(raw)) is not None]
+
+def table_measured_at(contract: Any, coverage: Any) -> dt.datetime | None:
+    """When one table's points were measured: the latest time its coverage or contract states.
+
+    A bundle's tables need not share a day: a rank measured later is moved in beside an older
+    DP1 table (`acquisition.transplant`), and the lookup's choice between bundles is per
+    target, so it ranks each table by its own time."""
+    found = [v for _, raw in _table_times(contract, coverage) if (v := _usable(raw)) is not None]
+    return max(found) if found else None
+
+
+def measured_at_of_meta(
+    meta: Any, coverages: Iterable[Any], contracts: Iterable[Any] = ()
+) -> dt.datetime | None:
+    """The latest measurement time any MoE record, coverage or (given its tables' contracts)
+    table states, else the root's, else the MoE category's provenance."""
+    found = [v for _, raw in _stated_times_meta(meta, coverages) if (v := _usable(raw)) is not None]
+    found += [t for c in contracts if (t := table_measured_at(c, None)) is not None]
     if found:
         return max(found)
     for _, raw in _root_times(meta):
-        if (value := usable(raw)) is not None:
+        if (value := _usable(raw)) is not None:
             return value
     return None
 
 
 def measured_at_of(bundle: Bundle) -> dt.datetime | None:
-    return measured_at_of_meta(bundle.meta, [entry.coverage for entry in bundle.entries])
+    return measured_at_of_meta(
+        bundle.meta,
+        [entry.coverage for entry in bundle.entries],
+        [entry.contract for entry in bundle.entries],
+    )
 
 
 def _range(values: np.ndarray[Any, Any]) -> tuple[int | None, int | None]:
@@ -260,6 +293,7 @@ def table_fields(entry: TableEntry, table: ComponentTable) -> dict[str, Any]:
         "contract": jsonable(entry.contract),
         "contract_id": entry.contract_id or "",
         "coverage": jsonable(entry.coverage),
+        "measured_at": table_measured_at(entry.contract, entry.coverage),
         "components": list(entry.components),
         "modes": list(entry.modes),
         **table_identity(entry.contract),
