@@ -356,6 +356,12 @@ def main() -> None:
     parser.add_argument("--worst", type=int, default=8)
     parser.add_argument("--json", type=Path)
     parser.add_argument(
+        "--dp",
+        type=int,
+        action="append",
+        help="only the TP1/DPd/EPd tables of these DP degrees (repeatable; default: every table)",
+    )
+    parser.add_argument(
         "--classes",
         choices=sorted(CLASS_RULES),
         help="classify bends under this rule instead of the table's own",
@@ -378,6 +384,8 @@ def main() -> None:
     for root in args.bundle:
         bundle = open_bundle(root.resolve())
         for entry in bundle.entries:
+            if args.dp and entry.target.dp not in args.dp:
+                continue
             loo = leave_one_out(bundle, entry, args.worst, args.classes)
             cross = lookup_crossings(bundle, entry)
             name = str(root)

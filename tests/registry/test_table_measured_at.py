@@ -21,6 +21,7 @@ from django.db.migrations.executor import MigrationExecutor
 from registry.bundles.services import publish_bundle
 from registry.bundles.services.describe import table_measured_at
 from registry.models import Bundle, DeploymentTable
+from tests.registry.test_upload_values import refused, upload
 
 if TYPE_CHECKING:
     from rest_framework.test import APIClient
@@ -118,8 +119,6 @@ def test_a_contract_time_that_cannot_be_stored_is_refused_naming_it(
     edit: Any,
 ) -> None:
     """As a coverage's (issue 17, item 3): a 400 naming the field, nothing kept."""
-    from tests.registry.test_upload_values import refused, upload
-
     folder = make_bundle()
     meta_path = folder / "meta.yaml"
     meta = yaml.safe_load(meta_path.read_text())
