@@ -247,3 +247,20 @@ def test_the_compare_choices_name_each_tables_backend(client: Client, h200_bundl
     html = client.get("/compare/").content.decode()
     label = f"#{h200_bundle.pk} {h200_bundle.hardware} {h200_bundle.model} {h200_bundle.variant}"
     assert f"{label} {table.backend} · {table}</option>" in html
+
+
+def test_each_deployment_table_says_when_it_was_measured(client: Client, db: None) -> None:
+    """Qwen3-235B's rule-v4 bundle holds tables of three sessions (its DP4/EP4 and DP8/EP8
+    ranks were moved in beside the DP1 table later): each row shows its own day, the bundle
+    its newest."""
+    from pathlib import Path
+
+    from registry.bundles.services import publish_bundle
+
+    root = Path(__file__).resolve().parents[2] / "bundles/H200-vllm-modular-f2k4"
+    bundle = publish_bundle(root / "Qwen/Qwen3-235B-A22B/bf16").bundle
+    html = client.get(f"/bundles/{bundle.pk}/").content.decode()
+    cells = re.findall(r'<td class="measured">([^<]+)</td>', html)
+    assert len(cells) == 13
+    assert [c[:10] for c in cells] == ["2026-12-02"] + ["2026-12-03"] * 4 + ["2026-12-04"] * 8
+    assert "<dt>measured</dt><dd>2026-12-04 19:39</dd>" in html
