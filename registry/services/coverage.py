@@ -2,13 +2,15 @@
 
 Rows are (hardware, model, variant, backend); columns every deployment rank any bundle covers
 (TP, DP, EP, rank, sequence parallel), so a row's missing ranks show as gaps. A cell holds the
-latest published table of its row and column. A gap its backend cannot measure keeps its full
+newest measurement of its row and column (the table's own time, else its bundle's; the later
+publication among equals), as a lookup by name ranks them. A gap its backend cannot measure keeps its full
 reason (``not_measurable``) and points to the row's list of distinct reasons (``reason``, from 1),
 so that the page says each reason once per row.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -38,6 +40,13 @@ def deployment_label(d: Deployment) -> str:
     return f"tp{tp} dp{dp}_ep{ep}_rank{rank}_sp{int(sp)}"
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _measured(table: DeploymentTable) -> dt.datetime | None:
+    return table.measured_at or table.bundle.measured_at
+
+
 def coverage_matrix(
     open_requests: dict[tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
@@ -57,6 +66,7 @@ def coverage_matrix(
             "row_count",
             "contract",
             "coverage",
+            "measured_at",
             "bundle__id",
             "bundle__hardware",
             "bundle__model",
@@ -66,6 +76,9 @@ def coverage_matrix(
         )
         .order_by("bundle__published_at", "bundle_id")
     )
+    # Each cell shows the newest measurement of its target, as a lookup by name ranks them
+    # (the table's own time, else its bundle's; then the later publication).
+    tables = sorted(tables, key=lambda t: (_measured(t) is not None, _measured(t) or _EPOCH))
     latest: dict[tuple[str, str, str, str], dict[Deployment, DeploymentTable]] = {}
     columns: set[Deployment] = set()
     for table in tables:
@@ -73,7 +86,7 @@ def coverage_matrix(
         row = (b.hardware, b.model, b.variant, table.backend or "unknown")
         d: Deployment = (table.tp, table.dp, table.ep, table.rank, table.sequence_parallel)
         columns.add(d)
-        latest.setdefault(row, {})[d] = table  # later publications replace earlier ones
+        latest.setdefault(row, {})[d] = table  # newer measurements replace older ones
     ordered = sorted(columns)
     rows = []
     gaps = 0
@@ -122,7 +135,7 @@ def coverage_matrix(
                     "table": found.pk,
                     "url": reverse("frontend:table", kwargs={"pk": found.pk}),
                     "points": found.row_count,
-                    "measured_at": b.measured_at or b.published_at,
+                    "measured_at": _measured(found) or b.published_at,
                     "quality": table_quality(found),
                     "request": None,
                     "not_measurable": None,

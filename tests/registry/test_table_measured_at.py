@@ -144,3 +144,20 @@ def test_the_migration_dates_tables_published_before(make_bundle: Any) -> None:
     assert bundle.measured_at == _utc("2026-12-04T19:39:50+00:00")
     assert {t.pk: t.measured_at for t in DeploymentTable.objects.all()} == want
     assert Bundle.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_coverage_matrix_shows_each_targets_newest_measurement(api: APIClient) -> None:
+    """The matrix's cell is the table a lookup by name answers from: the rule-v4 DP4 ranks,
+    though the factor-4 DP4 bundle was published after them; its own day, not its bundle's."""
+    rule_v4 = publish_bundle(Q235).bundle
+    publish_bundle(ROOT / "H200-vllm-modular-dp4-f4/Qwen/Qwen3-235B-A22B/bf16")
+    body = api.get("/api/v1/coverage/").json()
+    (row,) = [r for r in body["rows"] if r["model"] == "Qwen/Qwen3-235B-A22B"]
+    cells = {c["deployment"]: c for c in row["cells"] if c["table"] is not None}
+    dp4 = [c for d, c in cells.items() if "dp4_ep4" in d]
+    assert len(dp4) == 4
+    tables = set(rule_v4.tables.filter(dp=4).values_list("pk", flat=True))
+    assert {c["table"] for c in dp4} == tables
+    assert {c["measured_at"][:10] for c in dp4} == {"2026-12-03"}
+    assert {c["measured_at"][:10] for d, c in cells.items() if "dp1_ep1" in d} == {"2026-12-02"}
