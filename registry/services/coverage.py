@@ -78,10 +78,10 @@ def coverage_matrix(
     )
     # Each cell shows the newest measurement of its target, as a lookup by name ranks them
     # (the table's own time, else its bundle's; then the later publication).
-    tables = sorted(tables, key=lambda t: (_measured(t) is not None, _measured(t) or _EPOCH))
+    ranked = sorted(tables, key=lambda t: (_measured(t) is not None, _measured(t) or _EPOCH))
     latest: dict[tuple[str, str, str, str], dict[Deployment, DeploymentTable]] = {}
     columns: set[Deployment] = set()
-    for table in tables:
+    for table in ranked:
         b = table.bundle
         row = (b.hardware, b.model, b.variant, table.backend or "unknown")
         d: Deployment = (table.tp, table.dp, table.ep, table.rank, table.sequence_parallel)

@@ -115,7 +115,9 @@ def test_each_run_is_complete_on_an_h200_with_the_catalog_geometry(evidence: Pat
         )
 
 
-@pytest.mark.parametrize(("evidence", "bundle", "deployment", "tp_dp"), RUNS, ids=[_ids(r) for r in RUNS])
+@pytest.mark.parametrize(
+    ("evidence", "bundle", "deployment", "tp_dp"), RUNS, ids=[_ids(r) for r in RUNS]
+)
 def test_each_table_records_the_fitted_cost_of_the_chosen_blocks(
     evidence: tuple[Path, ...], bundle: str, deployment: str, tp_dp: tuple[int, int]
 ) -> None:
