@@ -80,13 +80,21 @@ RUNS: tuple[Run, ...] = (
     # Qwen3-235B's DP4/EP4 (session 15) and DP8/EP8 (session 16) ranks measured again at
     # factor 2 with rule v4, with session 16's runs at the small N of their 32- and 64-row blocks.
     (
-        (evidence_of("q235_ep4"), _S16 / "load_spread_q235_ep4_small.json"),
+        (
+            evidence_of("q235_ep4"),
+            _S16 / "load_spread_q235_ep4_small.json",
+            _S16 / "load_spread_q235_ep4_32row.json",
+        ),
         f"H200-vllm-modular-f2k4/{_Q235}",
         "ep4",
         (1, 4),
     ),
     (
-        (evidence_of("q235_ep8"), _S16 / "load_spread_q235_ep8_small.json"),
+        (
+            evidence_of("q235_ep8"),
+            _S16 / "load_spread_q235_ep8_small.json",
+            _S16 / "load_spread_q235_ep8_32row.json",
+        ),
         f"H200-vllm-modular-f2k4/{_Q235}",
         "ep8",
         (1, 8),
