@@ -59,8 +59,9 @@ def evidence_of(name: str) -> Path:
 Run = tuple[tuple[Path, ...], str, str, tuple[int, int]]
 
 
-def _catalog(names: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> Run:
-    return (tuple(evidence_of(n) for n in names.split()), bundle, deployment, tp_dp)
+def _catalog(name: str, bundle: str, deployment: str, tp_dp: tuple[int, int]) -> Run:
+    """A run on one of the catalog's session-13 files."""
+    return ((evidence_of(name),), bundle, deployment, tp_dp)
 
 
 # (evidence files, bundle, deployment, (tp, dp)): each run against the tables its kernel is.

@@ -3,9 +3,9 @@
 Rows are (hardware, model, variant, backend); columns every deployment rank any bundle covers
 (TP, DP, EP, rank, sequence parallel), so a row's missing ranks show as gaps. A cell holds the
 newest measurement of its row and column (the table's own time, else its bundle's; the later
-publication among equals), as a lookup by name ranks them. A gap its backend cannot measure keeps its full
-reason (``not_measurable``) and points to the row's list of distinct reasons (``reason``, from 1),
-so that the page says each reason once per row.
+publication among equals). A gap its backend cannot measure keeps its full reason
+(``not_measurable``) and points to the row's list of distinct reasons (``reason``, from 1), so
+that the page says each reason once per row.
 """
 
 from __future__ import annotations
@@ -76,8 +76,9 @@ def coverage_matrix(
         )
         .order_by("bundle__published_at", "bundle_id")
     )
-    # Each cell shows the newest measurement of its target, as a lookup by name ranks them
-    # (the table's own time, else its bundle's; then the later publication).
+    # Each cell shows its target's newest measurement: a bundle's tables can be measured days
+    # apart (ranks moved in later), so the table's own time, else its bundle's; the sort is
+    # stable, so among equals the later publication wins.
     ranked = sorted(tables, key=lambda t: (_measured(t) is not None, _measured(t) or _EPOCH))
     latest: dict[tuple[str, str, str, str], dict[Deployment, DeploymentTable]] = {}
     columns: set[Deployment] = set()
