@@ -129,9 +129,10 @@ def test_a_contract_time_that_cannot_be_stored_is_refused_naming_it(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_migration_dates_tables_published_before(make_bundle: Any) -> None:
-    """Publish, blank the column as 0008 left it (no column), migrate 0008 -> 0009: each table
-    dated from its stored contract, the bundle by its newest table."""
+def test_the_migration_dates_tables_published_before() -> None:
+    """Publish, go back to 0008 (no column) with the bundle dated as 0008 dated it (its root's
+    first publication), migrate to 0009: each table dated from its stored contract, the bundle
+    by its newest table."""
     bundle = publish_bundle(Q235).bundle
     want = {t.pk: t.measured_at for t in bundle.tables.all()}
     executor = MigrationExecutor(connection)
